@@ -1,0 +1,185 @@
+"""One typed config for a training run.
+
+Every flag of ``python -m labkit.train`` is a field here, with its help text next to it, so the
+command line, the papermill parameters cell and the config logged into every result file are
+the same thing.  ``auto`` values are resolved once, by :func:`resolve`, against the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+METHODS = ("ddp", "allreduce", "ps")
+DATASETS = ("imagefolder", "digits", "synthetic")
+MODELS = ("resnet50", "resnet18", "resnet10", "resnet50_small", "resnet18_small", "resnet10_small")
+AMP_MODES = ("off", "bf16", "fp16")
+PS_MODES = ("collective", "p2p")
+BACKENDS = ("nccl", "gloo")
+
+# The guide's result file per method (contract: names and "method" strings are the guide's).
+RESULT_FILES = {
+    "ddp": "results_baseline_ddp.json",
+    "allreduce": "results_all_reduce.json",
+    "ps": "results_ps.json",
+}
+METHOD_NAMES = {
+    "ddp": "Baseline DDP (PyTorch)",
+    "allreduce": "Manual All-Reduce",
+    "ps": "Parameter Server (PS)",
+}
+
+
+class ConfigError(ValueError):
+    """Bad input: shown to the user as one line, never as a traceback."""
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    method: str = _f("ddp", "synchronisation method: ddp (DistributedDataParallel), allreduce "
+                     "(hand-written bucketed all-reduce), ps (parameter server on rank 0)",
+                     choices=METHODS)
+    # --- the original guide's flags, unchanged ---
+    epochs: int = _f(3, "epochs to train")
+    batch_size: int = _f(64, "batch size per training process (for PS: per worker)")
+    workers: Optional[int] = _f(None, "DataLoader worker processes per rank (default: 0 for the "
+                                "in-memory digits/synthetic sets, else min(8, CPUs per local rank))")
+    data_dir: Optional[str] = _f(None, "dataset root holding train/ and val/ with one folder per "
+                                 "class (imagefolder; default ./)")
+    backend: Optional[str] = _f(None, "process-group backend (default: nccl with GPUs, gloo without)",
+                                choices=BACKENDS)
+    # --- the lab's own flags ---
+    dataset: Optional[str] = _f(None, "imagefolder | digits | synthetic (default: imagefolder when "
+                                "--data-dir is given, else digits without GPUs, synthetic with GPUs)",
+                                choices=DATASETS)
+    model: Optional[str] = _f(None, "resnet50 | resnet18 | resnet10, plain or with a _small suffix "
+                              "(3x3 stem, no max-pool, for 32x32 images); default: resnet18_small "
+                              "on digits, else resnet50", choices=MODELS)
+    weights: Optional[str] = _f(None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
+                                "loaded with weights_only; a classifier head of another size is "
+                                "re-initialised")
+    num_classes: int = _f(1000, "classes of the synthetic dataset")
+    image_size: Optional[int] = _f(None, "synthetic image side (default 32 for _small models, else 224)")
+    synthetic_samples: int = _f(2048, "training samples in the synthetic dataset (val: a quarter)")
+    lr: Optional[float] = _f(None, "SGD learning rate (default: 0.1 x global batch / 256, the "
+                             "linear scaling rule of Goyal et al.)")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(1e-4, "SGD weight decay")
+    seed: int = _f(0, "seed for model init, data order and augmentation")
+    out: Optional[str] = _f(None, "folder for the result file, logs and final model "
+                            "(default: runs/<date>_<time>_<method>; never overwritten)")
+    max_steps_per_epoch: Optional[int] = _f(None, "cap on training steps per epoch, for quick runs")
+    max_val_steps: Optional[int] = _f(None, "cap on validation batches per trainer, for quick runs")
+    warmup_steps: int = _f(3, "steps per epoch left out of the steady-state throughput")
+    amp: str = _f("off", "mixed precision on GPUs: off | bf16 | fp16", choices=AMP_MODES)
+    channels_last: bool = _f(False, "use channels_last memory format (GPUs)")
+    bucket_mb: float = _f(25.0, "allreduce: gradient bucket size in MiB")
+    no_overlap: bool = _f(False, "allreduce: all-reduce after backward instead of overlapping it")
+    ps_mode: str = _f("collective", "ps: collective (flat reduce + broadcast) or p2p (the guide's "
+                      "per-tensor send/recv)", choices=PS_MODES)
+    timeout: float = _f(600.0, "seconds a collective may wait before the run is aborted")
+    progress: bool = _f(True, "show tqdm progress bars (--no-progress to turn off)")
+
+    # --- helpers ---
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s): {', '.join(unknown)}")
+        return cls(**d)
+
+    @property
+    def result_file(self) -> str:
+        return RESULT_FILES[self.method]
+
+
+def build_parser(prog: str = "labkit.train") -> argparse.ArgumentParser:
+    """An argparse parser whose flags are TrainConfig's fields (``batch_size`` -> ``--batch-size``)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Train an image classifier with one of three data-parallel methods. "
+        "Launch with torchrun, e.g. torchrun --nproc_per_node=4 -m labkit.train --method ps",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_config_arguments(p)
+    return p
+
+
+def add_config_arguments(p: argparse.ArgumentParser, skip: tuple = ()) -> None:
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f.metadata["help"]
+        if f.type in (bool, "bool"):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=f.default, help=help_)
+            continue
+        typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(
+            str(f.type), str)
+        p.add_argument(flag, dest=f.name, type=typ, default=f.default, help=help_,
+                       choices=f.metadata.get("choices"), metavar=None)
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> TrainConfig:
+    """Fill in every ``auto`` (None) field for this machine and check ranges.
+
+    Raises ConfigError with one line naming the problem.
+    """
+    c = dataclasses.replace(cfg)
+    for name, choices in (("method", METHODS), ("dataset", DATASETS), ("model", MODELS),
+                          ("amp", AMP_MODES), ("ps_mode", PS_MODES), ("backend", BACKENDS)):
+        v = getattr(c, name)
+        if v is not None and v not in choices:
+            raise ConfigError(f"unknown {name} {v!r}; choose one of: {', '.join(choices)}")
+    if c.backend is None:
+        c.backend = "nccl" if cuda_available else "gloo"
+    if c.backend == "nccl" and not cuda_available:
+        raise ConfigError("backend nccl needs CUDA GPUs and none is available; use --backend gloo")
+    if c.dataset is None:
+        c.dataset = "imagefolder" if c.data_dir else ("synthetic" if cuda_available else "digits")
+    if c.data_dir is None:
+        c.data_dir = "./"
+    if c.model is None:
+        c.model = "resnet18_small" if c.dataset == "digits" else "resnet50"
+    if c.image_size is None:
+        c.image_size = 32 if c.model.endswith("_small") else 224
+    for name in ("epochs", "batch_size", "num_classes", "synthetic_samples", "image_size"):
+        if getattr(c, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(c, name)})")
+    for name in ("max_steps_per_epoch", "max_val_steps"):
+        v = getattr(c, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {v})")
+    if c.workers is not None and c.workers < 0:
+        raise ConfigError(f"--workers must be 0 or more (got {c.workers})")
+    if c.lr is None:
+        trainers = max(1, world_size - 1) if c.method == "ps" else world_size
+        c.lr = 0.1 * c.batch_size * trainers / 256
+    if not c.lr > 0:
+        raise ConfigError(f"--lr must be positive (got {c.lr})")
+    if not 0 <= c.momentum < 1:
+        raise ConfigError(f"--momentum must be in [0, 1) (got {c.momentum})")
+    if c.weight_decay < 0:
+        raise ConfigError(f"--weight-decay must be 0 or more (got {c.weight_decay})")
+    if c.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps must be 0 or more (got {c.warmup_steps})")
+    if not c.bucket_mb > 0:
+        raise ConfigError(f"--bucket-mb must be positive (got {c.bucket_mb})")
+    if not c.timeout > 0:
+        raise ConfigError(f"--timeout must be positive (got {c.timeout})")
+    return c

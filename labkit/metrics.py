@@ -1,0 +1,81 @@
+"""Honest timers and the result-file writer.
+
+Metrics are dicts written by one rank to files the report reads; progress bars are for people.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from .dist import sync_device
+
+
+class PhaseTimer:
+    """Accumulates wall time per named phase (e.g. "pull", "push", "comm").
+
+    The device is synchronised before each clock read, so a phase's time is the time the rank
+    was really blocked in it, not the time it took to queue kernels.  Each phase is also a
+    ``record_function`` range, so it shows by name in a torch.profiler trace.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        with torch.profiler.record_function(f"labkit.{name}"):
+            sync_device(self.device)
+            t0 = time.perf_counter()
+            yield
+            sync_device(self.device)
+            self.totals[name] += time.perf_counter() - t0
+
+    def pop(self) -> dict[str, float]:
+        out, self.totals = dict(self.totals), defaultdict(float)
+        return out
+
+
+@contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yield a temp path beside ``path``; on success fsync it and rename it over ``path``.
+
+    Readers never see half a file, and a failure leaves no temp file behind.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def now_str() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,95 @@
+"""The guide's result files: same names, same keys, plus the lab's extras.
+
+Written by rank 0 only, atomically, after every epoch, so a crash keeps the finished epochs.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from statistics import mean
+from typing import Optional
+
+import torch
+
+from . import __version__
+from .config import METHOD_NAMES, TrainConfig
+from .dist import DistContext
+from .metrics import atomic_write_json, now_str
+
+SCHEMA = "labkit.results/1"
+# the guide's per-epoch keys, common to every method
+EPOCH_KEYS = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput",
+              "avg_batch_time", "val_loss", "val_accuracy")
+
+
+def comm_key(phase: str) -> str:
+    """Result key of a communication phase: the guide's ``avg_comm_time`` for the all-reduce,
+    ``avg_comm_time_pull`` / ``avg_comm_time_push`` for the parameter server."""
+    return "avg_comm_time" if phase == "comm" else f"avg_comm_time_{phase}"
+
+
+def torchrun_world() -> dict:
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+    return {k.lower(): os.environ[k] for k in keys if k in os.environ}
+
+
+class Results:
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str):
+        self.path = os.path.join(out, cfg.result_file)
+        self.phases = {"allreduce": ("comm",), "ps": ("pull", "push")}.get(cfg.method, ())
+        self.doc = {
+            "method": METHOD_NAMES[cfg.method],
+            "world_size": ctx.world_size,
+            "batch_size": cfg.batch_size,
+            "start_time": now_str(),
+            "end_time": None,
+            "epochs": [],
+            "summary": {},
+            "all_losses": [],
+            # --- extras ---
+            "schema": SCHEMA,
+            "status": "running",
+            "method_key": cfg.method,
+            "trainers": trainers,
+            "config": cfg.to_dict(),
+            "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device)},
+            "versions": {"labkit": __version__, "python": platform.python_version(),
+                         "torch": torch.__version__, "host": socket.gethostname()},
+        }
+        if cfg.method == "ps":
+            self.doc["num_workers"] = trainers
+
+    def add_epoch(self, epoch: int, m: dict) -> None:
+        e = {"epoch": epoch, **{k: m[k] for k in EPOCH_KEYS[1:]}}
+        for p in self.phases:
+            e[comm_key(p)] = m[comm_key(p)]
+        e.update({k: v for k, v in m.items() if k not in e})  # extras, all_losses included
+        self.doc["epochs"].append(e)
+        self.doc["all_losses"].extend(m["all_losses"])
+        self.doc["summary"] = self.summary()
+        self.write()
+
+    def summary(self) -> dict:
+        ep = self.doc["epochs"]
+        s = {
+            "avg_train_throughput": mean(e["train_throughput"] for e in ep),
+            "avg_train_time_per_epoch": mean(e["train_time"] for e in ep),
+            "best_val_accuracy": max(e["val_accuracy"] for e in ep),
+            "final_train_accuracy": ep[-1]["train_accuracy"],
+            "final_val_accuracy": ep[-1]["val_accuracy"],
+        }
+        for p in self.phases:
+            s[comm_key(p)] = mean(e[comm_key(p)] for e in ep)
+        return s
+
+    def finish(self, status: str, error: Optional[str] = None) -> None:
+        self.doc["status"] = status
+        self.doc["end_time"] = now_str()
+        if error:
+            self.doc["error"] = error
+        self.write()
+
+    def write(self) -> None:
+        atomic_write_json(self.path, self.doc)

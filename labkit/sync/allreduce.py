@@ -1,0 +1,63 @@
+"""Manual All-Reduce: hand-written, bucketed gradient averaging that overlaps with backward.
+
+Each bucket's all-reduce is started asynchronously by a post-accumulate-grad hook as soon as
+the last of its gradients is ready; after backward we only wait for what is still in flight.
+Buckets are launched strictly in index order on every rank, so the collectives match even if
+gradients become ready in a different order on different ranks.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from .base import Strategy, broadcast_parameters
+from .buckets import Bucket, backward_order, make_buckets
+
+
+class AllReduceStrategy(Strategy):
+    phases = ("comm",)
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        broadcast_parameters(model)
+        self.buckets: list[Bucket] = make_buckets(backward_order(model), self.cfg.bucket_mb * 2**20)
+        self.bucket_of = {p: b for b in self.buckets for p in b.params}
+        self.overlap = self.ctx.distributed and not self.cfg.no_overlap
+        if self.overlap:
+            for p in self.bucket_of:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+        self._reset()
+        return model
+
+    def _reset(self) -> None:
+        self.handles = []
+        self.next_bucket = 0
+        for b in self.buckets:
+            b.pending = len(b.params)
+
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        self.bucket_of[p].pending -= 1
+        # start every consecutive bucket, from the next one in order, whose grads are all in
+        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
+            self._start_next()
+
+    def _start_next(self) -> None:
+        b = self.buckets[self.next_bucket]
+        b.flat.div_(self.ctx.world_size)  # average as DDP does: divide first, then sum
+        self.handles.append(dist.all_reduce(b.flat, async_op=True))
+        self.next_bucket += 1
+
+    def zero_grad(self, optimizer) -> None:
+        for b in self.buckets:
+            b.flat.zero_()
+
+    def after_backward(self) -> None:
+        if not self.ctx.distributed:
+            return
+        with self.timer("comm"):
+            # without overlap all buckets start here; with it, only those holding a parameter
+            # that received no gradient this step
+            while self.next_bucket < len(self.buckets):
+                self._start_next()
+            for h in self.handles:
+                h.wait()
+        self._reset()

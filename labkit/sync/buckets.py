@@ -1,0 +1,52 @@
+"""Flat gradient buckets: each parameter's .grad is a view into one contiguous buffer, so a
+bucket is synchronised by one collective with no copy in or out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Bucket:
+    index: int
+    params: list[nn.Parameter]
+    flat: torch.Tensor
+    pending: int = 0
+    slices: list[tuple[int, int]] = field(default_factory=list)
+
+
+def make_buckets(params: list[nn.Parameter], cap_bytes: float) -> list[Bucket]:
+    """Group ``params`` in the given order into buckets of at most ``cap_bytes`` (a parameter
+    larger than the cap gets a bucket of its own) and point each ``.grad`` into its bucket."""
+    groups: list[list[nn.Parameter]] = [[]]
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        g = groups[-1]
+        if g and (size + nbytes > cap_bytes or p.dtype != g[0].dtype or p.device != g[0].device):
+            groups.append([])
+            size = 0
+        groups[-1].append(p)
+        size += nbytes
+    buckets = []
+    for i, g in enumerate(x for x in groups if x):
+        flat = torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device)
+        b = Bucket(i, g, flat)
+        off = 0
+        for p in g:
+            n = p.numel()
+            # autograd accumulates into an existing .grad in place, so the view stays a view
+            p.grad = flat[off:off + n].view_as(p)
+            b.slices.append((off, n))
+            off += n
+        buckets.append(b)
+    return buckets
+
+
+def backward_order(model: nn.Module) -> list[nn.Parameter]:
+    """Trainable parameters in roughly the order backward produces their gradients (reverse
+    registration order, as DDP assumes), so early buckets fill first and their all-reduce
+    starts while backward still runs."""
+    return [p for p in reversed(list(model.parameters())) if p.requires_grad]

@@ -1,0 +1,315 @@
+"""THE training loop, shared by all three methods; entry point under torchrun.
+
+    torchrun --nproc_per_node=4 -m labkit.train --method {ddp,allreduce,ps} [flags]
+
+Without torchrun it runs as one process (PS needs two).  A method differs only in its
+synchronisation strategy (labkit.sync); everything else (data, model, optimizer, timing,
+metrics, result file) is here, once.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import nullcontext
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import __version__
+from .config import ConfigError, TrainConfig, build_parser, config_from_args, resolve
+from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
+                   steps_per_epoch, train_sampler)
+from .dist import DistContext, all_reduce_sum, env_world, init, sync_device, teardown
+from .metrics import atomic_torch_save
+from .models import build_model
+from .results import Results, comm_key
+from .sync import make_strategy
+
+
+# ------------------------------------------------------------------ checks before any process group
+def preflight(cfg: TrainConfig) -> TrainConfig:
+    """Resolve ``auto`` values and reject bad input before the process group or a GPU is touched."""
+    cuda = torch.cuda.is_available()
+    _, world, _, local_world = env_world()
+    cfg = resolve(cfg, cuda, world)
+    if cfg.backend == "nccl" and local_world > torch.cuda.device_count():
+        raise ConfigError(f"{local_world} processes per node but only {torch.cuda.device_count()} "
+                          f"GPU(s): nccl needs one GPU per process (lower --nproc_per_node)")
+    if cfg.method == "ps" and world < 2:
+        raise ConfigError(f"ps needs at least 2 processes (1 server + workers); got {world} "
+                          f"(launch with torchrun --nproc_per_node=2 or more)")
+    if cfg.method == "ps" and cfg.amp == "fp16":
+        raise ConfigError("--amp fp16 is not supported with ps (the server would have to unscale "
+                          "gradients); use --amp bf16")
+    return cfg
+
+
+def default_out(method: str) -> str:
+    base = os.path.join("runs", time.strftime("%Y-%m-%d_%H-%M-%S") + f"_{method}")
+    out, i = base, 1
+    while os.path.exists(out):
+        i += 1
+        out = f"{base}-{i}"
+    return out
+
+
+def prepare_out(cfg: TrainConfig) -> str:
+    out = cfg.out or default_out(cfg.method)
+    target = os.path.join(out, cfg.result_file)
+    if os.path.exists(target):
+        raise ConfigError(f"{target!r} already exists; results are never overwritten "
+                          f"(choose another --out)")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create output folder {out!r}: {e.strerror}") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"output folder {out!r} is not writable")
+    return out
+
+
+# ------------------------------------------------------------------ the loop
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
+                 model: torch.nn.Module, steps: int):
+        self.cfg, self.ctx, self.out, self.steps = cfg, ctx, out, steps
+        self.strategy = s = make_strategy(cfg, ctx)
+        fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
+        self.model = model.to(ctx.device, memory_format=fmt)
+        self.forward_model = s.setup(self.model)
+        self.optimizer = (torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                          weight_decay=cfg.weight_decay)
+                          if s.steps_optimizer else None)
+        cuda = ctx.device.type == "cuda"
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        self.scaler = (torch.amp.GradScaler(ctx.device.type)
+                       if cfg.amp == "fp16" and s.steps_optimizer else None)
+        if cuda:
+            torch.backends.cudnn.benchmark = True
+
+        self.train_loader = self.val_loader = None
+        if s.is_trainer:
+            workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
+            self.sampler = train_sampler(data.train, s.trainers, s.trainer_index, cfg.seed)
+            self.train_loader = make_loader(data.train, self.sampler, cfg.batch_size, workers, cuda,
+                                            drop_last=True, seed=cfg.seed + s.trainer_index)
+            self.val_loader = make_loader(data.val, ShardSampler(len(data.val), s.trainers, s.trainer_index),
+                                          cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
+        self.num_train, self.num_val = len(data.train), len(data.val)
+
+    def log(self, msg: str) -> None:
+        """One line for people, from the rank that writes results (rank 0)."""
+        if self.ctx.is_main:
+            print(msg, flush=True)
+            if self.out:
+                with open(os.path.join(self.out, "train.log"), "a") as f:
+                    f.write(msg + "\n")
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype)
+
+    def progress(self, epoch: int):
+        """The first trainer shows the training bar; a PS server shows its own batch bar."""
+        s, cfg = self.strategy, self.cfg
+        mine = self.ctx.rank == s.first_trainer or (not s.is_trainer and self.ctx.is_main)
+        if not (cfg.progress and mine):
+            return None
+        from tqdm.auto import tqdm
+        desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
+        return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=True, leave=True,
+                    mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
+
+    # -------------------------------------------------------------- one epoch of training
+    def train_epoch(self, epoch: int) -> dict:
+        cfg, s, dev = self.cfg, self.strategy, self.ctx.device
+        self.model.train()
+        losses = torch.zeros(self.steps, device=dev)          # per-step loss, summed over trainers
+        counts = torch.zeros(2, device=dev)                   # correct, seen
+        data_time = 0.0
+        warmup = cfg.warmup_steps if self.steps > cfg.warmup_steps else 0
+        batch_images = cfg.batch_size * s.trainers
+        it = None
+        if s.is_trainer:
+            self.sampler.set_epoch(epoch)
+            it = iter(self.train_loader)
+        bar = self.progress(epoch)
+        refresh = max(1, self.steps // 50)
+        s.timer.pop()
+        sync_device(dev)
+        t_start = t_window = time.perf_counter()
+        for step in range(self.steps):
+            if step == warmup and warmup:
+                sync_device(dev)
+                t_window = time.perf_counter()
+            s.zero_grad(self.optimizer)
+            if it is not None:
+                t0 = time.perf_counter()
+                x, y = next(it)
+                data_time += time.perf_counter() - t0
+                x = x.to(dev, non_blocking=True)
+                y = y.to(dev, non_blocking=True)
+                if cfg.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+            s.before_forward()
+            if it is not None:
+                with self.autocast():
+                    logits = self.forward_model(x)
+                    loss = F.cross_entropy(logits, y)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                losses[step] = loss.detach().float()
+                counts[0] += (logits.argmax(1) == y).sum()
+                counts[1] += y.numel()
+            s.after_backward()
+            s.step(self.optimizer, self.scaler)
+            if bar is not None:
+                bar.update(1)
+                if (step + 1) % refresh == 0 or step + 1 == self.steps:
+                    bar.set_postfix_str(self._bar_text(losses, counts, step, t_start), refresh=False)
+        sync_device(dev)
+        t_end = time.perf_counter()
+        if bar is not None:
+            bar.close()
+
+        # reduce over ranks; a PS server contributes zeros, so sums are over trainers
+        comm = s.timer.pop()
+        vec = torch.tensor([data_time] + [comm.get(p, 0.0) for p in s.phases], device=dev,
+                           dtype=torch.float64)
+        all_reduce_sum(losses)
+        all_reduce_sum(counts)
+        all_reduce_sum(vec)
+        losses = (losses / s.trainers).tolist()
+        window_steps = self.steps - warmup
+        window_time = t_end - t_window
+        m = {
+            "train_loss": sum(losses) / len(losses),
+            "train_accuracy": 100.0 * counts[0].item() / max(1.0, counts[1].item()),
+            "train_time": t_end - t_start,
+            "train_throughput": batch_images * window_steps / window_time,
+            "avg_batch_time": window_time / window_steps,
+            "all_losses": losses,
+            "steps": self.steps,
+            "throughput_warmup_steps": warmup,
+            "avg_data_time": vec[0].item() / s.trainers / self.steps,
+        }
+        for i, p in enumerate(s.phases):
+            m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
+        return m
+
+    def _bar_text(self, losses, counts, step, t_start) -> str:
+        s = self.strategy
+        if not s.is_trainer:  # the server: its own communication statistics
+            t = {k: 1000 * v / (step + 1) for k, v in s.timer.totals.items()}
+            return " ".join(f"{k}={v:.1f}ms" for k, v in t.items())
+        elapsed = time.perf_counter() - t_start
+        ips = self.cfg.batch_size * s.trainers * (step + 1) / max(elapsed, 1e-9)
+        acc = 100.0 * counts[0].item() / max(1.0, counts[1].item())
+        return f"loss={losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
+
+    # -------------------------------------------------------------- validation
+    @torch.no_grad()
+    def validate(self) -> dict:
+        s, dev = self.strategy, self.ctx.device
+        s.finish_epoch(self.model)
+        self.model.eval()
+        tot = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, count
+        if s.is_trainer:
+            for i, (x, y) in enumerate(self.val_loader):
+                if self.cfg.max_val_steps and i >= self.cfg.max_val_steps:
+                    break
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                if self.cfg.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                with self.autocast():
+                    logits = self.model(x)
+                tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+                tot[1] += (logits.argmax(1) == y).sum()
+                tot[2] += y.numel()
+        all_reduce_sum(tot)
+        n = max(1.0, tot[2].item())
+        return {"val_loss": tot[0].item() / n, "val_accuracy": 100.0 * tot[1].item() / n,
+                "val_samples": int(tot[2].item())}
+
+    # -------------------------------------------------------------- the run
+    def fit(self, results: Optional[Results]) -> None:
+        cfg, s = self.cfg, self.strategy
+        self.log(f"labkit {__version__} | {cfg.method}"
+                 f"{' (' + cfg.ps_mode + ')' if cfg.method == 'ps' else ''} | world {self.ctx.world_size}"
+                 f" ({s.trainers} trainer{'s' if s.trainers > 1 else ''}) | {cfg.backend} on "
+                 f"{self.ctx.device.type} | {cfg.model} on {cfg.dataset} ({self.num_train} train / "
+                 f"{self.num_val} val) | batch {cfg.batch_size}/trainer | {self.steps} steps/epoch")
+        for epoch in range(1, cfg.epochs + 1):
+            m = self.train_epoch(epoch)
+            m.update(self.validate())
+            line = (f"epoch {epoch}/{cfg.epochs}: train loss {m['train_loss']:.4f} acc "
+                    f"{m['train_accuracy']:.2f}% | val loss {m['val_loss']:.4f} acc "
+                    f"{m['val_accuracy']:.2f}% | {m['train_throughput']:.1f} img/s, "
+                    f"{m['train_time']:.1f}s")
+            for p in s.phases:
+                line += f" | {p} {1000 * m[comm_key(p)]:.1f} ms/step"
+            self.log(line)
+            if results is not None:
+                results.add_epoch(epoch, m)
+        if self.ctx.is_main and self.out:
+            # after finish_epoch every rank, the PS server included, holds the final model
+            atomic_torch_save(self.model.state_dict(), os.path.join(self.out, "final_model.pt"))
+
+
+def run(cfg: TrainConfig) -> Optional[str]:
+    """Train with ``cfg`` (already resolved) on this process's rank; return the output folder."""
+    rank, world, _, _ = env_world()
+    # everything that can reject the input happens before the process group exists
+    data = build_datasets(cfg)
+    trainers = world - 1 if cfg.method == "ps" else world
+    steps = steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    model, note = build_model(cfg.model, data.num_classes, cfg.weights)
+    out = prepare_out(cfg) if rank == 0 else None
+    if note and rank == 0:
+        print(note, flush=True)
+
+    ctx = init(cfg.backend, cfg.timeout)
+    results = None
+    try:
+        trainer = Trainer(cfg, ctx, out, data, model, steps)
+        if ctx.is_main:
+            results = Results(cfg, ctx, trainer.strategy.trainers, out)
+            results.write()
+        trainer.fit(results)
+        if results is not None:
+            results.finish("completed")
+            print(f"results: {results.path}", flush=True)
+        return out
+    except BaseException as e:
+        if results is not None:
+            results.finish("interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+                           error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        teardown()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    rank = env_world()[0]
+    try:
+        cfg = preflight(config_from_args(args))
+        run(cfg)
+    except ConfigError as e:
+        # Bad input is seen by every rank alike: one message, from rank 0.  The others wait a
+        # moment so torchrun does not stop rank 0 before it has printed.
+        if rank == 0:
+            print(f"labkit.train: error: {e}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(2)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

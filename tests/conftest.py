@@ -1,0 +1,59 @@
+"""Shared helpers: tiny settings and a real torchrun launcher for multi-process tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# tiny but real: the digits images, the smallest ResNet, a few steps
+TINY = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--epochs", "1",
+        "--max-steps-per-epoch", "5", "--lr", "0.01", "--max-val-steps", "2", "--no-progress", "--timeout", "120"]
+
+
+def torchrun(nproc: int, args: list[str], cwd, env: dict | None = None, timeout: float = 240):
+    """Run ``torchrun --standalone --nproc_per_node=nproc -m labkit.train ARGS`` for real."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "labkit.train", *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def load_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def make_image_tree(root: Path, classes=("cat", "dog"), n_train=6, n_val=3, size=40) -> Path:
+    """A tiny ImageNet-style tree: root/{train,val}/<class>/*.png with distinct colours."""
+    from PIL import Image
+    import random
+
+    rng = random.Random(0)
+    for split, n in (("train", n_train), ("val", n_val)):
+        for ci, c in enumerate(classes):
+            d = root / split / c
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                base = (200 * ci, 80, 255 - 200 * ci)
+                px = [tuple(min(255, max(0, v + rng.randint(-40, 40))) for v in base)
+                      for _ in range(size * size)]
+                im = Image.new("RGB", (size, size))
+                im.putdata(px)
+                im.save(d / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def image_tree(tmp_path_factory) -> Path:
+    return make_image_tree(tmp_path_factory.mktemp("imagenet"))

@@ -1,0 +1,154 @@
+"""Bad input: one clear message naming the problem, a non-zero exit, nothing written."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY, torchrun
+from labkit import train
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def run_main(argv, capsys):
+    code = train.main(argv)
+    err = capsys.readouterr().err
+    return code, err
+
+
+def expect_error(argv, capsys, *needles, tmp_path=None):
+    code, err = run_main(argv, capsys)
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
+    for n in needles:
+        assert n in err, err
+    assert "Traceback" not in err
+    return err
+
+
+def imagefolder_args(d, out):
+    return TINY + ["--dataset", "imagefolder", "--data-dir", str(d), "--out", str(out)]
+
+
+def test_missing_data_dir(tmp_path, capsys):
+    out = tmp_path / "out"
+    expect_error(imagefolder_args(tmp_path / "nope", out), capsys, "does not exist", "nope")
+    assert not out.exists()  # nothing half-written
+
+
+def test_data_dir_without_val(tmp_path, capsys):
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    expect_error(imagefolder_args(tmp_path, tmp_path / "o"), capsys, "has no val/ folder")
+
+
+def test_data_dir_without_train(tmp_path, capsys):
+    (tmp_path / "val" / "a").mkdir(parents=True)
+    expect_error(imagefolder_args(tmp_path, tmp_path / "o"), capsys, "has no train/ folder")
+
+
+def test_data_dir_without_images(tmp_path, capsys):
+    for s in ("train", "val"):
+        (tmp_path / s / "a").mkdir(parents=True)
+        (tmp_path / s / "a" / "notes.txt").write_text("x")
+    expect_error(imagefolder_args(tmp_path, tmp_path / "o"), capsys, "holds no images")
+
+
+def test_classes_missing_from_val(tmp_path, capsys, image_tree):
+    import shutil
+    d = tmp_path / "data"
+    shutil.copytree(image_tree, d)
+    shutil.rmtree(d / "val" / "dog")
+    expect_error(imagefolder_args(d, tmp_path / "o"), capsys, "missing from val/", "dog")
+
+
+def test_ps_needs_two_processes(tmp_path, capsys):
+    expect_error(TINY + ["--method", "ps", "--out", str(tmp_path / "o")], capsys,
+                 "ps needs at least 2 processes")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_nccl_without_gpus(tmp_path, capsys):
+    expect_error(TINY + ["--backend", "nccl", "--out", str(tmp_path / "o")], capsys,
+                 "nccl needs CUDA GPUs")
+
+
+@pytest.mark.parametrize("flag,value", [("--method", "sgd"), ("--model", "vgg16"),
+                                        ("--dataset", "mnist")])
+def test_unknown_names(capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        train.main(TINY + [flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"invalid choice: '{value}'" in err and flag in err
+
+
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--batch-size", "0", "--batch-size must be at least 1"),
+    ("--epochs", "0", "--epochs must be at least 1"),
+    ("--lr", "-1", "--lr must be positive"),
+    ("--workers", "-2", "--workers must be 0 or more"),
+])
+def test_out_of_range(tmp_path, capsys, flag, value, msg):
+    expect_error(TINY + [flag, value, "--out", str(tmp_path / "o")], capsys, msg)
+
+
+def test_batch_larger_than_dataset(tmp_path, capsys):
+    expect_error(TINY + ["--batch-size", "5000", "--out", str(tmp_path / "o")], capsys,
+                 "no full batch per trainer")
+
+
+def test_missing_weights(tmp_path, capsys):
+    expect_error(TINY + ["--weights", str(tmp_path / "resnet50-0676ba61.pth"), "--out", str(tmp_path / "o")],
+                 capsys, "resnet50-0676ba61.pth", "not found")
+
+
+def test_weights_of_another_architecture(tmp_path, capsys):
+    from labkit.models import build_model
+    w = tmp_path / "r18.pth"
+    torch.save(build_model("resnet18", 10)[0].state_dict(), w)
+    expect_error(TINY + ["--weights", str(w), "--out", str(tmp_path / "o")], capsys,
+                 "does not match model resnet10_small")
+
+
+def test_weights_not_a_state_dict(tmp_path, capsys):
+    w = tmp_path / "junk.pth"
+    w.write_bytes(b"this is not a checkpoint")
+    expect_error(TINY + ["--weights", str(w), "--out", str(tmp_path / "o")], capsys,
+                 "not a loadable state_dict")
+    torch.save([1, 2, 3], w)
+    expect_error(TINY + ["--weights", str(w), "--out", str(tmp_path / "o")], capsys,
+                 "does not hold a state_dict")
+
+
+def test_weights_with_another_head_are_loaded(tmp_path):
+    """ImageNet weights (1000 classes) on a 10-class dataset: backbone loaded, head fresh."""
+    from labkit.models import build_model
+    src, _ = build_model("resnet10_small", 1000)
+    w = tmp_path / "w.pth"
+    torch.save(src.state_dict(), w)
+    m, note = build_model("resnet10_small", 10, str(w))
+    assert "re-initialised for 10 classes" in note
+    torch.testing.assert_close(m.conv1.weight, src.conv1.weight)
+    assert m.fc.weight.shape == (10, 512)
+
+
+def test_existing_results_are_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "results_baseline_ddp.json").write_text("{}")
+    expect_error(TINY + ["--out", str(out)], capsys, "already exists")
+    assert (out / "results_baseline_ddp.json").read_text() == "{}"
+
+
+def test_bad_input_under_torchrun_prints_once(tmp_path):
+    """Under torchrun every rank sees the bad input; the message appears once, exit is non-zero."""
+    proc = torchrun(2, TINY + ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "missing"),
+                               "--out", str(tmp_path / "o")], cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("labkit.train: error: data dir") == 1, proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,84 @@
+"""Each method writes the guide's result file with all of the guide's keys."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY, check_ok, load_json, torchrun
+
+# the guide's keys (../shared/reference/experiment-guide.md), per method
+TOP = {"method", "world_size", "batch_size", "start_time", "end_time", "epochs", "summary", "all_losses"}
+EPOCH = {"epoch", "train_loss", "train_accuracy", "train_time", "train_throughput",
+         "avg_batch_time", "val_loss", "val_accuracy"}
+SUMMARY = {"avg_train_throughput", "avg_train_time_per_epoch", "best_val_accuracy"}
+GUIDE = {
+    "ddp": ("results_baseline_ddp.json", "Baseline DDP (PyTorch)", TOP, EPOCH, SUMMARY),
+    "allreduce": ("results_all_reduce.json", "Manual All-Reduce", TOP,
+                  EPOCH | {"avg_comm_time", "all_losses"}, SUMMARY | {"final_train_accuracy"}),
+    "ps": ("results_ps.json", "Parameter Server (PS)", TOP | {"num_workers"},
+           EPOCH | {"avg_comm_time_pull", "avg_comm_time_push"},
+           SUMMARY | {"avg_comm_time_pull", "avg_comm_time_push"}),
+}
+NPROC = {"ddp": 2, "allreduce": 2, "ps": 3}
+
+
+def check_guide_file(d, method: str, epochs: int, steps: int) -> dict:
+    fname, name, top, epoch_keys, summary_keys = GUIDE[method]
+    r = load_json(d / fname)
+    assert top <= set(r), top - set(r)
+    assert r["method"] == name
+    assert r["status"] == "completed"
+    assert r["world_size"] == NPROC[method]
+    assert r["end_time"] >= r["start_time"]
+    assert len(r["epochs"]) == epochs
+    for i, e in enumerate(r["epochs"], 1):
+        assert epoch_keys <= set(e), epoch_keys - set(e)
+        assert e["epoch"] == i
+        assert 0 <= e["train_accuracy"] <= 100 and 0 <= e["val_accuracy"] <= 100
+        assert e["train_time"] > 0 and e["train_throughput"] > 0 and e["avg_batch_time"] > 0
+        assert e["val_samples"] > 0
+    assert summary_keys <= set(r["summary"]), summary_keys - set(r["summary"])
+    assert r["summary"]["best_val_accuracy"] == max(e["val_accuracy"] for e in r["epochs"])
+    assert len(r["all_losses"]) == epochs * steps
+    if method == "ps":
+        assert r["num_workers"] == NPROC["ps"] - 1
+        assert all(e["avg_comm_time_pull"] > 0 and e["avg_comm_time_push"] > 0 for e in r["epochs"])
+    if method == "allreduce":
+        assert all(e["avg_comm_time"] > 0 for e in r["epochs"])
+    assert (d / "final_model.pt").stat().st_size > 0
+    assert "epoch 1/" in (d / "train.log").read_text()
+    return r
+
+
+@pytest.mark.parametrize("method", ["ddp", "allreduce", "ps"])
+def test_result_file_imagefolder(tmp_path, image_tree, method):
+    args = TINY[:]
+    args[args.index("--dataset") + 1] = "imagefolder"
+    out = tmp_path / "out"
+    proc = torchrun(NPROC[method], args + ["--method", method, "--data-dir", str(image_tree),
+                                           "--batch-size", "2", "--epochs", "2", "--out", str(out)],
+                    cwd=tmp_path)
+    check_ok(proc)
+    r = check_guide_file(out, method, epochs=2, steps=min(5, (12 // (NPROC[method] - (method == "ps"))) // 2))
+    assert r["config"]["dataset"] == "imagefolder"
+    # 2 classes x 3 val images, each counted exactly once over the trainers
+    assert r["epochs"][0]["val_samples"] == 6
+
+
+def test_result_files_digits(tmp_path):
+    """All three on the digits, in one folder (as the README's main command does)."""
+    for method in ("ddp", "allreduce", "ps"):
+        check_ok(torchrun(NPROC[method], TINY + ["--method", method, "--out", str(tmp_path)], cwd=tmp_path))
+    for method in ("ddp", "allreduce", "ps"):
+        check_guide_file(tmp_path, method, epochs=1, steps=5)
+
+
+def test_same_seed_same_losses(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        check_ok(torchrun(2, TINY + ["--method", "allreduce", "--out", str(d)], cwd=tmp_path))
+    la = load_json(a / "results_all_reduce.json")["all_losses"]
+    lb = load_json(b / "results_all_reduce.json")["all_losses"]
+    assert la == lb
+    c = tmp_path / "c"
+    check_ok(torchrun(2, TINY + ["--method", "allreduce", "--seed", "1", "--out", str(c)], cwd=tmp_path))
+    assert load_json(c / "results_all_reduce.json")["all_losses"] != la
