@@ -114,7 +114,9 @@ def build_parser(prog: str = "labkit.train") -> argparse.ArgumentParser:
     return p
 
 
-def add_config_arguments(p: argparse.ArgumentParser, skip: tuple = ()) -> None:
+def add_config_arguments(p: argparse.ArgumentParser, skip: tuple = (), defaults: bool = True) -> None:
+    """One flag per TrainConfig field. ``defaults=False`` leaves flags that were not given out
+    of the namespace, so they can override a parameters file."""
     for f in dataclasses.fields(TrainConfig):
         if f.name in skip:
             continue
@@ -122,11 +124,12 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple = ()) -> None:
         help_ = f.metadata["help"]
         if f.type in (bool, "bool"):
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                           default=f.default, help=help_)
+                           default=f.default if defaults else argparse.SUPPRESS, help=help_)
             continue
         typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(
             str(f.type), str)
-        p.add_argument(flag, dest=f.name, type=typ, default=f.default, help=help_,
+        p.add_argument(flag, dest=f.name, type=typ, help=help_,
+                       default=f.default if defaults else argparse.SUPPRESS,
                        choices=f.metadata.get("choices"), metavar=None)
 
 

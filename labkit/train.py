@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from typing import Optional
 
@@ -29,10 +30,17 @@ from .sync import make_strategy
 
 
 # ------------------------------------------------------------------ checks before any process group
-def preflight(cfg: TrainConfig) -> TrainConfig:
-    """Resolve ``auto`` values and reject bad input before the process group or a GPU is touched."""
+def preflight(cfg: TrainConfig, world: Optional[int] = None,
+              local_world: Optional[int] = None) -> TrainConfig:
+    """Resolve ``auto`` values and reject bad input before the process group or a GPU is touched.
+
+    ``world``/``local_world`` default to torchrun's environment; the launcher passes the
+    values it is about to launch with, so bad input fails before anything is spawned.
+    """
     cuda = torch.cuda.is_available()
-    _, world, _, local_world = env_world()
+    _, env_ws, _, env_lws = env_world()
+    world = env_ws if world is None else world
+    local_world = env_lws if local_world is None else local_world
     cfg = resolve(cfg, cuda, world)
     if cfg.backend == "nccl" and local_world > torch.cuda.device_count():
         raise ConfigError(f"{local_world} processes per node but only {torch.cuda.device_count()} "
@@ -70,6 +78,22 @@ def prepare_out(cfg: TrainConfig) -> str:
     return out
 
 
+class _Lines:
+    """A file for tqdm when stderr is a log or a pipe (torchrun --tee, the launcher, papermill):
+    each refresh becomes one whole line instead of a carriage-return overwrite."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        s = s.replace("\r", "").strip("\n")
+        if s.strip():
+            self.stream.write(s + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 # ------------------------------------------------------------------ the loop
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
@@ -98,6 +122,8 @@ class Trainer:
             self.val_loader = make_loader(data.val, ShardSampler(len(data.val), s.trainers, s.trainer_index),
                                           cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
         self.num_train, self.num_val = len(data.train), len(data.val)
+        self.fault_step = _injected_fault(cfg.method, ctx.rank)
+        self.global_step = 0
 
     def log(self, msg: str) -> None:
         """One line for people, from the rank that writes results (rank 0)."""
@@ -118,10 +144,11 @@ class Trainer:
         mine = self.ctx.rank == s.first_trainer or (not s.is_trainer and self.ctx.is_main)
         if not (cfg.progress and mine):
             return None
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
         desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
-        return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=True, leave=True,
-                    mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
+        tty = sys.stderr.isatty()
+        return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=tty, ncols=None if tty else 100,
+                    leave=True, mininterval=0.5 if tty else 5.0, file=sys.stderr if tty else _Lines(sys.stderr))
 
     # -------------------------------------------------------------- one epoch of training
     def train_epoch(self, epoch: int) -> dict:
@@ -145,6 +172,9 @@ class Trainer:
             if step == warmup and warmup:
                 sync_device(dev)
                 t_window = time.perf_counter()
+            if self.global_step == self.fault_step:
+                raise RuntimeError(f"injected fault (LABKIT_TEST_FAULT) at step {self.global_step}")
+            self.global_step += 1
             s.zero_grad(self.optimizer)
             if it is not None:
                 t0 = time.perf_counter()
@@ -308,7 +338,33 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - a crash: full traceback in the rank's log, then one line
+        traceback.print_exc()
+        _record_for_torchrun(e)
+        print(f"labkit.train: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _record_for_torchrun(e: BaseException) -> None:
+    """Write torchrun's error file, so its 'root cause' is the rank that failed first rather
+    than one that failed after it because its peer was gone."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+        get_error_handler().record_exception(e)
+    except Exception:  # noqa: BLE001 - best effort, outside torchrun there is no error file
+        pass
+
+
+def _injected_fault(method: str, rank: int) -> Optional[int]:
+    """Test-only fault switch: LABKIT_TEST_FAULT=<method>:<rank>:<step> makes that rank fail at
+    that step (global, from 0), so tests can check what a real crashed rank does to a run."""
+    spec = os.environ.get("LABKIT_TEST_FAULT", "")
+    try:
+        m, r, s = spec.split(":")
+        return int(s) if m == method and int(r) == rank else None
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,280 @@
+"""The lab: run folders, environment snapshots, notebook parameters, and the experiment.
+
+An experiment = papermill runs notebooks/run_method.ipynb once per method (each spawns
+torchrun through labkit.launch), then notebooks/report.ipynb; everything lands in one new,
+self-describing folder runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from .config import METHODS, ConfigError, TrainConfig
+from .launch import Nodes, validate
+from .metrics import atomic_write_json
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+NOTEBOOKS = REPO_DIR / "notebooks"
+KERNEL_NAME = "labkit"
+# launcher parameters of run_method.ipynb besides TrainConfig's fields
+LAUNCH_PARAMS = {"nproc": (int, type(None)), "nnodes": (int,), "node_rank": (int,),
+                 "rdzv_endpoint": (str, type(None))}
+
+
+# ------------------------------------------------------------------ defaults for this machine
+def machine_defaults() -> dict:
+    """Without GPUs: gloo, digits, the small ResNet-18, 4 processes, batch 32 (minutes on a
+    2-core laptop). With GPUs: nccl, one process per GPU, ResNet-50, synthetic data unless a
+    data dir is given (then imagefolder) -- the dataset/model/backend part is config.resolve's."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"nproc": torch.cuda.device_count(), "batch_size": 64, "epochs": 3}
+    return {"nproc": 4, "batch_size": 32, "epochs": 3}
+
+
+# ------------------------------------------------------------------ notebook parameters
+def _type_ok(value: Any, annot: str) -> bool:
+    base = annot.replace("Optional[", "").rstrip("]")
+    if value is None:
+        return annot.startswith("Optional[")
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def check_params(params: dict) -> None:
+    """Reject unknown names and wrong types (one message naming the parameter)."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(params) - set(fields) - set(LAUNCH_PARAMS))
+    if unknown:
+        raise ConfigError(f"unknown parameter(s): {', '.join(unknown)}; known: "
+                          f"{', '.join(list(fields) + list(LAUNCH_PARAMS))}")
+    for k, v in params.items():
+        ok = (_type_ok(v, fields[k]) if k in fields
+              else isinstance(v, LAUNCH_PARAMS[k]) and not isinstance(v, bool))
+        if not ok:
+            want = fields.get(k) or " or ".join(t.__name__ for t in LAUNCH_PARAMS[k])
+            raise ConfigError(f"parameter {k}={v!r} has type {type(v).__name__}; expected {want}")
+
+
+def notebook_params(namespace: dict) -> tuple[TrainConfig, int, Nodes]:
+    """The parameters cell's variables -> (TrainConfig, processes per node, Nodes)."""
+    names = [f.name for f in dataclasses.fields(TrainConfig)] + list(LAUNCH_PARAMS)
+    params = {k: namespace[k] for k in names if k in namespace}
+    check_params(params)
+    cfg = TrainConfig(**{k: v for k, v in params.items() if k not in LAUNCH_PARAMS})
+    nproc = params.get("nproc") or machine_defaults()["nproc"]
+    nodes = Nodes(params.get("nnodes", 1), params.get("node_rank", 0), params.get("rdzv_endpoint"))
+    return cfg, nproc, nodes
+
+
+# ------------------------------------------------------------------ run folders
+def new_run_dir(runs_dir: str, tag: Optional[str] = None) -> Path:
+    """Create runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/; an existing folder is never reused."""
+    if tag and not all(c.isalnum() or c in "-_." for c in tag):
+        raise ConfigError(f"tag {tag!r} may only hold letters, digits, '-', '_' and '.'")
+    root = Path(runs_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create runs folder {str(root)!r}: {e.strerror}") from None
+    if not os.access(root, os.W_OK):
+        raise ConfigError(f"runs folder {str(root)!r} is not writable")
+    while True:
+        name = time.strftime("%Y-%m-%d_%H-%M-%S") + (f"_{tag}" if tag else "")
+        d = root / name
+        try:
+            d.mkdir()
+            break
+        except FileExistsError:
+            time.sleep(1.0)  # same second as another experiment: take the next one
+    link = root / "latest"
+    tmp = root / f".latest-{os.getpid()}"
+    try:
+        if tmp.is_symlink():
+            tmp.unlink()
+        tmp.symlink_to(name)
+        os.replace(tmp, link)  # atomic switch of the pointer
+    except OSError:
+        pass  # a file system without symlinks: the folder itself is what matters
+    return d
+
+
+def _cmd(args: list[str], cwd: Path = REPO_DIR) -> Optional[str]:
+    try:
+        return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(seed: Optional[int] = None) -> dict:
+    """What ran where: git state, versions, devices, CPU, host."""
+    import torch
+    import torchvision
+
+    env: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0], "executable": sys.executable,
+        "torch": torch.__version__, "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None, "gpus": [], "driver": None, "seed": seed,
+        "git": {"commit": _cmd(["git", "rev-parse", "HEAD"]),
+                "dirty": bool(_cmd(["git", "status", "--porcelain"]))},
+    }
+    if torch.cuda.is_available():
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        env["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+                       for i in range(torch.cuda.device_count())]
+        env["driver"] = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    for pkg in ("papermill", "nbconvert", "matplotlib", "numpy"):
+        try:
+            env[pkg] = __import__(pkg).__version__
+        except Exception:  # noqa: BLE001 - a missing optional package is just not listed
+            pass
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def kernel_name() -> str:
+    """The project's named Jupyter kernel when installed (make setup does), else python3."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+        return KERNEL_NAME if KERNEL_NAME in KernelSpecManager().find_kernel_specs() else "python3"
+    except Exception:  # noqa: BLE001
+        return "python3"
+
+
+# ------------------------------------------------------------------ the experiment
+@dataclass
+class Experiment:
+    """Parameters of `labkit experiment` (besides the training config)."""
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    nproc: Optional[int] = None
+    runs_dir: str = "runs"
+    tag: Optional[str] = None
+    cell_timeout: int = 3600
+    nodes: Nodes = field(default_factory=Nodes)
+
+
+def _absolute(cfg: TrainConfig) -> TrainConfig:
+    """Paths as the user meant them: relative to where the command was run, not the run folder."""
+    return dataclasses.replace(
+        cfg, data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None,
+        weights=os.path.abspath(cfg.weights) if cfg.weights else None)
+
+
+def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
+    """Run every method's notebook, then the report; return (run folder, status)."""
+    import papermill as pm
+
+    stream = stream or sys.stdout
+    bad = [m for m in exp.methods if m not in METHODS]
+    if bad or not exp.methods:
+        raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from {', '.join(METHODS)}")
+    nproc = exp.nproc or machine_defaults()["nproc"]
+    cfg = _absolute(cfg)
+    # all bad input fails here, in seconds, before a folder or a process exists
+    resolved = {m: validate(dataclasses.replace(cfg, method=m), nproc, exp.nodes) for m in exp.methods}
+
+    run = new_run_dir(exp.runs_dir, exp.tag).resolve()
+    atomic_write_json(str(run / "config.json"), {
+        "experiment": {**dataclasses.asdict(exp), "nproc": nproc},
+        "train": cfg.to_dict(),
+        "resolved": {m: c.to_dict() for m, c in resolved.items()},
+    })
+    env = environment(cfg.seed)
+    env["torchrun_commands"] = {}
+    atomic_write_json(str(run / "environment.json"), env)
+    status: dict[str, Any] = {"run_dir": str(run), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                              "methods": {}, "status": "running"}
+    kernel = kernel_name()
+    stream.write(f"experiment: {run}\n")
+    for m in exp.methods:
+        mdir = run / m
+        mdir.mkdir()
+        params = {k: v for k, v in resolved[m].to_dict().items()}
+        params.update(out=str(mdir), nproc=nproc, nnodes=exp.nodes.nnodes,
+                      node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint)
+        stream.write(f"\n=== {m}: {nproc} processes ===\n")
+        stream.flush()
+        t0 = time.monotonic()
+        entry: dict[str, Any] = {"status": "running", "notebook": str(mdir / "run_method.ipynb")}
+        status["methods"][m] = entry
+        atomic_write_json(str(run / "experiment.json"), status)
+        try:
+            pm.execute_notebook(str(NOTEBOOKS / "run_method.ipynb"), str(mdir / "run_method.ipynb"),
+                                parameters=params, kernel_name=kernel, cwd=str(mdir),
+                                execution_timeout=exp.cell_timeout, progress_bar=False,
+                                stdout_file=stream, stderr_file=stream)
+            entry["status"] = "completed"
+        except pm.PapermillExecutionError as e:
+            entry.update(status="failed", error=f"{e.ename}: {e.evalue}".strip())
+            stream.write(f"\n{m} FAILED: {entry['error']}\n")
+        except KeyboardInterrupt:
+            entry["status"] = "interrupted"
+            status["status"] = "interrupted"
+            atomic_write_json(str(run / "experiment.json"), status)
+            raise
+        entry["wall_time"] = time.monotonic() - t0
+        launch_file = mdir / "launch.json"
+        if launch_file.exists():
+            env["torchrun_commands"][m] = json.loads(launch_file.read_text())["command_line"]
+            atomic_write_json(str(run / "environment.json"), env)
+        atomic_write_json(str(run / "experiment.json"), status)
+
+    failed = [m for m, e in status["methods"].items() if e["status"] != "completed"]
+    status["status"] = "failed" if failed else "completed"
+    status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
+    status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    atomic_write_json(str(run / "experiment.json"), status)
+    return run, status
+
+
+def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
+    """Execute notebooks/report.ipynb for ``run`` and export it as one HTML file."""
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    rdir = run / "report"
+    rdir.mkdir(exist_ok=True)
+    nb_out = rdir / "report.ipynb"
+    pm.execute_notebook(str(NOTEBOOKS / "report.ipynb"), str(nb_out),
+                        parameters={"run_dir": str(run)}, kernel_name=kernel, cwd=str(rdir),
+                        execution_timeout=timeout, progress_bar=False)
+    html, _ = HTMLExporter(exclude_input=True).from_filename(str(nb_out))
+    out = rdir / "report.html"
+    from .metrics import atomic_path
+    with atomic_path(str(out)) as tmp, open(tmp, "w") as f:
+        f.write(html)
+    return out

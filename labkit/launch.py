@@ -1,0 +1,292 @@
+"""The launcher: validate, build the torchrun command, run it, stream, keep logs, explain failures.
+
+    from labkit.launch import launch
+    result = launch(cfg, nproc=4, out_dir="runs/x/ddp")   # live output, per-rank logs
+    result.check()                                         # LaunchError with one clear message
+
+Every subprocess gets an argument list, never a shell string.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import IO, Optional
+
+from .config import ConfigError, TrainConfig
+from .metrics import atomic_write_json
+
+# torchrun options a multi-node run passes through (issue: single node by default)
+@dataclass
+class Nodes:
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None  # host:port of the c10d rendezvous (multi-node)
+    rdzv_id: str = "labkit"
+    max_restarts: int = 0
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1 or self.rdzv_endpoint is not None
+
+
+class LaunchError(RuntimeError):
+    """A launch that failed: the message names the method, the rank, its exit code and the
+    last lines of that rank's log."""
+
+
+@dataclass
+class LaunchResult:
+    method: str
+    returncode: int
+    out_dir: str
+    log_dir: str
+    command: list[str]
+    wall_time: float
+    message: str = ""
+    failed_rank: Optional[int] = None
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self) -> "LaunchResult":
+        if not self.ok:
+            raise LaunchError(self.message)
+        return self
+
+
+def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
+    """Check the inputs in this process, in seconds, before any rank is spawned."""
+    from .data import build_datasets, check_image_folder, steps_per_epoch
+    from .models import build_model
+    from .train import preflight
+
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1 (got {nproc})")
+    world = nproc * nodes.nnodes
+    cfg = preflight(cfg, world=world, local_world=nproc)
+    trainers = world - 1 if cfg.method == "ps" else world
+    if cfg.dataset == "imagefolder":
+        classes = check_image_folder(cfg.data_dir)  # the ranks count the images themselves
+        num_classes = len(classes)
+    else:
+        data = build_datasets(cfg)
+        steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
+        num_classes = data.num_classes
+    if cfg.weights:
+        build_model(cfg.model, num_classes, cfg.weights)
+    if cfg.out and os.path.exists(os.path.join(cfg.out, cfg.result_file)):
+        raise ConfigError(f"{os.path.join(cfg.out, cfg.result_file)!r} already exists; results "
+                          f"are never overwritten (choose another output folder)")
+    return cfg
+
+
+def config_flags(cfg: TrainConfig) -> list[str]:
+    """TrainConfig -> labkit.train flags (only values that differ from the defaults)."""
+    args = []
+    for f in dataclasses.fields(TrainConfig):
+        v = getattr(cfg, f.name)
+        if v == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(v, bool):
+            args.append(flag if v else "--no-" + f.name.replace("_", "-"))
+        elif v is not None:
+            args += [flag, str(v)]
+    return args
+
+
+def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = Nodes(),
+                     show_ranks: tuple[int, ...] = (0,)) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if nodes.multi:
+        cmd += [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.rdzv_endpoint}",
+                f"--rdzv-id={nodes.rdzv_id}"]
+    else:
+        # single node: a c10d store on a free port (":0") of the loopback address, and the
+        # ranks' process group on loopback too; nothing listens on a public interface
+        cmd += ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+                f"--rdzv-id={uuid.uuid4().hex[:12]}", "--local-addr=127.0.0.1"]
+    if nodes.max_restarts:
+        cmd.append(f"--max-restarts={nodes.max_restarts}")
+    cmd += [f"--log-dir={log_dir}", "--tee=3", "--log-line-prefix-template=[rank${rank}]: ",
+            f"--local-ranks-filter={','.join(map(str, show_ranks))}",
+            "-m", "labkit.train", *config_flags(cfg)]
+    return cmd
+
+
+def rank_logs(log_dir: str, local_rank: int) -> list[str]:
+    """torchrun's per-rank log files (newest attempt last)."""
+    pat = os.path.join(log_dir, "**", "attempt_*", str(local_rank), "*.log")
+    return sorted(glob.glob(pat, recursive=True), key=os.path.getmtime)
+
+
+def tail(path: str, n: int = 15) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().replace("\r", "\n")
+    except OSError:
+        return []
+    return [l for l in text.splitlines() if l.strip()][-n:]
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# errors a rank gets because another rank is gone: not the cause
+_SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
+                        r"NCCL communicator was aborted", re.I)
+
+
+def _rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
+    lines: list[str] = []
+    logs = rank_logs(log_dir, local_rank)
+    for p in [p for p in logs if p.endswith("stderr.log")] + logs:
+        lines = tail(p)
+        if lines:
+            break
+    own = [l for l in lines if "labkit.train: error:" in l]
+    return own[-1:] if own else lines  # labkit's own last line says it all
+
+
+def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> tuple[str, Optional[int], list[str]]:
+    """One message: which rank failed first, its exit code, the last lines of its log.
+
+    torchrun's "root cause" is the lowest rank among failures within the same second, which is
+    often a rank that only failed because its peer died; so we pick the first failure that is
+    neither torchrun's SIGTERM nor a lost-peer error.
+    """
+    seen, failures = set(), []
+    for m in _FAILURE.finditer(output):
+        key = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        if key not in seen:
+            seen.add(key)
+            failures.append(key)
+    if not failures:
+        last = [l for l in output.replace("\r", "\n").splitlines() if l.strip()][-10:]
+        return (f"{method} failed: torchrun exited with code {returncode}\n" + "\n".join(last),
+                None, last)
+
+    def secondary(f) -> bool:
+        _, local_rank, code = f
+        return code == -signal.SIGTERM or any(_SECONDARY.search(l) for l in _rank_error_lines(log_dir, local_rank))
+
+    rank, local_rank, code = next((f for f in sorted(failures) if not secondary(f)), failures[0])
+    sig = ""
+    if code < 0:
+        try:
+            sig = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    lines = _rank_error_lines(log_dir, local_rank)
+    logs = rank_logs(log_dir, local_rank)
+    where = f" (logs: {os.path.dirname(logs[-1])})" if logs else ""
+    msg = (f"{method} failed: rank {rank} exited with code {code}{sig}{where}\n"
+           + "\n".join("  | " + l for l in lines))
+    return msg, rank, lines
+
+
+class Throttle:
+    """Pass lines through, but at most one progress-bar refresh per ``interval`` seconds, so a
+    notebook never floods."""
+
+    def __init__(self, stream: IO[str], interval: float = 2.0):
+        self.stream, self.interval, self.last = stream, interval, 0.0
+
+    def line(self, text: str, is_progress: bool) -> None:
+        now = time.monotonic()
+        if is_progress and now - self.last < self.interval:
+            return
+        if is_progress:
+            self.last = now
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
+           stream: Optional[IO[str]] = None, env: Optional[dict] = None,
+           throttle_s: float = 2.0) -> LaunchResult:
+    """Validate, then run one method under torchrun and wait for it.
+
+    Raises ConfigError (in seconds, before spawning) for bad input; returns a LaunchResult
+    whose ``message`` explains a failed rank.
+    """
+    stream = stream or sys.stdout
+    cfg = dataclasses.replace(cfg, out=out_dir)
+    cfg = validate(cfg, nproc, nodes)
+    os.makedirs(out_dir, exist_ok=True)
+    log_dir = os.path.join(out_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    show = (0, 1) if cfg.method == "ps" and nproc > 1 else (0,)
+    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show)
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    full_env["PYTHONUNBUFFERED"] = "1"
+    t0 = time.monotonic()
+    out = Throttle(stream, throttle_s)
+    captured: list[str] = []
+    # start_new_session: Ctrl-C in a notebook reaches us, and we stop the whole group
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+                            text=True, bufsize=1, errors="replace", start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    try:
+        for raw in proc.stdout:
+            captured.append(raw)
+            for piece in raw.rstrip("\n").split("\r"):
+                if not re.sub(r"^\[rank\d+\]:", "", piece).strip() or _torchrun_noise(piece):
+                    continue
+                out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
+        proc.wait()
+    except BaseException:
+        _stop(proc)
+        raise
+    text = "".join(captured)
+    with open(os.path.join(log_dir, "torchrun.log"), "w") as f:
+        f.write(" ".join(cmd) + "\n\n" + text)
+    res = LaunchResult(cfg.method, proc.returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
+    if not res.ok:
+        res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
+                                                                     text, log_dir)
+    atomic_write_json(os.path.join(out_dir, "launch.json"), {
+        "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
+        "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
+        "message": res.message})
+    return res
+
+
+def _torchrun_noise(line: str) -> bool:
+    """torchrun's own warnings and failure dump: kept in torchrun.log, not streamed."""
+    return bool(re.match(r"^(W|I|E)\d{4} |^\*{5,}|^Setting OMP_NUM_THREADS|^\s*(Traceback|File \"|raise |torch\.distributed\.elastic)", line)) or line.startswith(("=====", "-----"))
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the launching process dies (a Jupyter kernel
+    shut down, a killed job), so torchrun stops its ranks instead of running on orphaned."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: Ctrl-C and _stop still stop the group
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop torchrun and every rank: SIGINT to the group, then SIGKILL after ``grace``."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

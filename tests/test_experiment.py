@@ -1,0 +1,87 @@
+"""`labkit experiment`: a complete, self-describing run folder; a failed method is recorded
+and the others are kept."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import nbformat
+
+from conftest import load_json
+
+TINY_FLAGS = ["--nproc", "2", "--model", "resnet10_small", "--batch-size", "8",
+              "--max-val-steps", "1", "--lr", "0.01", "--no-progress", "--timeout", "60"]
+
+
+def labkit(args, cwd, env=None, timeout=400):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_experiment_makes_a_complete_run_folder(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("epochs: 1\nmax_steps_per_epoch: 3\ndataset: digits\n")
+    p = labkit(["experiment", "-f", str(params), *TINY_FLAGS, "--runs-dir", "runs", "--tag", "tiny"],
+               cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    runs = [d for d in (tmp_path / "runs").iterdir() if not d.is_symlink()]
+    assert len(runs) == 1 and runs[0].name.endswith("_tiny")
+    run = runs[0]
+    assert (tmp_path / "runs" / "latest").resolve() == run.resolve()
+    assert f"report: {run / 'report' / 'report.html'}" in p.stdout
+
+    cfg = load_json(run / "config.json")
+    assert cfg["train"]["epochs"] == 1 and cfg["train"]["max_steps_per_epoch"] == 3  # from YAML
+    assert cfg["experiment"]["nproc"] == 2                                          # from flags
+    env = load_json(run / "environment.json")
+    for k in ("git", "python", "torch", "torchvision", "cuda", "cudnn", "nccl", "gpus", "cpu", "host", "seed"):
+        assert k in env
+    assert set(env["torchrun_commands"]) == {"ddp", "allreduce", "ps"}
+    assert "torch.distributed.run" in env["torchrun_commands"]["ps"]
+    status = load_json(run / "experiment.json")
+    assert {m: e["status"] for m, e in status["methods"].items()} == dict.fromkeys(("ddp", "allreduce", "ps"), "completed")
+
+    for m, fname in (("ddp", "results_baseline_ddp.json"), ("allreduce", "results_all_reduce.json"),
+                     ("ps", "results_ps.json")):
+        r = load_json(run / m / fname)
+        assert r["status"] == "completed" and len(r["epochs"]) == 1
+        nb = nbformat.read(run / m / "run_method.ipynb", as_version=4)
+        assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+        assert (run / m / "logs" / "torchrun.log").exists()
+        assert list((run / m / "logs").glob("**/attempt_0/1/stderr.log"))
+    html = (run / "report" / "report.html").read_text()
+    assert "Manual All-Reduce" in html and "Parameter Server (PS)" in html
+
+
+def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
+    p = labkit(["experiment", *TINY_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3",
+                "--methods", "ddp,ps", "--nproc", "3", "--runs-dir", "runs"], cwd=tmp_path,
+               env={"LABKIT_TEST_FAULT": "ps:1:1"})
+    assert p.returncode == 1
+    run = (tmp_path / "runs" / "latest").resolve()
+    status = load_json(run / "experiment.json")
+    assert status["status"] == "failed"
+    assert status["methods"]["ddp"]["status"] == "completed"
+    ps = status["methods"]["ps"]
+    assert ps["status"] == "failed" and "LaunchError" in ps["error"]
+    assert "rank 1 exited with code 1" in ps["error"]
+    assert load_json(run / "ddp" / "results_baseline_ddp.json")["status"] == "completed"
+    assert load_json(run / "ps" / "results_ps.json")["status"] == "failed"
+    assert "ps" in p.stdout and "failed" in p.stdout
+    assert "failed" in (run / "report" / "report.html").read_text()
+
+
+def test_bad_yaml_and_unknown_parameters(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epochs: [1\n")
+    p = labkit(["experiment", "-f", str(bad)], cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and "is not valid YAML" in p.stderr and "Traceback" not in p.stderr
+    unk = tmp_path / "unk.yaml"
+    unk.write_text("epochs: 1\nlearning_rate: 0.1\n")
+    p = labkit(["experiment", "-f", str(unk)], cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and "unknown parameter(s): learning_rate" in p.stderr
+    p = labkit(["experiment", "--methods", "ddp,sgd"], cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and "unknown method(s) sgd" in p.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,70 @@
+"""The launcher: argument lists, validation before spawning, and a failed rank's message."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import load_json
+from labkit.config import ConfigError, TrainConfig
+from labkit.launch import Nodes, launch, torchrun_command
+
+TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
+                max_steps_per_epoch=4, max_val_steps=1, lr=0.01, progress=False, timeout=60)
+
+
+def test_single_node_command_is_an_argument_list_on_loopback(tmp_path):
+    cmd = torchrun_command(TrainConfig(method="ps", **TINY_CFG), 3, str(tmp_path))
+    assert isinstance(cmd, list) and all(isinstance(a, str) for a in cmd)
+    assert "--rdzv-endpoint=127.0.0.1:0" in cmd and "--local-addr=127.0.0.1" in cmd
+    assert cmd[cmd.index("-m", 3) + 1] == "labkit.train"
+    assert cmd[cmd.index("--method") + 1] == "ps" and "--no-progress" in cmd
+
+
+def test_multi_node_options_pass_through(tmp_path):
+    nodes = Nodes(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.5:29400")
+    cmd = torchrun_command(TrainConfig(**TINY_CFG), 4, str(tmp_path), nodes)
+    assert {"--nnodes=2", "--node-rank=1", "--rdzv-endpoint=10.0.0.5:29400", "--rdzv-backend=c10d"} <= set(cmd)
+    assert "--local-addr=127.0.0.1" not in cmd
+
+
+@pytest.mark.parametrize("kw,nproc,msg", [
+    (dict(method="ps"), 1, "ps needs at least 2 processes"),
+    (dict(dataset="imagefolder", data_dir="/no/such/dir"), 2, "does not exist"),
+    (dict(batch_size=0), 2, "--batch-size must be at least 1"),
+])
+def test_bad_input_fails_before_spawning(tmp_path, kw, nproc, msg):
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=msg):
+        launch(TrainConfig(**{**TINY_CFG, **kw}), nproc, str(tmp_path / "out"))
+    assert time.monotonic() - t0 < 10
+    assert not (tmp_path / "out").exists()  # nothing spawned, nothing written
+
+
+def test_failed_rank_is_named_with_its_log(tmp_path, monkeypatch):
+    """A real rank crashes mid-epoch (test-only fault switch): the launcher names that rank,
+    not the peers that failed after it, and shows the last line of its log."""
+    monkeypatch.setenv("LABKIT_TEST_FAULT", "ps:2:1")
+    out = tmp_path / "ps"
+    res = launch(TrainConfig(method="ps", **TINY_CFG), 3, str(out), stream=open(tmp_path / "stream.txt", "w"))
+    assert not res.ok and res.returncode != 0
+    assert res.failed_rank == 2
+    assert "ps failed: rank 2 exited with code 1" in res.message
+    assert "injected fault" in res.message
+    # every rank's log is kept, and the partial result says what happened
+    for r in range(3):
+        assert list(out.glob(f"logs/**/attempt_0/{r}/stderr.log"))
+    assert load_json(out / "results_ps.json")["status"] == "failed"
+    assert load_json(out / "launch.json")["failed_rank"] == 2
+
+
+def test_launch_streams_the_reporting_rank(tmp_path):
+    stream = tmp_path / "stream.txt"
+    with open(stream, "w") as f:
+        res = launch(TrainConfig(method="allreduce", **TINY_CFG), 2, str(tmp_path / "ar"), stream=f)
+    res.check()
+    text = stream.read_text()
+    assert "[rank0]: epoch 1/1: train loss" in text and "[rank1]" not in text
+    logs = sorted(p.parent.name for p in (tmp_path / "ar").glob("logs/**/attempt_0/*/stdout.log"))
+    assert logs == ["0", "1"]
+    assert load_json(tmp_path / "ar" / "results_all_reduce.json")["status"] == "completed"

@@ -1,0 +1,66 @@
+"""Notebooks: stored without outputs, parameters = the config, executable under papermill."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+
+import nbformat
+import papermill as pm
+import pytest
+
+from conftest import ROOT, load_json
+from labkit.config import TrainConfig
+from labkit.lab import LAUNCH_PARAMS, kernel_name
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def parameters_cell(path) -> dict:
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    tree = ast.parse(cell.source)
+    return {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebooks_have_no_outputs(path):
+    nb = json.loads(path.read_text())
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            assert not c["outputs"] and c["execution_count"] is None, path.name
+
+
+def test_run_method_parameters_map_one_to_one_to_the_config():
+    params = parameters_cell(ROOT / "notebooks" / "run_method.ipynb")
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert set(params) == set(fields) | set(LAUNCH_PARAMS)
+    assert {k: params[k] for k in fields} == fields  # same defaults as the command line
+
+
+TINY = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
+            max_steps_per_epoch=3, max_val_steps=1, lr=0.01, progress=False, timeout=60.0)
+
+
+def test_run_method_executes_under_papermill(tmp_path):
+    out = tmp_path / "ddp"
+    nb_out = tmp_path / "run_method.ipynb"
+    pm.execute_notebook(str(ROOT / "notebooks" / "run_method.ipynb"), str(nb_out),
+                        parameters={**TINY, "method": "ddp", "nproc": 2, "out": str(out)},
+                        kernel_name=kernel_name(), cwd=str(tmp_path), progress_bar=False)
+    r = load_json(out / "results_baseline_ddp.json")
+    assert r["status"] == "completed" and len(r["all_losses"]) == 3
+    nb = nbformat.read(nb_out, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    # the per-epoch table and the loss curve are in the executed notebook
+    assert any("text/html" in o.get("data", {}) and "<table>" in o["data"]["text/html"] for o in outputs)
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_wrong_parameter_type_is_named(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(ROOT / "notebooks" / "run_method.ipynb"), str(tmp_path / "nb.ipynb"),
+                            parameters={**TINY, "epochs": "three"}, kernel_name=kernel_name(),
+                            cwd=str(tmp_path), progress_bar=False)
+    assert e.value.ename == "ConfigError"
+    assert "epochs='three' has type str" in e.value.evalue
