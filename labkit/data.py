@@ -5,7 +5,6 @@ DistributedSampler with the same arguments, so equal trainer counts see identica
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -183,7 +182,3 @@ def make_loader(ds: Dataset, sampler: Sampler, batch_size: int, workers: int, pi
         generator=torch.Generator().manual_seed(seed),
     )
 
-
-def val_steps(n_val: int, trainers: int, batch_size: int, cap: Optional[int]) -> int:
-    steps = math.ceil(math.ceil(n_val / trainers) / batch_size)
-    return min(steps, cap) if cap else steps

@@ -24,9 +24,9 @@ from typing import IO, Optional
 from .config import ConfigError, TrainConfig
 from .metrics import atomic_write_json
 
-# torchrun options a multi-node run passes through (issue: single node by default)
-@dataclass
+@dataclass(frozen=True)
 class Nodes:
+    """torchrun's multi-node options (single node on loopback by default)."""
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None  # host:port of the c10d rendezvous (multi-node)

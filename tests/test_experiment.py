@@ -2,7 +2,6 @@
 and the others are kept."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
