@@ -6,9 +6,17 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
 
-.PHONY: setup experiment test lab clean-venv
+.PHONY: setup system-deps experiment test lab clean-venv
 
-setup: $(STAMP)
+setup: $(STAMP) system-deps
+
+# Debian packages: Chromium prints the report to PDF offline (nbconvert's webpdf would try to
+# download its own), poppler-utils checks the PDF in the tests. Installed when missing and root.
+system-deps:
+	@if command -v chromium >/dev/null 2>&1 && command -v pdfinfo >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium poppler-utils; \
+	else echo "note: the PDF report needs Chromium: sudo apt-get install chromium poppler-utils (HTML is written without it)"; fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 from typing import Optional
@@ -41,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a notebook cell may run (default 3600)")
     add_config_arguments(e, skip=("method", "out"), defaults=False)
     _add_nodes(e)
+
+    rp = sub.add_parser("report", help="tables, the guide's five plots and performance_report.txt")
+    rp.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FILES",
+                    help="a run folder, a folder with results_*.json, or result files")
+    rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: <run>/report "
+                    "for a run folder, else the current folder, as the guide's analyze_results.py)")
     return p
 
 
@@ -116,6 +123,26 @@ def cmd_experiment(params: dict) -> int:
     return 0 if status["status"] == "completed" else 1
 
 
+def cmd_report(params: dict) -> int:
+    from pathlib import Path
+
+    from . import report
+
+    paths = params["paths"]
+    for p in paths:
+        if not os.path.exists(p):
+            raise ConfigError(f"{p!r} does not exist")
+    res = report.load_files(paths)
+    if not res.docs and not res.problems:
+        raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) in {', '.join(paths)}")
+    single_run = len(paths) == 1 and Path(paths[0]).is_dir()
+    out = params.get("out") or (str(Path(paths[0]) / "report") if single_run and (Path(paths[0]) / "experiment.json").exists() else ".")
+    files = report.write_report(res, out, report.load_env(res.run_dir))
+    print(report.text_report(res, report.load_env(res.run_dir)))
+    print(f"plots: {Path(out) / 'plots'}/ ({len(files['plots'])} files)\nreport: {files['text']}")
+    return 1 if res.problems else 0
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
@@ -125,7 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     try:
-        return {"run": cmd_run, "experiment": cmd_experiment}[command](args)
+        return {"run": cmd_run, "experiment": cmd_experiment, "report": cmd_report}[command](args)
     except ConfigError as e:
         print(f"labkit {command}: error: {e}", file=sys.stderr)
         return 2

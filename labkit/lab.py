@@ -262,9 +262,10 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
 
 
 def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
-    """Execute notebooks/report.ipynb for ``run`` and export it as one HTML file."""
+    """Execute notebooks/report.ipynb for ``run``; export it as one HTML file and a PDF."""
     import papermill as pm
-    from nbconvert import HTMLExporter
+
+    from .export import export_html, export_pdf
 
     rdir = run / "report"
     rdir.mkdir(exist_ok=True)
@@ -272,9 +273,7 @@ def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
     pm.execute_notebook(str(NOTEBOOKS / "report.ipynb"), str(nb_out),
                         parameters={"run_dir": str(run)}, kernel_name=kernel, cwd=str(rdir),
                         execution_timeout=timeout, progress_bar=False)
-    html, _ = HTMLExporter(exclude_input=True).from_filename(str(nb_out))
-    out = rdir / "report.html"
-    from .metrics import atomic_path
-    with atomic_path(str(out)) as tmp, open(tmp, "w") as f:
-        f.write(html)
-    return out
+    html = export_html(nb_out, rdir / "report.html")
+    pdf, msg = export_pdf(html, rdir / "report.pdf")
+    stream.write(f"report: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
+    return html

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import re
+
 import nbformat
+import pytest
+from PIL import Image
 
 from conftest import load_json
 
@@ -50,8 +54,35 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
         assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
         assert (run / m / "logs" / "torchrun.log").exists()
         assert list((run / m / "logs").glob("**/attempt_0/1/stderr.log"))
-    html = (run / "report" / "report.html").read_text()
-    assert "Manual All-Reduce" in html and "Parameter Server (PS)" in html
+    check_report(run)
+
+
+def check_report(run):
+    """The exported write-up: both tables, all five figures inline, no code, a real PDF."""
+    from labkit.export import find_chromium, screenshot
+
+    rep = run / "report"
+    html = (rep / "report.html").read_text()
+    for header in ("Avg throughput (img/s)", "Speedup vs DDP", "Param pull (ms)", "Total comm time (ms)"):
+        assert header in html, header
+    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 5
+    for code in ("report.write_report(", "display(HTML(", "import matplotlib"):  # no code cells
+        assert code not in html, code
+    assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?:", html)  # opens offline
+    for name in ("throughput_comparison", "training_time_comparison", "loss_curves",
+                 "accuracy_curves", "communication_overhead"):
+        assert (rep / "plots" / f"{name}.png").stat().st_size > 0
+    assert "Communication time per training step" in (rep / "performance_report.txt").read_text()
+    if find_chromium() is None:
+        pytest.skip("no Chromium: PDF and screenshot not checked (make system-deps installs it)")
+    pdf = (rep / "report.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF-")
+    pages = subprocess.run(["pdfinfo", str(rep / "report.pdf")], capture_output=True, text=True).stdout
+    assert int(re.search(r"Pages:\s+(\d+)", pages).group(1)) >= 2
+    png = screenshot(rep / "report.html", run / "shot.png", width=1000, height=1400)
+    with Image.open(png) as im:
+        colours = im.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colours is None or len(colours) > 50  # text, tables and plots, not a blank page
 
 
 def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
