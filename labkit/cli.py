@@ -16,6 +16,9 @@ def _add_nodes(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
     g.add_argument("--node-rank", dest="node_rank", type=int, help="this node's rank (default 0)")
     g.add_argument("--rdzv-endpoint", dest="rdzv_endpoint", help="host:port of the rendezvous")
+    g.add_argument("--max-restarts", dest="max_restarts", type=int,
+                   help="torchrun restarts of the worker group after a failure; each restart "
+                        "resumes from the last epoch checkpoint (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +88,8 @@ def _split(params: dict) -> tuple[TrainConfig, dict]:
 def _nodes(rest: dict):
     from .launch import Nodes
 
-    return Nodes(rest.get("nnodes") or 1, rest.get("node_rank") or 0, rest.get("rdzv_endpoint"))
+    return Nodes(rest.get("nnodes") or 1, rest.get("node_rank") or 0, rest.get("rdzv_endpoint"),
+                 max_restarts=rest.get("max_restarts") or 0)
 
 
 def cmd_run(params: dict) -> int:

@@ -66,6 +66,9 @@ class TrainConfig:
     num_classes: int = _f(1000, "classes of the synthetic dataset")
     image_size: Optional[int] = _f(None, "synthetic image side (default 32 for _small models, else 224)")
     synthetic_samples: int = _f(2048, "training samples in the synthetic dataset (val: a quarter)")
+    skip_bad_images: bool = _f(False, "imagefolder: leave out images PIL cannot open or verify "
+                               "(truncated, not images, unreadable) with a warning, instead of "
+                               "stopping with an error naming them")
     lr: Optional[float] = _f(None, "SGD learning rate (default: 0.1 x global batch / 256, the "
                              "linear scaling rule of Goyal et al.)")
     momentum: float = _f(0.9, "SGD momentum")
@@ -82,7 +85,10 @@ class TrainConfig:
     no_overlap: bool = _f(False, "allreduce: all-reduce after backward instead of overlapping it")
     ps_mode: str = _f("collective", "ps: collective (flat reduce + broadcast) or p2p (the guide's "
                       "per-tensor send/recv)", choices=PS_MODES)
-    timeout: float = _f(600.0, "seconds a collective may wait before the run is aborted")
+    timeout: float = _f(600.0, "seconds a collective may wait before the run is aborted (a hung "
+                        "or dead rank ends the run after this long)")
+    resume: bool = _f(False, "continue from the last epoch checkpoint in --out (also automatic "
+                      "after a torchrun --max-restarts restart)")
     progress: bool = _f(True, "show tqdm progress bars (--no-progress to turn off)")
 
     # --- helpers ---

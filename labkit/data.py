@@ -6,6 +6,8 @@ DistributedSampler with the same arguments, so equal trainer counts see identica
 from __future__ import annotations
 
 import os
+import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -25,14 +27,44 @@ class Datasets:
     val: Dataset
     num_classes: int
     in_memory: bool  # tensors already in RAM: loader workers would only add overhead
+    warning: Optional[str] = None  # for people, printed once by rank 0 (e.g. images left out)
 
 
 # ---------------------------------------------------------------- imagefolder
-def check_image_folder(root: str) -> list[str]:
-    """Check the guide's layout (root/train/<class>/*, root/val/<class>/*); return the classes.
+def check_image_folder(root: str, skip_bad_images: bool = False, progress: bool = True) -> list[str]:
+    """Check the guide's layout (root/train/<class>/*, root/val/<class>/*) and that PIL can read
+    every image (:func:`find_bad_images`); return the classes.
 
-    Raises ConfigError naming what is wrong, before any process group or GPU is touched.
+    Raises ConfigError naming what is wrong, before any process group or GPU is touched.  With
+    ``skip_bad_images`` unreadable images are not an error, unless they leave a class empty.
     """
+    return _check_image_folder(root, skip_bad_images, progress)[0]
+
+
+def _check_image_folder(root: str, skip_bad_images: bool, progress: bool
+                        ) -> tuple[list[str], list[tuple[str, str]]]:
+    """check_image_folder, also returning the bad images as (path under root, reason)."""
+    classes = _check_layout(root)
+    files, bad = find_bad_images(root, progress)
+    if bad and not skip_bad_images:
+        first, why = bad[0]
+        raise ConfigError(
+            f"{len(bad)} unreadable or corrupt image(s) under {root!r}, the first: "
+            f"{os.path.join(root, first)} ({why}); fix or delete them, or pass --skip-bad-images "
+            f"(skip_bad_images=True) to leave them out")
+    if bad:
+        left = Counter(tuple(f.split(os.sep)[:2]) for f in files)
+        left.subtract(tuple(f.split(os.sep)[:2]) for f, _ in bad)
+        for split in ("train", "val"):
+            empty = [c for c in classes if left[(split, c)] <= 0]
+            if empty:
+                raise ConfigError(
+                    f"class folder(s) in {os.path.join(root, split)!r} with no readable image left "
+                    f"after --skip-bad-images left out {len(bad)} bad image(s): {', '.join(empty[:5])}")
+    return classes, bad
+
+
+def _check_layout(root: str) -> list[str]:
     if not os.path.isdir(root):
         raise ConfigError(f"data dir {root!r} does not exist (pass --data-dir DIR holding train/ and val/)")
     for split in ("train", "val"):
@@ -66,10 +98,88 @@ def _has_image(d: str) -> bool:
     return False
 
 
+# Unreadable images (truncated downloads, HTML pages saved as .jpg, files without read
+# permission) would otherwise crash a DataLoader worker in the middle of an epoch, on one rank.
+# find_bad_images() finds them up front: PIL reads and verifies each file, in a thread pool
+# (the work is I/O and C code). It runs in the launcher before spawning and again in every
+# rank (torchrun may be used without the launcher, and all ranks must leave out the same
+# files or their shards differ); after the first scan the files sit in the OS page cache, so
+# the later scans cost a fraction of the first.
+
+
+def _why(e: BaseException) -> str:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        return "not an image PIL can read"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split())[:120]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def check_image(path: str) -> Optional[str]:
+    """None if PIL can open and verify the image, else why not (one short line)."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            im = Image.open(f)
+            fmt = im.format
+            im.verify()  # PNG: walks every chunk and checks its CRC (catches truncation)
+            if fmt in ("JPEG", "MPO"):
+                # verify() does not look past a JPEG's header, yet a JPEG cut short (the
+                # commonest corruption) fails when a loader decodes it. A whole JPEG ends with
+                # the EOI marker FF D9; only a file without it near its end pays for a decode.
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 1024))
+                if b"\xff\xd9" not in f.read():
+                    f.seek(0)
+                    Image.open(f).load()
+    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, ...
+        return _why(e)
+    return None
+
+
+def find_bad_images(root: str, progress: bool = True) -> tuple[list[str], list[tuple[str, str]]]:
+    """Every image under root/train and root/val (paths under root, sorted), and those PIL
+    cannot open or verify, as (path under root, reason)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from .metrics import Lines
+
+    files = sorted(os.path.relpath(os.path.join(d, f), root)
+                   for split in ("train", "val")
+                   for d, _, names in os.walk(os.path.join(root, split), followlinks=True)
+                   for f in names if f.lower().endswith(IMG_EXTENSIONS))
+    tty = sys.stderr.isatty()
+    bar = tqdm(total=len(files), desc=f"checking images in {root}", unit="img", delay=2.0,
+               disable=not progress, mininterval=0.5 if tty else 5.0,
+               file=sys.stderr if tty else Lines(sys.stderr))  # shows itself after 2 s only
+    with bar, ThreadPoolExecutor(min(32, 4 * (os.cpu_count() or 1))) as pool:
+        reasons = []
+        for why in pool.map(check_image, (os.path.join(root, f) for f in files), chunksize=64):
+            reasons.append(why)
+            bar.update(1)
+    return files, [(f, why) for f, why in zip(files, reasons) if why is not None]
+
+
 def _image_folder(cfg: TrainConfig) -> Datasets:
     from torchvision import datasets, transforms
 
-    check_image_folder(cfg.data_dir)
+    _, bad = _check_image_folder(cfg.data_dir, cfg.skip_bad_images, cfg.progress)
+    valid_file, warning = None, None
+    if bad:  # only with --skip-bad-images: _check_image_folder raised otherwise
+        leave_out = {os.path.normpath(os.path.join(cfg.data_dir, f)) for f, _ in bad}
+
+        def valid_file(path: str) -> bool:  # ImageFolder's own test, less the bad files
+            return path.lower().endswith(IMG_EXTENSIONS) and os.path.normpath(path) not in leave_out
+
+        shown = ", ".join(f for f, _ in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        warning = (f"--skip-bad-images: left out {len(bad)} unreadable or corrupt image(s) under "
+                   f"{cfg.data_dir!r}: {shown}")
     norm = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     size = cfg.image_size
     train_tf = transforms.Compose([
@@ -78,9 +188,9 @@ def _image_folder(cfg: TrainConfig) -> Datasets:
     val_tf = transforms.Compose([
         transforms.Resize(int(round(size * 256 / 224))), transforms.CenterCrop(size),
         transforms.ToTensor(), norm])
-    train = datasets.ImageFolder(os.path.join(cfg.data_dir, "train"), train_tf)
-    val = datasets.ImageFolder(os.path.join(cfg.data_dir, "val"), val_tf)
-    return Datasets(train, val, len(train.classes), in_memory=False)
+    train = datasets.ImageFolder(os.path.join(cfg.data_dir, "train"), train_tf, is_valid_file=valid_file)
+    val = datasets.ImageFolder(os.path.join(cfg.data_dir, "val"), val_tf, is_valid_file=valid_file)
+    return Datasets(train, val, len(train.classes), in_memory=False, warning=warning)
 
 
 # ---------------------------------------------------------------- digits

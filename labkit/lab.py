@@ -28,7 +28,7 @@ NOTEBOOKS = REPO_DIR / "notebooks"
 KERNEL_NAME = "labkit"
 # launcher parameters of run_method.ipynb besides TrainConfig's fields
 LAUNCH_PARAMS = {"nproc": (int, type(None)), "nnodes": (int,), "node_rank": (int,),
-                 "rdzv_endpoint": (str, type(None))}
+                 "rdzv_endpoint": (str, type(None)), "max_restarts": (int,)}
 
 
 # ------------------------------------------------------------------ defaults for this machine
@@ -79,7 +79,8 @@ def notebook_params(namespace: dict) -> tuple[TrainConfig, int, Nodes]:
     check_params(params)
     cfg = TrainConfig(**{k: v for k, v in params.items() if k not in LAUNCH_PARAMS})
     nproc = params.get("nproc") or machine_defaults()["nproc"]
-    nodes = Nodes(params.get("nnodes", 1), params.get("node_rank", 0), params.get("rdzv_endpoint"))
+    nodes = Nodes(params.get("nnodes", 1), params.get("node_rank", 0), params.get("rdzv_endpoint"),
+                  max_restarts=params.get("max_restarts", 0))
     return cfg, nproc, nodes
 
 
@@ -225,7 +226,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         mdir.mkdir()
         params = {k: v for k, v in resolved[m].to_dict().items()}
         params.update(out=str(mdir), nproc=nproc, nnodes=exp.nodes.nnodes,
-                      node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint)
+                      node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint,
+                      max_restarts=exp.nodes.max_restarts)
         stream.write(f"\n=== {m}: {nproc} processes ===\n")
         stream.flush()
         t0 = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import re
 import shlex
@@ -17,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import IO, Optional
 
@@ -77,7 +77,7 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
     cfg = preflight(cfg, world=world, local_world=nproc)
     trainers = world - 1 if cfg.method == "ps" else world
     if cfg.dataset == "imagefolder":
-        classes = check_image_folder(cfg.data_dir)  # the ranks count the images themselves
+        classes = check_image_folder(cfg.data_dir, cfg.skip_bad_images)  # ranks count images
         num_classes = len(classes)
     else:
         data = build_datasets(cfg)
@@ -85,7 +85,11 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
         num_classes = data.num_classes
     if cfg.weights:
         build_model(cfg.model, num_classes, cfg.weights)
-    if cfg.out and os.path.exists(os.path.join(cfg.out, cfg.result_file)):
+    if cfg.resume:
+        from .train import find_checkpoint
+        if find_checkpoint(cfg) is None:  # --resume without --out raised inside already
+            raise ConfigError(f"nothing to resume in {cfg.out!r}")
+    elif cfg.out and os.path.exists(os.path.join(cfg.out, cfg.result_file)):
         raise ConfigError(f"{os.path.join(cfg.out, cfg.result_file)!r} already exists; results "
                           f"are never overwritten (choose another output folder)")
     return cfg
@@ -114,10 +118,11 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.rdzv_endpoint}",
                 f"--rdzv-id={nodes.rdzv_id}"]
     else:
-        # single node: a c10d store on a free port (":0") of the loopback address, and the
-        # ranks' process group on loopback too; nothing listens on a public interface
-        cmd += ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
-                f"--rdzv-id={uuid.uuid4().hex[:12]}", "--local-addr=127.0.0.1"]
+        # single node: torchrun's standalone c10d store on a free port, and the ranks' process
+        # group on loopback (--local-addr). An explicit "--rdzv-endpoint 127.0.0.1:0" instead
+        # breaks --max-restarts (the restarted ranks' gloo mesh never connects), and either
+        # way PyTorch's TCPStore listens on every interface: it has no bind address.
+        cmd += ["--standalone", "--local-addr=127.0.0.1"]
     if nodes.max_restarts:
         cmd.append(f"--max-restarts={nodes.max_restarts}")
     cmd += [f"--log-dir={log_dir}", "--tee=3", "--log-line-prefix-template=[rank${rank}]: ",
@@ -145,11 +150,12 @@ _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitco
 # errors a rank gets because another rank is gone: not the cause
 _SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
                         r"NCCL communicator was aborted", re.I)
+_TIMEOUT = re.compile(r"timed out|Timeout", re.I)
 
 
 def _rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
     lines: list[str] = []
-    logs = rank_logs(log_dir, local_rank)
+    logs = rank_logs(log_dir, local_rank)[::-1]  # the newest attempt first
     for p in [p for p in logs if p.endswith("stderr.log")] + logs:
         lines = tail(p)
         if lines:
@@ -176,11 +182,34 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> 
         return (f"{method} failed: torchrun exited with code {returncode}\n" + "\n".join(last),
                 None, last)
 
-    def secondary(f) -> bool:
+    def evidence(f) -> int:
+        """How surely this failure is the cause: 0 a crash with its own error, 1 killed by a
+        signal (no chance to say anything), 2 no message, 3 a consequence of another failure."""
         _, local_rank, code = f
-        return code == -signal.SIGTERM or any(_SECONDARY.search(l) for l in _rank_error_lines(log_dir, local_rank))
+        lines = _rank_error_lines(log_dir, local_rank)
+        if code == -signal.SIGTERM or any(_SECONDARY.search(l) for l in lines):
+            return 3
+        if code < 0:
+            return 1
+        return 0 if lines else 2
 
-    rank, local_rank, code = next((f for f in sorted(failures) if not secondary(f)), failures[0])
+    def secondary(f) -> bool:
+        return evidence(f) == 3
+
+    ranked = sorted(failures, key=lambda f: (evidence(f), f[0]))
+    primary = ranked[0] if not secondary(ranked[0]) else None
+    if primary is None:
+        # nobody crashed: ranks timed out waiting in a collective for a rank that hung
+        timed_out = [f for f in failures if any(_TIMEOUT.search(l) for l in _rank_error_lines(log_dir, f[1]))]
+        hung = [f[0] for f in failures if f not in timed_out] if timed_out else []
+        if hung:
+            lines = _rank_error_lines(log_dir, timed_out[0][1])
+            msg = (f"{method} failed: rank {', '.join(map(str, sorted(hung)))} hung: the other ranks "
+                   f"timed out waiting for it in a collective (--timeout); rank {timed_out[0][0]} said:\n"
+                   + "\n".join("  | " + l for l in lines))
+            return msg, sorted(hung)[0], lines
+        primary = failures[0]
+    rank, local_rank, code = primary
     sig = ""
     if code < 0:
         try:
@@ -231,6 +260,9 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     full_env["PYTHONUNBUFFERED"] = "1"
+    # restarted ranks sharing torchrun's rendezvous store read the previous attempt's
+    # addresses and cannot connect (pytorch/pytorch#135712): give each attempt its own store
+    full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     t0 = time.monotonic()
     out = Throttle(stream, throttle_s)
     captured: list[str] = []
@@ -246,8 +278,10 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
                     continue
                 out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
         proc.wait()
-    except BaseException:
+    except BaseException as e:
         _stop(proc)
+        if isinstance(e, KeyboardInterrupt):
+            settle_results(out_dir, cfg.result_file, "interrupted", "interrupted by the user (Ctrl-C)")
         raise
     text = "".join(captured)
     with open(os.path.join(log_dir, "torchrun.log"), "w") as f:
@@ -256,11 +290,28 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     if not res.ok:
         res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
                                                                      text, log_dir)
+        settle_results(out_dir, cfg.result_file, "failed", res.message.splitlines()[0])
     atomic_write_json(os.path.join(out_dir, "launch.json"), {
         "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
         "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
         "message": res.message})
     return res
+
+
+def settle_results(out_dir: str, result_file: str, status: str, why: str) -> None:
+    """A run that ended badly must not leave a result file saying "running" (rank 0 may have
+    been the rank that was killed): mark it, keeping every finished epoch."""
+    path = os.path.join(out_dir, result_file)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return
+    if doc.get("status") == "running" or (status == "interrupted" and doc.get("status") == "failed"):
+        doc["status"] = status
+        doc.setdefault("error", why)
+        doc["end_time"] = doc.get("end_time") or time.strftime("%Y-%m-%d %H:%M:%S")
+        atomic_write_json(path, doc)
 
 
 def _torchrun_noise(line: str) -> bool:

@@ -79,3 +79,19 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 
 def now_str() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+class Lines:
+    """A file for tqdm when stderr is a log or a pipe (torchrun --tee, the launcher, papermill):
+    each refresh becomes one whole line instead of a carriage-return overwrite."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        s = s.replace("\r", "").strip("\n")
+        if s.strip():
+            self.stream.write(s + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()

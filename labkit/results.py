@@ -36,7 +36,8 @@ def torchrun_world() -> dict:
 
 
 class Results:
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str):
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
+                 previous: Optional[dict] = None):
         self.path = os.path.join(out, cfg.result_file)
         self.phases = {"allreduce": ("comm",), "ps": ("pull", "push")}.get(cfg.method, ())
         self.doc = {
@@ -56,10 +57,15 @@ class Results:
             "config": cfg.to_dict(),
             "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device)},
             "versions": {"labkit": __version__, "python": platform.python_version(),
-                         "torch": torch.__version__, "host": socket.gethostname()},
+                         "torch": str(torch.__version__), "host": socket.gethostname()},
         }
         if cfg.method == "ps":
             self.doc["num_workers"] = trainers
+        if previous:  # a resumed run continues its own file: finished epochs, losses, start time
+            for k in ("start_time", "epochs", "all_losses", "summary"):
+                self.doc[k] = previous[k]
+            self.doc["resumed"] = previous.get("resumed", []) + [
+                {"at_epoch": len(previous["epochs"]) + 1, "time": now_str()}]
 
     def add_epoch(self, epoch: int, m: dict) -> None:
         e = {"epoch": epoch, **{k: m[k] for k in EPOCH_KEYS[1:]}}

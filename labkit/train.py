@@ -9,6 +9,7 @@ metrics, result file) is here, once.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -23,7 +24,7 @@ from .config import ConfigError, TrainConfig, build_parser, config_from_args, re
 from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
                    steps_per_epoch, train_sampler)
 from .dist import DistContext, all_reduce_sum, env_world, init, sync_device, teardown
-from .metrics import atomic_torch_save
+from .metrics import Lines, atomic_torch_save
 from .models import build_model
 from .results import Results, comm_key
 from .sync import make_strategy
@@ -63,10 +64,10 @@ def default_out(method: str) -> str:
     return out
 
 
-def prepare_out(cfg: TrainConfig) -> str:
+def prepare_out(cfg: TrainConfig, resuming: bool = False) -> str:
     out = cfg.out or default_out(cfg.method)
     target = os.path.join(out, cfg.result_file)
-    if os.path.exists(target):
+    if os.path.exists(target) and not resuming:
         raise ConfigError(f"{target!r} already exists; results are never overwritten "
                           f"(choose another --out)")
     try:
@@ -76,22 +77,6 @@ def prepare_out(cfg: TrainConfig) -> str:
     if not os.access(out, os.W_OK):
         raise ConfigError(f"output folder {out!r} is not writable")
     return out
-
-
-class _Lines:
-    """A file for tqdm when stderr is a log or a pipe (torchrun --tee, the launcher, papermill):
-    each refresh becomes one whole line instead of a carriage-return overwrite."""
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def write(self, s: str) -> None:
-        s = s.replace("\r", "").strip("\n")
-        if s.strip():
-            self.stream.write(s + "\n")
-
-    def flush(self) -> None:
-        self.stream.flush()
 
 
 # ------------------------------------------------------------------ the loop
@@ -122,7 +107,7 @@ class Trainer:
             self.val_loader = make_loader(data.val, ShardSampler(len(data.val), s.trainers, s.trainer_index),
                                           cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
         self.num_train, self.num_val = len(data.train), len(data.val)
-        self.fault_step = _injected_fault(cfg.method, ctx.rank)
+        self.fault = _injected_fault(cfg.method, ctx.rank)
         self.global_step = 0
 
     def log(self, msg: str) -> None:
@@ -148,7 +133,7 @@ class Trainer:
         desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
         tty = sys.stderr.isatty()
         return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=tty, ncols=None if tty else 100,
-                    leave=True, mininterval=0.5 if tty else 5.0, file=sys.stderr if tty else _Lines(sys.stderr))
+                    leave=True, mininterval=0.5 if tty else 5.0, file=sys.stderr if tty else Lines(sys.stderr))
 
     # -------------------------------------------------------------- one epoch of training
     def train_epoch(self, epoch: int) -> dict:
@@ -162,6 +147,9 @@ class Trainer:
         it = None
         if s.is_trainer:
             self.sampler.set_epoch(epoch)
+            # augmentation seeds depend only on (seed, trainer, epoch): a resumed run draws the
+            # same crops as an uninterrupted one
+            self.train_loader.generator.manual_seed(cfg.seed + 1000 * s.trainer_index + epoch)
             it = iter(self.train_loader)
         bar = self.progress(epoch)
         refresh = max(1, self.steps // 50)
@@ -172,8 +160,8 @@ class Trainer:
             if step == warmup and warmup:
                 sync_device(dev)
                 t_window = time.perf_counter()
-            if self.global_step == self.fault_step:
-                raise RuntimeError(f"injected fault (LABKIT_TEST_FAULT) at step {self.global_step}")
+            if self.fault and self.global_step == self.fault[0]:
+                _fail(self.fault[1], self.global_step)
             self.global_step += 1
             s.zero_grad(self.optimizer)
             if it is not None:
@@ -264,14 +252,34 @@ class Trainer:
                 "val_samples": int(tot[2].item())}
 
     # -------------------------------------------------------------- the run
-    def fit(self, results: Optional[Results]) -> None:
+    def load_checkpoint(self, ckpt: dict) -> int:
+        """Restore model, optimizer and scaler; return the epoch to start from."""
+        self.model.load_state_dict(ckpt["model"])  # in place: PS/allreduce views stay views
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        return ckpt["epoch"] + 1
+
+    def save_checkpoint(self, epoch: int, results: Results) -> None:
+        """Rank 0, after every epoch: everything needed to continue (rank 0 holds the optimizer
+        for every method: it is a trainer for ddp/allreduce and the server for ps)."""
+        atomic_torch_save({"epoch": epoch, "model": self.model.state_dict(),
+                           "optimizer": self.optimizer.state_dict(),
+                           "scaler": self.scaler.state_dict() if self.scaler else None,
+                           "results": results.doc},
+                          os.path.join(self.out, CHECKPOINT))
+
+    def fit(self, results: Optional[Results], start_epoch: int = 1) -> None:
         cfg, s = self.cfg, self.strategy
         self.log(f"labkit {__version__} | {cfg.method}"
                  f"{' (' + cfg.ps_mode + ')' if cfg.method == 'ps' else ''} | world {self.ctx.world_size}"
                  f" ({s.trainers} trainer{'s' if s.trainers > 1 else ''}) | {cfg.backend} on "
                  f"{self.ctx.device.type} | {cfg.model} on {cfg.dataset} ({self.num_train} train / "
                  f"{self.num_val} val) | batch {cfg.batch_size}/trainer | {self.steps} steps/epoch")
-        for epoch in range(1, cfg.epochs + 1):
+        if start_epoch > 1:
+            self.log(f"resuming at epoch {start_epoch} from {os.path.join(self.out or cfg.out, CHECKPOINT)}")
+        for epoch in range(start_epoch, cfg.epochs + 1):
             m = self.train_epoch(epoch)
             m.update(self.validate())
             line = (f"epoch {epoch}/{cfg.epochs}: train loss {m['train_loss']:.4f} acc "
@@ -283,9 +291,39 @@ class Trainer:
             self.log(line)
             if results is not None:
                 results.add_epoch(epoch, m)
+                self.save_checkpoint(epoch, results)
         if self.ctx.is_main and self.out:
             # after finish_epoch every rank, the PS server included, holds the final model
             atomic_torch_save(self.model.state_dict(), os.path.join(self.out, "final_model.pt"))
+
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def find_checkpoint(cfg: TrainConfig) -> Optional[dict]:
+    """The checkpoint to continue from: asked for with --resume, or automatic when torchrun
+    restarts the workers (--max-restarts) and the first attempt left one in --out."""
+    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    if not (cfg.resume or restarted):
+        return None
+    if not cfg.out:
+        if cfg.resume:
+            raise ConfigError("--resume needs --out DIR: the folder of the run to continue")
+        return None
+    path = os.path.join(cfg.out, CHECKPOINT)
+    if not os.path.exists(path):
+        if cfg.resume:
+            raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {cfg.out!r} (a run writes it "
+                              f"after its first epoch)")
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - one line for any unreadable checkpoint
+        raise ConfigError(f"checkpoint {path!r} is unreadable ({type(e).__name__})") from None
+    if ckpt["results"]["config"]["method"] != cfg.method or ckpt["results"]["config"]["model"] != cfg.model:
+        raise ConfigError(f"checkpoint {path!r} is from another run "
+                          f"({ckpt['results']['config']['method']}, {ckpt['results']['config']['model']})")
+    return ckpt
 
 
 def run(cfg: TrainConfig) -> Optional[str]:
@@ -293,11 +331,14 @@ def run(cfg: TrainConfig) -> Optional[str]:
     rank, world, _, _ = env_world()
     # everything that can reject the input happens before the process group exists
     data = build_datasets(cfg)
+    if data.warning and rank == 0:  # every rank built the same datasets: one says so
+        print(f"labkit.train: warning: {data.warning}", file=sys.stderr, flush=True)
     trainers = world - 1 if cfg.method == "ps" else world
     steps = steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, note = build_model(cfg.model, data.num_classes, cfg.weights)
-    out = prepare_out(cfg) if rank == 0 else None
+    ckpt = find_checkpoint(cfg)
+    out = prepare_out(cfg, resuming=ckpt is not None) if rank == 0 else None
     if note and rank == 0:
         print(note, flush=True)
 
@@ -305,10 +346,12 @@ def run(cfg: TrainConfig) -> Optional[str]:
     results = None
     try:
         trainer = Trainer(cfg, ctx, out, data, model, steps)
+        start = trainer.load_checkpoint(ckpt) if ckpt else 1
         if ctx.is_main:
-            results = Results(cfg, ctx, trainer.strategy.trainers, out)
+            results = Results(cfg, ctx, trainer.strategy.trainers, out,
+                              previous=ckpt["results"] if ckpt else None)
             results.write()
-        trainer.fit(results)
+        trainer.fit(results, start)
         if results is not None:
             results.finish("completed")
             print(f"results: {results.path}", flush=True)
@@ -356,16 +399,33 @@ def _record_for_torchrun(e: BaseException) -> None:
         pass
 
 
-def _injected_fault(method: str, rank: int) -> Optional[int]:
-    """Test-only fault switch: LABKIT_TEST_FAULT=<method>:<rank>:<step> makes that rank fail at
-    that step (global, from 0), so tests can check what a real crashed rank does to a run."""
+def _injected_fault(method: str, rank: int) -> Optional[tuple[int, str]]:
+    """Test-only fault switch: LABKIT_TEST_FAULT=<method>:<rank>:<step>[:raise|kill|hang] makes
+    that rank fail at that step (counted from 0 in this process), so tests can check what a
+    real crashed, killed or hung rank does to a run. Only on torchrun's first attempt, so an
+    elastic restart can succeed."""
     spec = os.environ.get("LABKIT_TEST_FAULT", "")
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
     try:
-        m, r, s = spec.split(":")
-        return int(s) if m == method and int(r) == rank else None
+        m, r, s, *kind = spec.split(":")
+        return (int(s), kind[0] if kind else "raise") if m == method and int(r) == rank else None
     except ValueError:
         return None
 
 
+def _fail(kind: str, step: int) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:  # a rank stuck outside any collective: its peers time out waiting for it
+            time.sleep(60)
+    raise RuntimeError(f"injected fault (LABKIT_TEST_FAULT) at step {step}")
+
+
 if __name__ == "__main__":
+    # No SIGTERM handler on purpose: torchrun stops the other ranks with SIGTERM when one
+    # fails, often while they block in a C++ collective where a Python handler cannot run
+    # until the collective times out. They die at once instead, and the launcher marks the
+    # result file (labkit.launch.settle_results).
     sys.exit(main())

@@ -57,3 +57,27 @@ def make_image_tree(root: Path, classes=("cat", "dog"), n_train=6, n_val=3, size
 @pytest.fixture(scope="session")
 def image_tree(tmp_path_factory) -> Path:
     return make_image_tree(tmp_path_factory.mktemp("imagenet"))
+
+
+# Every method once, from one seed, 5 steps (PS with 3 processes = 2 trainers, like the others).
+# Shared by the equivalence tests and the result-file tests: one run each for the whole session.
+EQUIVALENCE_RUNS = {
+    "ddp": (2, ["--method", "ddp"]),
+    "allreduce": (2, ["--method", "allreduce", "--bucket-mb", "1"]),  # many buckets, overlapped
+    "allreduce_no_overlap": (2, ["--method", "allreduce", "--no-overlap"]),
+    "ps_collective": (3, ["--method", "ps", "--ps-mode", "collective"]),
+    "ps_p2p": (3, ["--method", "ps", "--ps-mode", "p2p"]),
+}
+
+
+@pytest.fixture(scope="session")
+def equivalence_runs(tmp_path_factory):
+    """{name: (out_dir, completed process)} for EQUIVALENCE_RUNS, run for real under torchrun."""
+    base = tmp_path_factory.mktemp("equiv")
+    out = {}
+    for name, (nproc, args) in EQUIVALENCE_RUNS.items():
+        d = base / name
+        proc = torchrun(nproc, TINY + args + ["--out", str(d)], cwd=base)
+        check_ok(proc)
+        out[name] = (d, proc)
+    return out

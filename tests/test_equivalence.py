@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from conftest import TINY, check_ok, load_json, torchrun
+from conftest import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
+from conftest import load_json
 from labkit.config import TrainConfig, resolve
 from labkit.data import build_datasets, train_sampler
 from labkit.models import build_model
@@ -25,13 +26,6 @@ TRAINERS = 2
 # regime where float rounding is not amplified.
 ATOL, RTOL = 5e-5, 1e-4
 
-RUNS = {
-    "ddp": (2, ["--method", "ddp"]),
-    "allreduce": (2, ["--method", "allreduce", "--bucket-mb", "1"]),  # many buckets, overlapped
-    "allreduce_no_overlap": (2, ["--method", "allreduce", "--no-overlap"]),
-    "ps_collective": (3, ["--method", "ps", "--ps-mode", "collective"]),
-    "ps_p2p": (3, ["--method", "ps", "--ps-mode", "p2p"]),
-}
 
 
 def reference_state(trainers: int) -> dict:
@@ -75,16 +69,8 @@ def reference_state(trainers: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Run every method once; {name: (out_dir, completed process)}."""
-    base = tmp_path_factory.mktemp("equiv")
-    out = {}
-    for name, (nproc, args) in RUNS.items():
-        d = base / name
-        proc = torchrun(nproc, TINY + args + ["--out", str(d)], cwd=base)
-        check_ok(proc)
-        out[name] = (d, proc)
-    return out
+def runs(equivalence_runs):
+    return equivalence_runs
 
 
 @pytest.fixture(scope="module")

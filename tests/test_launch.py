@@ -16,7 +16,7 @@ TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1
 def test_single_node_command_is_an_argument_list_on_loopback(tmp_path):
     cmd = torchrun_command(TrainConfig(method="ps", **TINY_CFG), 3, str(tmp_path))
     assert isinstance(cmd, list) and all(isinstance(a, str) for a in cmd)
-    assert "--rdzv-endpoint=127.0.0.1:0" in cmd and "--local-addr=127.0.0.1" in cmd
+    assert "--standalone" in cmd and "--local-addr=127.0.0.1" in cmd
     assert cmd[cmd.index("-m", 3) + 1] == "labkit.train"
     assert cmd[cmd.index("--method") + 1] == "ps" and "--no-progress" in cmd
 

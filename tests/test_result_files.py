@@ -64,21 +64,18 @@ def test_result_file_imagefolder(tmp_path, image_tree, method):
     assert r["epochs"][0]["val_samples"] == 6
 
 
-def test_result_files_digits(tmp_path):
-    """All three on the digits, in one folder (as the README's main command does)."""
-    for method in ("ddp", "allreduce", "ps"):
-        check_ok(torchrun(NPROC[method], TINY + ["--method", method, "--out", str(tmp_path)], cwd=tmp_path))
-    for method in ("ddp", "allreduce", "ps"):
-        check_guide_file(tmp_path, method, epochs=1, steps=5)
+@pytest.mark.parametrize("name,method", [("ddp", "ddp"), ("allreduce", "allreduce"),
+                                         ("ps_collective", "ps"), ("ps_p2p", "ps")])
+def test_result_files_digits(equivalence_runs, name, method):
+    """The digits runs of the equivalence tests (1 epoch, 5 steps) wrote the guide's files."""
+    check_guide_file(equivalence_runs[name][0], method, epochs=1, steps=5)
 
 
-def test_same_seed_same_losses(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    for d in (a, b):
-        check_ok(torchrun(2, TINY + ["--method", "allreduce", "--out", str(d)], cwd=tmp_path))
-    la = load_json(a / "results_all_reduce.json")["all_losses"]
-    lb = load_json(b / "results_all_reduce.json")["all_losses"]
-    assert la == lb
-    c = tmp_path / "c"
-    check_ok(torchrun(2, TINY + ["--method", "allreduce", "--seed", "1", "--out", str(c)], cwd=tmp_path))
-    assert load_json(c / "results_all_reduce.json")["all_losses"] != la
+def test_same_seed_same_losses(tmp_path, equivalence_runs):
+    """A rerun from the same seed logs the same losses; another seed does not."""
+    first = load_json(equivalence_runs["ddp"][0] / "results_baseline_ddp.json")["all_losses"]
+    again, other = tmp_path / "again", tmp_path / "other"
+    check_ok(torchrun(2, TINY + ["--method", "ddp", "--out", str(again)], cwd=tmp_path))
+    assert load_json(again / "results_baseline_ddp.json")["all_losses"] == first
+    check_ok(torchrun(2, TINY + ["--method", "ddp", "--seed", "1", "--out", str(other)], cwd=tmp_path))
+    assert load_json(other / "results_baseline_ddp.json")["all_losses"] != first

@@ -1,0 +1,148 @@
+"""Corrupt or unreadable images in an imagefolder dataset: one clear error naming them before
+anything starts, or, with --skip-bad-images, left out with one warning."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import time
+
+import pytest
+
+from conftest import TINY, check_ok, load_json, torchrun
+from labkit import train
+from labkit.config import ConfigError, TrainConfig
+from labkit.data import build_datasets, check_image
+from labkit.launch import validate
+
+# the two bad files of the `bad_tree` fixture, as paths under the dataset root
+TRUNCATED = os.path.join("train", "cat", "0.png")
+NOT_AN_IMAGE = os.path.join("val", "dog", "notes.jpg")
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture
+def bad_tree(tmp_path, image_tree):
+    """image_tree (2 classes, 6 train + 3 val images each) with a truncated PNG in train/ and
+    text saved as a .jpg in val/: 11 good train images, 6 good val images."""
+    d = tmp_path / "data"
+    shutil.copytree(image_tree, d)
+    png = d / TRUNCATED
+    png.write_bytes(png.read_bytes()[:len(png.read_bytes()) // 2])
+    (d / NOT_AN_IMAGE).write_text("<html>404 Not Found</html>\n")
+    return d
+
+
+def args(d, out, *more):
+    return TINY + ["--dataset", "imagefolder", "--data-dir", str(d), "--out", str(out),
+                   "--batch-size", "2", *more]
+
+
+def expect_error(argv, capsys, *needles):
+    code = train.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
+    for n in needles:
+        assert n in err, err
+    assert "Traceback" not in err
+    return err
+
+
+def resolved(d, **kw):
+    return train.preflight(TrainConfig(dataset="imagefolder", data_dir=str(d), model="resnet10_small",
+                                       progress=False, **kw), world=1, local_world=1)
+
+
+# ------------------------------------------------------------------ without --skip-bad-images
+def test_corrupt_image_is_named_with_the_flag(tmp_path, capsys, bad_tree):
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    err = expect_error(args(bad_tree, out), capsys, str(bad_tree / TRUNCATED),
+                       "2 unreadable or corrupt image(s)", "--skip-bad-images")
+    assert time.monotonic() - t0 < 10, err
+    assert not out.exists()  # nothing half-written
+
+
+def test_launcher_validate_names_the_corrupt_file(tmp_path, bad_tree):
+    cfg = TrainConfig(dataset="imagefolder", data_dir=str(bad_tree), model="resnet10_small",
+                      batch_size=2, out=str(tmp_path / "o"))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, nproc=2)
+    assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    assert str(bad_tree / TRUNCATED) in msg and "2 unreadable" in msg and "--skip-bad-images" in msg
+    assert "\n" not in msg
+
+
+def test_text_saved_as_jpg_is_named(tmp_path, capsys, image_tree):
+    d = tmp_path / "data"
+    shutil.copytree(image_tree, d)
+    (d / NOT_AN_IMAGE).write_text("not an image")
+    expect_error(args(d, tmp_path / "o"), capsys, str(d / NOT_AN_IMAGE), "1 unreadable",
+                 "not an image PIL can read")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file_is_named(tmp_path, capsys, image_tree):
+    d = tmp_path / "data"
+    shutil.copytree(image_tree, d)
+    (d / "val" / "cat" / "1.png").chmod(0)
+    expect_error(args(d, tmp_path / "o"), capsys, str(d / "val" / "cat" / "1.png"), "Permission denied")
+
+
+def test_truncated_jpeg_is_found_and_trailing_bytes_are_not(tmp_path):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.effect_noise((96, 96), 50).convert("RGB").save(buf, "JPEG", quality=95)
+    whole = buf.getvalue()
+    (tmp_path / "whole.jpg").write_bytes(whole)
+    (tmp_path / "cut.jpg").write_bytes(whole[:len(whole) * 2 // 3])  # header intact, data cut
+    (tmp_path / "trailing.jpg").write_bytes(whole + b"\0" * 4096)     # valid, bytes after EOI
+    assert check_image(str(tmp_path / "whole.jpg")) is None
+    assert check_image(str(tmp_path / "trailing.jpg")) is None
+    assert "truncated" in check_image(str(tmp_path / "cut.jpg"))
+
+
+# ------------------------------------------------------------------ with --skip-bad-images
+def test_skip_bad_images_leaves_them_out(bad_tree):
+    ds = build_datasets(resolved(bad_tree, skip_bad_images=True))
+    assert (len(ds.train), len(ds.val)) == (11, 6)
+    used = {os.path.normpath(p) for p, _ in ds.train.samples + ds.val.samples}
+    assert str(bad_tree / TRUNCATED) not in used and str(bad_tree / NOT_AN_IMAGE) not in used
+    assert ds.num_classes == 2
+    assert "left out 2 unreadable or corrupt image(s)" in ds.warning
+    assert TRUNCATED in ds.warning and NOT_AN_IMAGE in ds.warning
+    ds.train[0], ds.val[len(ds.val) - 1]  # what is left loads
+
+
+def test_class_left_without_images_is_an_error(tmp_path, capsys, image_tree):
+    d = tmp_path / "data"
+    shutil.copytree(image_tree, d)
+    for p in (d / "val" / "dog").iterdir():
+        p.write_bytes(b"garbage")
+    expect_error(args(d, tmp_path / "o", "--skip-bad-images"), capsys,
+                 "no readable image left", "dog", str(d / "val"))
+
+
+def test_launcher_validate_accepts_skip_bad_images(tmp_path, bad_tree):
+    validate(TrainConfig(dataset="imagefolder", data_dir=str(bad_tree), model="resnet10_small",
+                         batch_size=2, skip_bad_images=True, out=str(tmp_path / "o")), nproc=2)
+
+
+def test_torchrun_with_skip_bad_images_warns_once(tmp_path, bad_tree):
+    out = tmp_path / "o"
+    proc = torchrun(2, args(bad_tree, out, "--skip-bad-images"), cwd=tmp_path)
+    check_ok(proc)
+    text = proc.stdout + proc.stderr
+    assert text.count("labkit.train: warning: --skip-bad-images: left out 2 ") == 1, text
+    r = load_json(out / "results_baseline_ddp.json")
+    assert r["status"] == "completed" and r["config"]["skip_bad_images"] is True

@@ -1,0 +1,127 @@
+"""Faults on real torchrun jobs (gloo, CPU): a killed rank, a hung rank, an interrupted run,
+an elastic restart. Each must end in bounded time, name the rank, leave no process behind and
+keep every finished epoch."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import load_json
+from labkit.config import TrainConfig
+from labkit.launch import Nodes, launch
+
+CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=2,
+           max_steps_per_epoch=3, max_val_steps=1, lr=0.01, progress=False, timeout=20.0)
+
+
+def leftovers(marker: str) -> list[str]:
+    """Processes whose command line mentions ``marker`` (a unique output folder)."""
+    p = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
+    return [l for l in p.stdout.splitlines() if "pgrep" not in l]
+
+
+def run(tmp_path, name, env=None, nodes=Nodes(), nproc=2, **cfg):
+    """Launch one method for real; the result gets ``elapsed`` (s)."""
+    out = tmp_path / name
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with open(tmp_path / f"{name}.stream", "a") as stream:
+            t0 = time.monotonic()
+            res = launch(TrainConfig(**{**CFG, **cfg}), nproc, str(out), nodes, stream=stream)
+            res.elapsed = time.monotonic() - t0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return res, out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    res, out = run(tmp, "ref", method="allreduce")
+    res.check()
+    return torch.load(out / "final_model.pt", weights_only=True), load_json(out / "results_all_reduce.json")
+
+
+def test_killed_rank_stops_the_run_and_keeps_finished_epochs(tmp_path):
+    res, out = run(tmp_path, "killed", env={"LABKIT_TEST_FAULT": "allreduce:1:4:kill"}, method="allreduce")
+    assert not res.ok and res.failed_rank == 1
+    assert "rank 1 exited with code -9 (SIGKILL)" in res.message
+    assert res.elapsed < 60
+    r = load_json(out / "results_all_reduce.json")
+    assert r["status"] == "failed" and len(r["epochs"]) == 1  # epoch 1 finished, kept
+    assert not leftovers(str(out))
+
+
+def test_hung_rank_ends_at_the_collective_timeout(tmp_path):
+    res, out = run(tmp_path, "hung", env={"LABKIT_TEST_FAULT": "ddp:1:1:hang"}, method="ddp", timeout=8.0)
+    assert not res.ok and res.failed_rank == 1
+    assert "rank 1 hung" in res.message and "timed out" in res.message
+    assert res.elapsed < 60
+    assert load_json(out / "results_baseline_ddp.json")["status"] == "failed"
+    assert not leftovers(str(out))
+
+
+def test_resume_continues_to_the_same_parameters(tmp_path, uninterrupted):
+    ref_model, ref_doc = uninterrupted
+    res, out = run(tmp_path, "resumed", env={"LABKIT_TEST_FAULT": "allreduce:0:4:kill"}, method="allreduce")
+    assert not res.ok and res.failed_rank == 0
+    r = load_json(out / "results_all_reduce.json")
+    assert r["status"] == "failed" and len(r["epochs"]) == 1  # rank 0 died: the launcher marked it
+    res, out = run(tmp_path, "resumed", method="allreduce", resume=True)
+    res.check()
+    final = torch.load(out / "final_model.pt", weights_only=True)
+    for k, v in ref_model.items():
+        assert torch.equal(final[k], v), k
+    r = load_json(out / "results_all_reduce.json")
+    assert r["status"] == "completed" and [e["epoch"] for e in r["epochs"]] == [1, 2]
+    assert r["all_losses"] == ref_doc["all_losses"]
+    assert r["resumed"][0]["at_epoch"] == 2
+
+
+def test_resume_without_a_checkpoint_is_one_message(tmp_path):
+    from labkit.config import ConfigError
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        run(tmp_path, "fresh", method="ddp", resume=True)
+
+
+def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, uninterrupted):
+    ref_model, _ = uninterrupted
+    res, out = run(tmp_path, "elastic", env={"LABKIT_TEST_FAULT": "allreduce:1:4"}, method="allreduce",
+                   nodes=Nodes(max_restarts=1))
+    res.check()
+    final = torch.load(out / "final_model.pt", weights_only=True)
+    for k, v in ref_model.items():
+        assert torch.equal(final[k], v), k
+    r = load_json(out / "results_all_reduce.json")
+    assert r["status"] == "completed" and len(r["epochs"]) == 2 and r["resumed"]
+
+
+def test_ctrl_c_on_the_launcher_stops_every_process(tmp_path):
+    out = tmp_path / "interrupted"
+    cmd = [sys.executable, "-m", "labkit", "run", "ddp", "--nproc", "2", "--dataset", "digits",
+           "--model", "resnet10_small", "--batch-size", "8", "--epochs", "50", "--max-val-steps", "1",
+           "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = out / "results_baseline_ddp.json"
+    deadline = time.monotonic() + 90
+    while not result.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert result.exists(), "training never started"
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output[-2000:]
+    assert "interrupted" in output
+    time.sleep(1)
+    assert not leftovers(str(out))
+    assert load_json(result)["status"] == "interrupted"
