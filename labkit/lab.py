@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 from .config import METHODS, ConfigError, TrainConfig
-from .launch import Nodes, validate
+from .launch import Nodes, settle_results, validate
 from .metrics import atomic_write_json
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -73,10 +73,17 @@ def check_params(params: dict) -> None:
 
 
 def notebook_params(namespace: dict) -> tuple[TrainConfig, int, Nodes]:
-    """The parameters cell's variables -> (TrainConfig, processes per node, Nodes)."""
+    """The parameters cell's variables -> (TrainConfig, processes per node, Nodes).
+
+    Called first thing after the parameters cell, so any other plain value in the namespace
+    was injected by papermill (``-p name value``) under a name the notebook does not know.
+    """
     names = [f.name for f in dataclasses.fields(TrainConfig)] + list(LAUNCH_PARAMS)
+    injected = {k: v for k, v in namespace.items()
+                if not k.startswith("_") and k not in names and k not in ("In", "Out")
+                and isinstance(v, (bool, int, float, str, list, dict, type(None)))}
     params = {k: namespace[k] for k in names if k in namespace}
-    check_params(params)
+    check_params({**params, **injected})
     cfg = TrainConfig(**{k: v for k, v in params.items() if k not in LAUNCH_PARAMS})
     nproc = params.get("nproc") or machine_defaults()["nproc"]
     nodes = Nodes(params.get("nnodes", 1), params.get("node_rank", 0), params.get("rdzv_endpoint"),
@@ -244,6 +251,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
             entry.update(status="failed", error=f"{e.ename}: {e.evalue}".strip())
             stream.write(f"\n{m} FAILED: {entry['error']}\n")
         except KeyboardInterrupt:
+            # the kernel, and with it the launcher, is gone: mark the method's result file here
+            settle_results(str(mdir), resolved[m].result_file, "interrupted", "interrupted by the user")
             entry["status"] = "interrupted"
             status["status"] = "interrupted"
             atomic_write_json(str(run / "experiment.json"), status)

@@ -78,7 +78,7 @@ def test_nccl_without_gpus(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag,value", [("--method", "sgd"), ("--model", "vgg16"),
-                                        ("--dataset", "mnist")])
+                                        ("--dataset", "mnist"), ("--amp", "fp8")])
 def test_unknown_names(capsys, flag, value):
     with pytest.raises(SystemExit) as e:
         train.main(TINY + [flag, value])
@@ -152,3 +152,16 @@ def test_bad_input_under_torchrun_prints_once(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.count("labkit.train: error: data dir") == 1, proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_output_path_that_cannot_be_created(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    expect_error(TINY + ["--out", str(blocker / "run")], capsys, "cannot create output folder")
+
+
+def test_more_processes_than_samples():
+    from labkit.config import ConfigError
+    from labkit.data import steps_per_epoch
+    with pytest.raises(ConfigError, match="4 training processes but only 3 training samples"):
+        steps_per_epoch(3, 4, 1, None)

@@ -50,8 +50,11 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
                      ("ps", "results_ps.json")):
         r = load_json(run / m / fname)
         assert r["status"] == "completed" and len(r["epochs"]) == 1
+        # run_method.ipynb ran under papermill: the per-epoch table and the loss curve are in it
         nb = nbformat.read(run / m / "run_method.ipynb", as_version=4)
-        assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+        assert any("<table>" in o.get("data", {}).get("text/html", "") for o in outputs)
+        assert any("image/png" in o.get("data", {}) for o in outputs)
         assert (run / m / "logs" / "torchrun.log").exists()
         assert list((run / m / "logs").glob("**/attempt_0/1/stderr.log"))
     check_report(run)
@@ -87,7 +90,7 @@ def check_report(run):
 
 def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
     p = labkit(["experiment", *TINY_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3",
-                "--methods", "ddp,ps", "--nproc", "3", "--runs-dir", "runs"], cwd=tmp_path,
+                "--methods", "ddp,ps", "--runs-dir", "runs"], cwd=tmp_path,
                env={"LABKIT_TEST_FAULT": "ps:1:1"})
     assert p.returncode == 1
     run = (tmp_path / "runs" / "latest").resolve()
@@ -115,3 +118,27 @@ def test_bad_yaml_and_unknown_parameters(tmp_path):
     p = labkit(["experiment", "--methods", "ddp,sgd"], cwd=tmp_path, timeout=60)
     assert p.returncode == 2 and "unknown method(s) sgd" in p.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_on_the_experiment_stops_everything(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "experiment", *TINY_FLAGS, "--epochs", "50",
+                             "--methods", "ddp", "--runs-dir", "runs"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    results = []
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.5)
+        results = list(tmp_path.glob("runs/*/ddp/results_baseline_ddp.json"))
+    assert results, "training never started"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out[-2000:]
+    run = results[0].parent.parent
+    assert load_json(run / "experiment.json")["status"] == "interrupted"
+    time.sleep(2)
+    left = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+    assert not [l for l in left.splitlines() if "pgrep" not in l], left
+    assert load_json(results[0])["status"] == "interrupted"

@@ -9,7 +9,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from conftest import ROOT, load_json
+from conftest import ROOT
 from labkit.config import TrainConfig
 from labkit.lab import LAUNCH_PARAMS, kernel_name
 
@@ -42,21 +42,6 @@ TINY = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
             max_steps_per_epoch=3, max_val_steps=1, lr=0.01, progress=False, timeout=60.0)
 
 
-def test_run_method_executes_under_papermill(tmp_path):
-    out = tmp_path / "ddp"
-    nb_out = tmp_path / "run_method.ipynb"
-    pm.execute_notebook(str(ROOT / "notebooks" / "run_method.ipynb"), str(nb_out),
-                        parameters={**TINY, "method": "ddp", "nproc": 2, "out": str(out)},
-                        kernel_name=kernel_name(), cwd=str(tmp_path), progress_bar=False)
-    r = load_json(out / "results_baseline_ddp.json")
-    assert r["status"] == "completed" and len(r["all_losses"]) == 3
-    nb = nbformat.read(nb_out, as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    # the per-epoch table and the loss curve are in the executed notebook
-    assert any("text/html" in o.get("data", {}) and "<table>" in o["data"]["text/html"] for o in outputs)
-    assert any("image/png" in o.get("data", {}) for o in outputs)
-
-
 def test_wrong_parameter_type_is_named(tmp_path):
     with pytest.raises(pm.PapermillExecutionError) as e:
         pm.execute_notebook(str(ROOT / "notebooks" / "run_method.ipynb"), str(tmp_path / "nb.ipynb"),
@@ -64,3 +49,11 @@ def test_wrong_parameter_type_is_named(tmp_path):
                             cwd=str(tmp_path), progress_bar=False)
     assert e.value.ename == "ConfigError"
     assert "epochs='three' has type str" in e.value.evalue
+
+
+def test_unknown_parameter_is_named(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(ROOT / "notebooks" / "run_method.ipynb"), str(tmp_path / "nb.ipynb"),
+                            parameters={**TINY, "learning_rate": 0.1}, kernel_name=kernel_name(),
+                            cwd=str(tmp_path), progress_bar=False)
+    assert e.value.ename == "ConfigError" and "unknown parameter(s): learning_rate" in e.value.evalue
