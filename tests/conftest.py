@@ -29,6 +29,22 @@ def check_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
+def expect_error(argv, capsys, *needles) -> str:
+    """labkit.train.main(argv) in-process: exit 2, one `labkit.train: error:` line holding every
+    needle, no traceback."""
+    from labkit import train
+
+    code = train.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
+    for n in needles:
+        assert n in err, err
+    assert "Traceback" not in err
+    return err
+
+
 def load_json(path) -> dict:
     with open(path) as f:
         return json.load(f)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY, torchrun
+from conftest import TINY, expect_error, torchrun
 from labkit import train
 
 
@@ -12,23 +12,6 @@ from labkit import train
 def single_process(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-
-
-def run_main(argv, capsys):
-    code = train.main(argv)
-    err = capsys.readouterr().err
-    return code, err
-
-
-def expect_error(argv, capsys, *needles, tmp_path=None):
-    code, err = run_main(argv, capsys)
-    assert code == 2, err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
-    for n in needles:
-        assert n in err, err
-    assert "Traceback" not in err
-    return err
 
 
 def imagefolder_args(d, out):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import TINY, check_ok, load_json, torchrun
+from conftest import TINY, check_ok, expect_error, load_json, torchrun
 from labkit import train
 from labkit.config import ConfigError, TrainConfig
 from labkit.data import build_datasets, check_image
@@ -41,18 +41,6 @@ def bad_tree(tmp_path, image_tree):
 def args(d, out, *more):
     return TINY + ["--dataset", "imagefolder", "--data-dir", str(d), "--out", str(out),
                    "--batch-size", "2", *more]
-
-
-def expect_error(argv, capsys, *needles):
-    code = train.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
-    for n in needles:
-        assert n in err, err
-    assert "Traceback" not in err
-    return err
 
 
 def resolved(d, **kw):
