@@ -49,6 +49,9 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     if cfg.method == "ps" and world < 2:
         raise ConfigError(f"ps needs at least 2 processes (1 server + workers); got {world} "
                           f"(launch with torchrun --nproc_per_node=2 or more)")
+    if cfg.method == "ps" and cfg.ps_mode == "p2p" and cfg.channels_last:
+        raise ConfigError("--channels-last is not supported with --ps-mode p2p (send/recv need "
+                          "contiguous tensors); use --ps-mode collective")
     if cfg.method == "ps" and cfg.amp == "fp16":
         raise ConfigError("--amp fp16 is not supported with ps (the server would have to unscale "
                           "gradients); use --amp bf16")
