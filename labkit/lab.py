@@ -266,7 +266,12 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
 
     failed = [m for m, e in status["methods"].items() if e["status"] != "completed"]
     status["status"] = "failed" if failed else "completed"
-    status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
+    try:
+        status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
+    except pm.PapermillExecutionError as e:  # the results are safe; say what broke the report
+        status["status"] = "failed"
+        status["report"] = f"report failed: {e.ename}: {e.evalue}"
+        stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: {run / 'report'})\n")
     status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     atomic_write_json(str(run / "experiment.json"), status)
     return run, status
