@@ -220,3 +220,40 @@ def comparison_table(runs: list[Run], run_names: Optional[Iterable[str]] = None,
         if "final train loss" in r:
             r["final train loss"] = f"{r['final train loss']:.4g}"
     return report.html_table(rows, list(COLUMNS))
+
+
+def explorer(runs: list[Run], newest: int = 3):
+    """The widgets of explore.ipynb: pick runs, methods and a metric; the overlay and the table
+    are redrawn into an Output widget whenever a selection changes.
+
+    Nothing is drawn while the cell executes (only on a change), so a notebook run without a
+    live frontend (papermill) never captures output into the widget.
+    """
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+
+    metrics = available_metrics(runs)
+    wide = {"description_width": "initial"}
+    run_pick = w.SelectMultiple(options=[r.name for r in runs], value=[r.name for r in runs[:newest]],
+                                rows=min(8, len(runs)), description="runs", style=wide)
+    method_pick = w.SelectMultiple(options=[(METHOD_NAMES[m], m) for m in report.METHOD_ORDER],
+                                   value=list(report.METHOD_ORDER), rows=len(report.METHOD_ORDER),
+                                   description="methods", style=wide)
+    metric_pick = w.Dropdown(options=[(metric_label(k), k) for k in metrics],
+                             value="all_losses" if "all_losses" in metrics else metrics[0],
+                             description="metric", style=wide)
+    out = w.Output()
+
+    def redraw(change=None):
+        with out:
+            out.clear_output(wait=True)
+            _, ax = plt.subplots(figsize=(9, 4.5))
+            plot_overlay(runs, metric_pick.value, run_pick.value, method_pick.value, ax=ax)
+            plt.show()  # inside the Output widget: each redraw replaces the last figure
+            display(HTML(comparison_table(runs, run_pick.value, method_pick.value)))
+
+    for pick in (run_pick, method_pick, metric_pick):
+        pick.observe(redraw, names="value")
+    hint = w.HTML("<i>Change a selection to draw; the overview below shows the newest runs.</i>")
+    return w.VBox([w.HBox([run_pick, method_pick, metric_pick]), hint, out])

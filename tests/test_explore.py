@@ -156,7 +156,8 @@ def execute(runs_dir, tmp_path, interactive=False):
     out = tmp_path / "explore_out.ipynb"
     pm.execute_notebook(str(NOTEBOOK), str(out),
                         parameters={"runs_dir": str(runs_dir), "interactive": interactive},
-                        kernel_name=kernel_name(), cwd=str(NOTEBOOK.parent), progress_bar=False)
+                        kernel_name=kernel_name(), cwd=str(NOTEBOOK.parent), progress_bar=False,
+                        execution_timeout=60)
     nb = nbformat.read(out, as_version=4)
     return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
 
@@ -172,16 +173,25 @@ def test_notebook_executes_and_holds_static_figures(fake_runs, tmp_path):
     assert tables and NEW in tables[0] and OLD in tables[0]
 
 
-def test_notebook_executes_with_widgets_requested(fake_runs, tmp_path):
-    # the default parameters under papermill: widgets are built, static figures still drawn
-    outputs = execute(fake_runs, tmp_path, interactive=True)
-    assert data_of(outputs, "application/vnd.jupyter.widget-view+json")
-    assert len(data_of(outputs, "image/png")) == 3
-
-
 def test_notebook_on_an_empty_runs_dir(tmp_path):
     empty = tmp_path / "runs"
     empty.mkdir()
     outputs = execute(empty, tmp_path)
     assert not data_of(outputs, "image/png")
     assert any("No run folders with results under" in t for t in data_of(outputs, "text/markdown"))
+
+
+def test_explorer_widgets_redraw_on_a_change(fake_runs, monkeypatch):
+    """The widget path, without a kernel: changing the metric redraws that metric."""
+    import matplotlib
+    matplotlib.use("Agg")
+    runs = explore.load_runs(explore.find_runs(fake_runs))
+    drawn = []
+    real = explore.plot_overlay
+    monkeypatch.setattr(explore, "plot_overlay", lambda r, metric, *a, **k: drawn.append(metric) or real(r, metric, *a, **k))
+    box = explore.explorer(runs)
+    run_pick, method_pick, metric_pick = box.children[0].children
+    assert list(run_pick.value) == [r.name for r in runs[:3]]
+    assert drawn == []  # nothing drawn until a selection changes
+    metric_pick.value = "val_accuracy"
+    assert drawn == ["val_accuracy"]
