@@ -48,7 +48,7 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
                           f"GPU(s): nccl needs one GPU per process (lower --nproc_per_node)")
     if cfg.method == "ps" and world < 2:
         raise ConfigError(f"ps needs at least 2 processes (1 server + workers); got {world} "
-                          f"(launch with torchrun --nproc_per_node=2 or more)")
+                          f"(use 2 or more: --nproc with labkit, --nproc_per_node with torchrun)")
     if cfg.method == "ps" and cfg.ps_mode == "p2p" and cfg.channels_last:
         raise ConfigError("--channels-last is not supported with --ps-mode p2p (send/recv need "
                           "contiguous tensors); use --ps-mode collective")
