@@ -85,13 +85,12 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
         num_classes = data.num_classes
     if cfg.weights:
         build_model(cfg.model, num_classes, cfg.weights)
+    from .train import find_checkpoint, refuse_overwrite
     if cfg.resume:
-        from .train import find_checkpoint
         if find_checkpoint(cfg) is None:  # --resume without --out raised inside already
             raise ConfigError(f"nothing to resume in {cfg.out!r}")
-    elif cfg.out and os.path.exists(os.path.join(cfg.out, cfg.result_file)):
-        raise ConfigError(f"{os.path.join(cfg.out, cfg.result_file)!r} already exists; results "
-                          f"are never overwritten (choose another output folder)")
+    elif cfg.out:
+        refuse_overwrite(cfg.out, cfg)
     return cfg
 
 
@@ -184,10 +183,17 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> 
 
     def evidence(f) -> int:
         """How surely this failure is the cause: 0 a crash with its own error, 1 killed by a
-        signal (no chance to say anything), 2 no message, 3 a consequence of another failure."""
+        signal (no chance to say anything), 2 no message, 3 a consequence of another failure.
+
+        The log decides before the exit code: a rank that raised its own error can still be
+        recorded as SIGTERM when torchrun stops it while its interpreter is shutting down."""
         _, local_rank, code = f
         lines = _rank_error_lines(log_dir, local_rank)
-        if code == -signal.SIGTERM or any(_SECONDARY.search(l) for l in lines):
+        if any(_SECONDARY.search(l) for l in lines):
+            return 3
+        if any("labkit.train: error:" in l for l in lines):
+            return 0
+        if code == -signal.SIGTERM:
             return 3
         if code < 0:
             return 1
@@ -219,7 +225,9 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> 
     lines = _rank_error_lines(log_dir, local_rank)
     logs = rank_logs(log_dir, local_rank)
     where = f" (logs: {os.path.dirname(logs[-1])})" if logs else ""
-    msg = (f"{method} failed: rank {rank} exited with code {code}{sig}{where}\n"
+    how = (f"failed first (torchrun then stopped it: exit code {code}{sig})"
+           if code == -signal.SIGTERM else f"exited with code {code}{sig}")
+    msg = (f"{method} failed: rank {rank} {how}{where}\n"
            + "\n".join("  | " + l for l in lines))
     return msg, rank, lines
 
