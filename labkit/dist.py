@@ -63,20 +63,6 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def broadcast(t: torch.Tensor, src: int) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(t, src=src)
-    return t
-
-
-def all_min(value: int, device: torch.device) -> int:
-    """The smallest of ``value`` over all ranks."""
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
-
-
 def sync_device(device: torch.device) -> None:
     """Wait for queued device work, so a host clock read after it means something."""
     if device.type == "cuda":

@@ -287,22 +287,6 @@ def epoch_rows(doc: dict) -> list[dict]:
     return [{k: e[k] for k in keys if k in e} for e in doc["epochs"]]
 
 
-def summary_rows(docs: dict[str, dict], problems: dict[str, str]) -> list[dict]:
-    """One line per method with its status (used by the run notebook and the explorer)."""
-    rows = []
-    for m in METHOD_ORDER:
-        if m in docs and docs[m]["epochs"]:
-            d = docs[m]
-            rows.append({"method": d["method"], "status": d.get("status", "completed"),
-                         "epochs": len(d["epochs"]),
-                         "avg throughput (img/s)": summary_value(d, "avg_train_throughput"),
-                         "avg train time/epoch (s)": summary_value(d, "avg_train_time_per_epoch"),
-                         "best val accuracy (%)": summary_value(d, "best_val_accuracy")})
-        if m in problems:
-            rows.append({"method": METHOD_NAMES[m], "status": problems[m]})
-    return rows
-
-
 # ------------------------------------------------------------------ the five plots
 def _bar(ax, res: Results, key: str, ylabel: str, title: str):
     docs = res.ok

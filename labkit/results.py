@@ -37,9 +37,9 @@ def torchrun_world() -> dict:
 
 class Results:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
-                 previous: Optional[dict] = None):
+                 phases: tuple[str, ...], previous: Optional[dict] = None):
         self.path = os.path.join(out, cfg.result_file)
-        self.phases = {"allreduce": ("comm",), "ps": ("pull", "push")}.get(cfg.method, ())
+        self.phases = phases  # the strategy's timed communication phases
         self.doc = {
             "method": METHOD_NAMES[cfg.method],
             "world_size": ctx.world_size,

@@ -67,12 +67,19 @@ def default_out(method: str) -> str:
     return out
 
 
+def refuse_overwrite(out: str, cfg: TrainConfig) -> None:
+    """Results are never overwritten: an output folder that already holds this method's
+    result file is bad input (unless the run continues there with --resume)."""
+    target = os.path.join(out, cfg.result_file)
+    if os.path.exists(target):
+        raise ConfigError(f"{target!r} already exists; results are never overwritten "
+                          f"(choose another --out, or --resume to continue that run)")
+
+
 def prepare_out(cfg: TrainConfig, resuming: bool = False) -> str:
     out = cfg.out or default_out(cfg.method)
-    target = os.path.join(out, cfg.result_file)
-    if os.path.exists(target) and not resuming:
-        raise ConfigError(f"{target!r} already exists; results are never overwritten "
-                          f"(choose another --out)")
+    if not resuming:
+        refuse_overwrite(out, cfg)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -351,7 +358,7 @@ def run(cfg: TrainConfig) -> Optional[str]:
         trainer = Trainer(cfg, ctx, out, data, model, steps)
         start = trainer.load_checkpoint(ckpt) if ckpt else 1
         if ctx.is_main:
-            results = Results(cfg, ctx, trainer.strategy.trainers, out,
+            results = Results(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
                               previous=ckpt["results"] if ckpt else None)
             results.write()
         trainer.fit(results, start)
