@@ -16,6 +16,7 @@ DATASETS = ("imagefolder", "digits", "synthetic")
 MODELS = ("resnet50", "resnet18", "resnet10", "resnet50_small", "resnet18_small", "resnet10_small")
 AMP_MODES = ("off", "bf16", "fp16")
 PS_MODES = ("collective", "p2p")
+COMPRESS = ("none", "fp16")
 BACKENDS = ("nccl", "gloo")
 
 # The guide's result file per method (contract: names and "method" strings are the guide's).
@@ -85,6 +86,17 @@ class TrainConfig:
     no_overlap: bool = _f(False, "allreduce: all-reduce after backward instead of overlapping it")
     ps_mode: str = _f("collective", "ps: collective (flat reduce + broadcast) or p2p (the guide's "
                       "per-tensor send/recv)", choices=PS_MODES)
+    ps_servers: int = _f(1, "ps: server ranks (0..K-1); K > 1 shards the flattened parameters "
+                         "across them, each server owning one slice (collective mode)")
+    ps_staleness: Optional[int] = _f(None, "ps: asynchronous with bounded staleness S: the server "
+                                     "applies each worker's gradient as it arrives and a worker "
+                                     "runs at most S steps ahead of the slowest (default: "
+                                     "synchronous)")
+    compress: str = _f("none", "gradient compression for communication: none | fp16 (allreduce "
+                       "and ps send fp16 gradients; ddp uses its fp16_compress_hook)",
+                       choices=COMPRESS)
+    compile: bool = _f(False, "torch.compile the model (GPUs; the first steps compile and count "
+                       "as warm-up)")
     timeout: float = _f(600.0, "seconds a collective may wait before the run is aborted (a hung "
                         "or dead rank ends the run after this long)")
     resume: bool = _f(False, "continue from the last epoch checkpoint in --out (also automatic "
@@ -102,6 +114,10 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown parameter(s): {', '.join(unknown)}")
         return cls(**d)
+
+    def trainers(self, world_size: int) -> int:
+        """Ranks that train: all of them, except a parameter server's server ranks."""
+        return world_size - self.ps_servers if self.method == "ps" else world_size
 
     @property
     def result_file(self) -> str:
@@ -151,7 +167,8 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     """
     c = dataclasses.replace(cfg)
     for name, choices in (("method", METHODS), ("dataset", DATASETS), ("model", MODELS),
-                          ("amp", AMP_MODES), ("ps_mode", PS_MODES), ("backend", BACKENDS)):
+                          ("amp", AMP_MODES), ("ps_mode", PS_MODES), ("backend", BACKENDS),
+                          ("compress", COMPRESS)):
         v = getattr(c, name)
         if v is not None and v not in choices:
             raise ConfigError(f"unknown {name} {v!r}; choose one of: {', '.join(choices)}")
@@ -177,7 +194,7 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     if c.workers is not None and c.workers < 0:
         raise ConfigError(f"--workers must be 0 or more (got {c.workers})")
     if c.lr is None:
-        trainers = max(1, world_size - 1) if c.method == "ps" else world_size
+        trainers = max(1, c.trainers(world_size))
         c.lr = 0.1 * c.batch_size * trainers / 256
     if not c.lr > 0:
         raise ConfigError(f"--lr must be positive (got {c.lr})")
@@ -189,6 +206,14 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
         raise ConfigError(f"--warmup-steps must be 0 or more (got {c.warmup_steps})")
     if not c.bucket_mb > 0:
         raise ConfigError(f"--bucket-mb must be positive (got {c.bucket_mb})")
+    if c.ps_servers < 1:
+        raise ConfigError(f"--ps-servers must be at least 1 (got {c.ps_servers})")
+    if c.ps_staleness is not None and c.ps_staleness < 0:
+        raise ConfigError(f"--ps-staleness must be 0 or more (got {c.ps_staleness})")
+    if c.method == "ps" and c.ps_servers > 1 and c.ps_mode != "collective":
+        raise ConfigError("--ps-servers > 1 (sharded PS) needs --ps-mode collective")
+    if c.method == "ps" and c.ps_staleness is not None and c.ps_servers > 1:
+        raise ConfigError("--ps-staleness (asynchronous PS) runs with one server; drop --ps-servers")
     if not c.timeout > 0:
         raise ConfigError(f"--timeout must be positive (got {c.timeout})")
     return c

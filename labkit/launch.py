@@ -75,7 +75,7 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
         raise ConfigError(f"--nproc must be at least 1 (got {nproc})")
     world = nproc * nodes.nnodes
     cfg = preflight(cfg, world=world, local_world=nproc)
-    trainers = world - 1 if cfg.method == "ps" else world
+    trainers = cfg.trainers(world)
     if cfg.dataset == "imagefolder":
         classes = check_image_folder(cfg.data_dir, cfg.skip_bad_images)  # ranks count images
         num_classes = len(classes)

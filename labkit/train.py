@@ -46,9 +46,11 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     if cfg.backend == "nccl" and local_world > torch.cuda.device_count():
         raise ConfigError(f"{local_world} processes per node but only {torch.cuda.device_count()} "
                           f"GPU(s): nccl needs one GPU per process (lower --nproc_per_node)")
-    if cfg.method == "ps" and world < 2:
-        raise ConfigError(f"ps needs at least 2 processes (1 server + workers); got {world} "
-                          f"(use 2 or more: --nproc with labkit, --nproc_per_node with torchrun)")
+    if cfg.method == "ps" and world <= cfg.ps_servers:
+        need = cfg.ps_servers + 1
+        raise ConfigError(f"ps needs at least {need} processes ({cfg.ps_servers} server"
+                          f"{'s' if cfg.ps_servers > 1 else ''} + workers); got {world} (use {need} "
+                          f"or more: --nproc with labkit, --nproc_per_node with torchrun)")
     if cfg.method == "ps" and cfg.ps_mode == "p2p" and cfg.channels_last:
         raise ConfigError("--channels-last is not supported with --ps-mode p2p (send/recv need "
                           "contiguous tensors); use --ps-mode collective")
@@ -98,6 +100,10 @@ class Trainer:
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(ctx.device, memory_format=fmt)
         self.forward_model = s.setup(self.model)
+        if cfg.compile:
+            # compiles the forward (and, through AOTAutograd, its backward); the strategy's
+            # hooks stay on the parameters, so synchronisation is unchanged
+            self.forward_model = torch.compile(self.forward_model)
         self.optimizer = (torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                           weight_decay=cfg.weight_decay)
                           if s.steps_optimizer else None)
@@ -119,6 +125,7 @@ class Trainer:
         self.num_train, self.num_val = len(data.train), len(data.val)
         self.fault = _injected_fault(cfg.method, ctx.rank)
         self.global_step = 0
+        self._local_opt: Optional[torch.optim.Optimizer] = None
 
     def log(self, msg: str) -> None:
         """One line for people, from the rank that writes results (rank 0)."""
@@ -144,6 +151,53 @@ class Trainer:
         tty = sys.stderr.isatty()
         return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=tty, ncols=None if tty else 100,
                     leave=True, mininterval=0.5 if tty else 5.0, file=sys.stderr if tty else Lines(sys.stderr))
+
+    # -------------------------------------------------------------- one step
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.ctx.device
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)  # pinned -> async copy
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    def train_step(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor], sync: bool = True):
+        """One step on every rank: a trainer passes its batch, a PS server ``None``.
+
+        ``sync=False`` is the compute-only step ``labkit bench`` measures: the same forward,
+        backward and optimizer step with no communication at all, every trainer updating its
+        own copy (so the copies drift apart, which the tests check).
+        Returns (loss, logits) on trainers, None on a server.
+        """
+        s = self.strategy
+        opt = self.optimizer if sync else self.local_optimizer()
+        with nullcontext() if sync else s.no_sync():
+            s.zero_grad(opt)
+            if sync:
+                s.before_forward()
+            out = None
+            if x is not None:
+                with self.autocast():
+                    logits = self.forward_model(x)
+                    loss = F.cross_entropy(logits, y)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                out = loss.detach(), logits.detach()
+            if sync:
+                s.after_backward()
+            s.step(opt, self.scaler if opt is self.optimizer else None)
+        return out
+
+    def local_optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """The optimizer of a compute-only step: the rank's own, or, for a PS worker (which has
+        none), a local SGD with the same settings. A server does not train: None."""
+        if not self.strategy.is_trainer:
+            return None
+        if self.optimizer is not None:
+            return self.optimizer
+        if self._local_opt is None:
+            c = self.cfg
+            self._local_opt = torch.optim.SGD(self.model.parameters(), lr=c.lr, momentum=c.momentum,
+                                              weight_decay=c.weight_decay)
+        return self._local_opt
 
     # -------------------------------------------------------------- one epoch of training
     def train_epoch(self, epoch: int) -> dict:
@@ -173,26 +227,18 @@ class Trainer:
             if self.fault and self.global_step == self.fault[0]:
                 _fail(self.fault[1], self.global_step)
             self.global_step += 1
-            s.zero_grad(self.optimizer)
+            x = y = None
             if it is not None:
                 t0 = time.perf_counter()
                 x, y = next(it)
                 data_time += time.perf_counter() - t0
-                x = x.to(dev, non_blocking=True)
-                y = y.to(dev, non_blocking=True)
-                if cfg.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-            s.before_forward()
-            if it is not None:
-                with self.autocast():
-                    logits = self.forward_model(x)
-                    loss = F.cross_entropy(logits, y)
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-                losses[step] = loss.detach().float()
+                x, y = self.to_device(x, y)
+            out = self.train_step(x, y)
+            if out is not None:
+                loss, logits = out
+                losses[step] = loss.float()
                 counts[0] += (logits.argmax(1) == y).sum()
                 counts[1] += y.numel()
-            s.after_backward()
-            s.step(self.optimizer, self.scaler)
             if bar is not None:
                 bar.update(1)
                 if (step + 1) % refresh == 0 or step + 1 == self.steps:
@@ -248,9 +294,7 @@ class Trainer:
             for i, (x, y) in enumerate(self.val_loader):
                 if self.cfg.max_val_steps and i >= self.cfg.max_val_steps:
                     break
-                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-                if self.cfg.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
+                x, y = self.to_device(x, y)
                 with self.autocast():
                     logits = self.model(x)
                 tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
@@ -343,7 +387,7 @@ def run(cfg: TrainConfig) -> Optional[str]:
     data = build_datasets(cfg)
     if data.warning and rank == 0:  # every rank built the same datasets: one says so
         print(f"labkit.train: warning: {data.warning}", file=sys.stderr, flush=True)
-    trainers = world - 1 if cfg.method == "ps" else world
+    trainers = cfg.trainers(world)
     steps = steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, note = build_model(cfg.model, data.num_classes, cfg.weights)

@@ -35,6 +35,8 @@ class AllReduceStrategy(Strategy):
             b.pending = len(b.params)
 
     def _grad_ready(self, p: nn.Parameter) -> None:
+        if not self.sync:
+            return
         self.bucket_of[p].pending -= 1
         # start every consecutive bucket, from the next one in order, whose grads are all in
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:

@@ -2,11 +2,14 @@
 
 Per step the loop calls, on every rank:
     zero_grad -> before_forward -> [trainers: forward, backward] -> after_backward -> step
-and once per epoch, before validation and saving, ``finish_epoch``.
+and once per epoch, before validation and saving, ``finish_epoch``.  ``labkit bench`` also
+runs compute-only steps inside ``no_sync()``: zero_grad -> forward, backward -> step with a
+local optimizer, and no communication.
 """
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,6 +27,7 @@ class Strategy:
     def __init__(self, cfg: TrainConfig, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
         self.timer = PhaseTimer(ctx.device)
+        self.sync = True  # False inside no_sync(): compute-only steps
 
     # --- roles: every rank trains unless a method says otherwise ---
     @property
@@ -48,6 +52,17 @@ class Strategy:
     def steps_optimizer(self) -> bool:
         """Whether this rank holds an optimizer and applies the update."""
         return True
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Compute-only steps for ``labkit bench``: inside, the loop skips before_forward and
+        after_backward, and a method that communicates from elsewhere (DDP's reducer, the
+        all-reduce gradient hooks) must check ``self.sync`` or override this."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
 
     # --- hooks ---
     def setup(self, model: nn.Module) -> nn.Module:
