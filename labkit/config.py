@@ -31,6 +31,21 @@ METHOD_NAMES = {
     "ps": "Parameter Server (PS)",
 }
 
+#: Named variants of the methods (labkit bench --variants, labkit experiment --methods):
+#: name -> the TrainConfig fields that make it
+VARIANTS: dict[str, dict] = {
+    "ddp": dict(method="ddp"),
+    "allreduce": dict(method="allreduce"),
+    "ps": dict(method="ps", ps_mode="collective"),
+    "ps-p2p": dict(method="ps", ps_mode="p2p"),
+    "ps-sharded": dict(method="ps", ps_mode="collective", ps_servers=2),
+    "ps-async": dict(method="ps", ps_mode="collective", ps_staleness=2),
+    "ddp-fp16": dict(method="ddp", compress="fp16"),
+    "allreduce-fp16": dict(method="allreduce", compress="fp16"),
+    "ps-fp16": dict(method="ps", ps_mode="collective", compress="fp16"),
+}
+DEFAULT_VARIANTS = ("ddp", "allreduce", "ps", "ps-p2p")  # labkit bench
+
 
 class ConfigError(ValueError):
     """Bad input: shown to the user as one line, never as a traceback."""
@@ -214,6 +229,11 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
         raise ConfigError("--ps-servers > 1 (sharded PS) needs --ps-mode collective")
     if c.method == "ps" and c.ps_staleness is not None and c.ps_servers > 1:
         raise ConfigError("--ps-staleness (asynchronous PS) runs with one server; drop --ps-servers")
+    if c.method == "ps" and c.ps_mode == "p2p" and c.ps_staleness is not None:
+        raise ConfigError("--ps-staleness (asynchronous PS) has its own protocol; drop --ps-mode p2p")
+    if c.method == "ps" and c.ps_mode == "p2p" and c.compress != "none":
+        raise ConfigError("--compress with ps needs --ps-mode collective (p2p is the guide's "
+                          "uncompressed reference)")
     if not c.timeout > 0:
         raise ConfigError(f"--timeout must be positive (got {c.timeout})")
     return c

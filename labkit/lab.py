@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from .config import METHODS, ConfigError, TrainConfig
+from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
 from .metrics import atomic_write_json
 
@@ -207,13 +207,16 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     import papermill as pm
 
     stream = stream or sys.stdout
-    bad = [m for m in exp.methods if m not in METHODS]
+    bad = [m for m in exp.methods if m not in METHODS and m not in VARIANTS]
     if bad or not exp.methods:
-        raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
+                          f"{', '.join(METHODS)} or a variant: {', '.join(v for v in VARIANTS if v not in METHODS)}")
     nproc = exp.nproc or machine_defaults()["nproc"]
     cfg = _absolute(cfg)
     # all bad input fails here, in seconds, before a folder or a process exists
-    resolved = {m: validate(dataclasses.replace(cfg, method=m), nproc, exp.nodes) for m in exp.methods}
+    # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
+    resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
+                            nproc, exp.nodes) for m in exp.methods}
 
     run = new_run_dir(exp.runs_dir, exp.tag).resolve()
     atomic_write_json(str(run / "config.json"), {

@@ -88,6 +88,11 @@ class Strategy:
         else:
             optimizer.step()
 
+    def epoch_metrics(self) -> dict:
+        """Method-specific figures for this epoch's results, read (and reset) by the loop at the
+        end of each epoch's training on every rank; rank 0's go into the result file."""
+        return {}
+
     def finish_epoch(self, model: nn.Module) -> None:
         """Make every rank hold the model as the method defines it (for validation and saving).
 

@@ -3,6 +3,7 @@ bucket is synchronised by one collective with no copy in or out."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from torch import nn
@@ -15,11 +16,14 @@ class Bucket:
     flat: torch.Tensor
     pending: int = 0
     slices: list[tuple[int, int]] = field(default_factory=list)
+    #: fp16 copy of ``flat`` that goes over the wire with --compress fp16 (else None)
+    half: Optional[torch.Tensor] = None
 
 
-def make_buckets(params: list[nn.Parameter], cap_bytes: float) -> list[Bucket]:
+def make_buckets(params: list[nn.Parameter], cap_bytes: float, fp16: bool = False) -> list[Bucket]:
     """Group ``params`` in the given order into buckets of at most ``cap_bytes`` (a parameter
-    larger than the cap gets a bucket of its own) and point each ``.grad`` into its bucket."""
+    larger than the cap gets a bucket of its own) and point each ``.grad`` into its bucket.
+    ``fp16``: also preallocate each bucket's fp16 communication buffer."""
     groups: list[list[nn.Parameter]] = [[]]
     size = 0
     for p in params:
@@ -33,7 +37,7 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: float) -> list[Bucket]:
     buckets = []
     for i, g in enumerate(x for x in groups if x):
         flat = torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device)
-        b = Bucket(i, g, flat)
+        b = Bucket(i, g, flat, half=torch.empty_like(flat, dtype=torch.float16) if fp16 else None)
         off = 0
         for p in g:
             n = p.numel()

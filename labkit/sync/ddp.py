@@ -1,10 +1,15 @@
-"""Baseline: PyTorch's DistributedDataParallel, configured the way users configure it."""
+"""Baseline: PyTorch's DistributedDataParallel, configured the way users configure it.
+
+``--compress fp16`` registers PyTorch's own ``fp16_compress_hook`` (each bucket is cast to
+fp16, divided by the world size, all-reduced and cast back), the reference the hand-written
+all-reduce's compression is checked against."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Iterator
 
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from .base import Strategy
@@ -21,6 +26,8 @@ class DDPStrategy(Strategy):
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # defaults on purpose: 25 MiB buckets, broadcast_buffers=True, no bucket views
         self.ddp = DistributedDataParallel(model, device_ids=ids)
+        if self.cfg.compress == "fp16":
+            self.ddp.register_comm_hook(None, fp16_compress_hook)  # state None: the world group
         return self.ddp
 
     @contextmanager

@@ -1,15 +1,27 @@
-"""Parameter Server: rank 0 holds the parameters and the optimizer, ranks 1..N-1 train.
+"""Parameter Server: server ranks hold the parameters and the optimizer, the other ranks train.
 
 Each step: (1) pull: the server sends the current parameters to every worker; (2) workers run
 forward and backward on their own batches; (3) push: workers send their gradients to the
 server, which (4) averages them and (5) applies the SGD step.
 
-Two protocols:
+Protocols (the asynchronous one, ``--ps-staleness``, is in ps_async.py):
 - ``p2p``: the original guide's, one ``send``/``recv`` per parameter tensor and per worker,
   with the server looping over the workers for every parameter. Kept as the reference.
 - ``collective``: the guide's own proposed improvement. Parameters and gradients live in one
   flat buffer each (parameters and ``.grad`` are views into them), so a pull is one broadcast
   and a push is one reduce to rank 0.
+- ``collective`` with ``--ps-servers K`` (K > 1), sharded as in Li et al. (OSDI 2014) and
+  BytePS: server ranks 0..K-1 each own one contiguous slice of the flat parameters, workers
+  are ranks K..world-1. Server s talks only to the workers, through a process group
+  {s} + workers: pull = each server broadcasts its slice, push = each slice's gradients are
+  reduced to its server, which averages them and applies SGD to its slice only (SGD with
+  momentum and weight decay is elementwise, so an optimizer over a slice takes exactly the
+  full optimizer's step there). A worker runs its K broadcasts (K reduces) concurrently, so
+  no single server carries all the traffic.
+
+``--compress fp16`` pushes fp16 gradients, with DDP's fp16_compress_hook arithmetic: each
+worker casts, divides by the number of workers (in fp16) and the reduce sums in fp16; the
+server casts the sum back. Pulls stay fp32: the parameters must be exact.
 """
 from __future__ import annotations
 
@@ -21,46 +33,53 @@ from torch import nn
 
 from .base import Strategy
 
-SERVER = 0
+SERVER = 0  # the (first) server's rank
+
+
+def shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
+    """``k`` contiguous slices of ``range(n)`` whose sizes differ by at most one."""
+    q, r = divmod(n, k)
+    bounds, lo = [], 0
+    for s in range(k):
+        hi = lo + q + (s < r)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
 
 
 class PSStrategy(Strategy):
     phases = ("pull", "push")
 
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.servers = cfg.ps_servers  # ranks 0..servers-1 serve
+        self.collective = cfg.ps_mode == "collective"
+
     @property
     def trainers(self) -> int:
-        return self.ctx.world_size - 1
+        return self.ctx.world_size - self.servers
 
     @property
     def trainer_index(self) -> Optional[int]:
-        return None if self.ctx.rank == SERVER else self.ctx.rank - 1
+        return None if self.is_server else self.ctx.rank - self.servers
 
     @property
     def first_trainer(self) -> int:
-        return 1
+        return self.servers
 
     @property
     def steps_optimizer(self) -> bool:
-        return self.ctx.rank == SERVER
+        return self.is_server
 
     @property
     def is_server(self) -> bool:
-        return self.ctx.rank == SERVER
+        return self.ctx.rank < self.servers
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if self.cfg.ps_mode == "collective":
-            dev, dt = self.params[0].device, self.params[0].dtype
-            n = sum(p.numel() for p in self.params)
-            self.flat_params = torch.empty(n, dtype=dt, device=dev)
-            self.flat_grads = torch.zeros(n, dtype=dt, device=dev)
-            off = 0
-            for p in self.params:
-                k = p.numel()
-                self.flat_params[off:off + k].copy_(p.data.reshape(-1))
-                p.data = self.flat_params[off:off + k].view_as(p)
-                p.grad = self.flat_grads[off:off + k].view_as(p)
-                off += k
+        if self.collective:
+            self._flatten()
+            self._plan_shards()
         else:
             # the server accumulates each parameter's gradient from the workers in here
             self.recv_buf = [torch.empty_like(p) for p in self.params] if self.is_server else None
@@ -68,8 +87,55 @@ class PSStrategy(Strategy):
                 p.grad = torch.zeros_like(p)
         return model
 
+    def _flatten(self) -> None:
+        """Parameters and gradients become views into one flat buffer each."""
+        dev, dt = self.params[0].device, self.params[0].dtype
+        n = sum(p.numel() for p in self.params)
+        self.flat_params = torch.empty(n, dtype=dt, device=dev)
+        self.flat_grads = torch.zeros(n, dtype=dt, device=dev)
+        off = 0
+        for p in self.params:
+            k = p.numel()
+            self.flat_params[off:off + k].copy_(p.data.reshape(-1))
+            p.data = self.flat_params[off:off + k].view_as(p)
+            p.grad = self.flat_grads[off:off + k].view_as(p)
+            off += k
+        # the fp16 gradients a push sends with --compress fp16
+        self.half = (torch.empty(n, dtype=torch.float16, device=dev)
+                     if self.cfg.compress == "fp16" else None)
+
+    def _plan_shards(self) -> None:
+        """``self.shards``: (server rank, lo, hi, process group) for every slice;
+        ``self.mine``: the slices this rank communicates (a worker: all, a server: its own)."""
+        n = self.flat_params.numel()
+        if self.servers == 1:  # one server: the whole buffer, the default group
+            self.shards = [(SERVER, 0, n, None)]
+        else:
+            workers = list(range(self.servers, self.ctx.world_size))
+            # new_group is collective: every rank creates every group, in the same order
+            groups = [dist.new_group([s] + workers) for s in range(self.servers)]
+            self.shards = [(s, lo, hi, groups[s])
+                           for s, (lo, hi) in enumerate(shard_bounds(n, self.servers))]
+        self.mine = [self.shards[self.ctx.rank]] if self.is_server else self.shards
+        if self.servers > 1 and self.is_server:
+            self._shard_optimizer()
+
+    def _shard_optimizer(self) -> None:
+        """A sharded server's SGD over its slice alone. The slice is an nn.Parameter sharing
+        memory with the model's parameters; its momentum lives in ``flat_momentum`` (full
+        size), so finish_epoch can gather every server's momentum into rank 0's checkpoint."""
+        _, lo, hi, _ = self.shards[self.ctx.rank]
+        self.shard = nn.Parameter(self.flat_params[lo:hi])
+        self.shard.grad = self.flat_grads[lo:hi]
+        c = self.cfg
+        self.shard_opt = torch.optim.SGD([self.shard], lr=c.lr, momentum=c.momentum,
+                                         weight_decay=c.weight_decay)
+        self.flat_momentum = torch.zeros_like(self.flat_params)
+        # a zero buffer takes the same first step as SGD's lazily cloned one: 0 * m + g = g
+        self.shard_opt.state[self.shard]["momentum_buffer"] = self.flat_momentum[lo:hi]
+
     def zero_grad(self, optimizer) -> None:
-        if self.cfg.ps_mode == "collective":
+        if self.collective:
             self.flat_grads.zero_()  # the server's zeros are its contribution to the reduce
         else:
             for p in self.params:
@@ -81,8 +147,13 @@ class PSStrategy(Strategy):
             self.pull()
 
     def pull(self) -> None:
-        if self.cfg.ps_mode == "collective":
+        if self.collective and self.servers == 1:
             dist.broadcast(self.flat_params, src=SERVER)
+        elif self.collective:  # sharded: every server broadcasts its slice, concurrently
+            works = [dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)
+                     for s, lo, hi, g in self.mine]
+            for w in works:
+                w.wait()
         elif self.is_server:
             for p in self.params:
                 for w in range(1, self.ctx.world_size):
@@ -94,10 +165,12 @@ class PSStrategy(Strategy):
     # (3) push and (4) average
     def after_backward(self) -> None:
         with self.timer("push"):
-            if self.cfg.ps_mode == "collective":
+            if self.collective and self.servers == 1 and self.half is None:
                 dist.reduce(self.flat_grads, dst=SERVER, op=dist.ReduceOp.SUM)
                 if self.is_server:
                     self.flat_grads.div_(self.trainers)
+            elif self.collective:
+                self._push_slices()
             elif self.is_server:
                 for p, buf in zip(self.params, self.recv_buf):
                     for w in range(1, self.ctx.world_size):
@@ -108,8 +181,73 @@ class PSStrategy(Strategy):
                 for p in self.params:
                     dist.send(p.grad, dst=SERVER)
 
-    # (5) the server's step is the Strategy default (only the server holds an optimizer)
+    def _push_slices(self) -> None:
+        """Sharded and/or fp16 push: each slice's gradients reduced to its server, the
+        worker's K reduces running concurrently."""
+        works = []
+        for s, lo, hi, g in self.mine:  # a worker: every server's slice; a server: its own
+            if self.half is None:
+                t = self.flat_grads[lo:hi]
+            else:  # fp16_compress_hook's order: cast, divide, sum in fp16
+                t = self.half[lo:hi]
+                t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
+            works.append(dist.reduce(t, dst=s, group=g, async_op=True))
+        for w in works:
+            w.wait()
+        if self.is_server:
+            _, lo, hi, _ = self.mine[0]
+            if self.half is None:
+                self.flat_grads[lo:hi].div_(self.trainers)
+            else:
+                self.flat_grads[lo:hi].copy_(self.half[lo:hi])
+
+    # (5) the server's step: the Strategy default with one server (only it holds an optimizer);
+    # a sharded server steps its slice
+    def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
+        if self.servers > 1 and self.is_server and optimizer is not None:
+            group, mine = optimizer.param_groups[0], self.shard_opt.param_groups[0]
+            for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"):
+                mine[k] = group[k]  # the loop's optimizer stays the one source of truth
+            if group["momentum"]:
+                self._adopt_momentum(optimizer)
+            self.shard_opt.step()
+        else:
+            super().step(optimizer, scaler)
+
+    def _adopt_momentum(self, optimizer: torch.optim.Optimizer) -> None:
+        """On a sharded server the loop's optimizer (over the model's parameters) never steps;
+        its state holds views into ``flat_momentum`` instead, so rank 0's checkpoint saves the
+        whole momentum in the one-server format (gathered by finish_epoch), and a checkpoint
+        loaded into it (on every server, before the first step) is copied in here."""
+        first = optimizer.state.get(self.params[0], {}).get("momentum_buffer")
+        if first is not None and first.data_ptr() == self.flat_momentum.data_ptr():
+            return  # already views
+        off = 0
+        for p in self.params:
+            k = p.numel()
+            view = self.flat_momentum[off:off + k].view_as(p)
+            loaded = optimizer.state[p].get("momentum_buffer")
+            if loaded is not None:
+                view.copy_(loaded)
+            optimizer.state[p]["momentum_buffer"] = view
+            off += k
 
     def finish_epoch(self, model: nn.Module) -> None:
-        self.pull()  # workers get the parameters after the epoch's last update
+        if self.collective and self.servers > 1:
+            # every rank, servers included, gets every slice (rank 0 saves the final model)
+            for s, lo, hi, _ in self.shards:
+                dist.broadcast(self.flat_params[lo:hi], src=s)
+            self._gather_momentum()
+        else:
+            self.pull()  # workers get the parameters after the epoch's last update
         super().finish_epoch(model)
+
+    def _gather_momentum(self) -> None:
+        """Rank 0 receives every other server's momentum slice, for its checkpoint."""
+        if not (self.is_server and self.cfg.momentum):
+            return
+        for s, lo, hi, _ in self.shards[1:]:
+            if self.ctx.rank == SERVER:
+                dist.recv(self.flat_momentum[lo:hi], src=s)
+            elif self.ctx.rank == s:
+                dist.send(self.flat_momentum[lo:hi], dst=SERVER)
