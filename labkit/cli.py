@@ -8,13 +8,17 @@ import signal
 import sys
 from typing import Optional
 
-from .config import METHODS, ConfigError, TrainConfig, add_config_arguments
+from .config import (DEFAULT_VARIANTS, METHODS, VARIANTS, ConfigError, TrainConfig,
+                     add_config_arguments)
 
 
 def _add_nodes(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("multi-node (torchrun c10d rendezvous; single node on loopback by default)")
     g.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
-    g.add_argument("--node-rank", dest="node_rank", type=int, help="this node's rank (default 0)")
+    g.add_argument("--node-rank", dest="node_rank", type=int,
+                   help="this node's number, 0..nnodes-1, different on every node: names its "
+                        "logs/node<k> folder (default 0). torchrun's c10d rendezvous numbers the "
+                        "ranks itself, so global rank 0, which writes the results, may run on any node")
     g.add_argument("--rdzv-endpoint", dest="rdzv_endpoint", help="host:port of the rendezvous")
     g.add_argument("--max-restarts", dest="max_restarts", type=int,
                    help="torchrun restarts of the worker group after a failure; each restart "
@@ -45,6 +49,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a notebook cell may run (default 3600)")
     add_config_arguments(e, skip=("method", "out"), defaults=False)
     _add_nodes(e)
+
+    b = sub.add_parser("bench", help="time each method against DDP and the raw collectives "
+                       "(compute-only steps, exposed communication, bandwidths)",
+                       argument_default=argparse.SUPPRESS)
+    b.add_argument("--variants", help="comma-separated, from: " + ", ".join(VARIANTS) +
+                   f" (default: {','.join(DEFAULT_VARIANTS)})")
+    b.add_argument("--nproc", help="comma-separated process counts (default: the GPU count with "
+                   "GPUs, else 2,4)")
+    b.add_argument("--steps", type=int, help="steps per trial (default 10)")
+    b.add_argument("--trials", type=int, help="timed trials, synchronised and compute-only each "
+                   "(default 3)")
+    b.add_argument("--warmup", type=int, help="untimed steps before each kind of trial (default 3)")
+    b.add_argument("--profile", action="store_const", const=3, dest="profile_steps",
+                   help="also write a torch.profiler Chrome trace of 3 steps per variant and rank")
+    b.add_argument("--profile-steps", dest="profile_steps", type=int,
+                   help="like --profile, with this many steps")
+    b.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: runs)")
+    b.add_argument("--tag", help="suffix of the run folder name (default: bench)")
+    b.add_argument("--no-report", dest="report", action="store_false",
+                   help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
+    add_config_arguments(b, skip=("method", "out"), defaults=False)
+
+    sub.add_parser("model", add_help=False, prefix_chars="\0",
+                   help="cost model: validate against a bench.json and project to 1024 GPUs "
+                        "(labkit model --help)").add_argument("argv", nargs="*")
 
     rp = sub.add_parser("report", help="tables, the guide's five plots and performance_report.txt")
     rp.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FILES",
@@ -104,7 +133,11 @@ def cmd_run(params: dict) -> int:
     if not res.ok:
         print(f"labkit: {res.message}", file=sys.stderr)
         return 1
-    print(f"labkit: {cfg.method} finished in {res.wall_time:.0f}s; results in {out}")
+    if os.path.exists(os.path.join(out, cfg.result_file)):
+        print(f"labkit: {cfg.method} finished in {res.wall_time:.0f}s; results in {out}")
+    else:  # several nodes: global rank 0 ran elsewhere (a fresh --out had no result file before)
+        print(f"labkit: {cfg.method} finished in {res.wall_time:.0f}s; global rank 0 ran on "
+              f"another node and wrote the results in its --out; this node's logs are in {res.log_dir}")
     return 0
 
 
@@ -127,6 +160,25 @@ def cmd_experiment(params: dict) -> int:
     return 0 if status["status"] == "completed" else 1
 
 
+def cmd_bench(params: dict) -> int:
+    import torch
+
+    from .bench import BenchPlan, bench, parse_list, text_table
+
+    keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
+            "report")
+    kw = {k: params.pop(k) for k in keys if k in params}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
+    kw["nprocs"] = parse_list(kw.pop("nproc", str(gpus) if gpus else "2,4"), "--nproc", int)
+    cfg, _ = _split(params)
+    run, doc = bench(cfg, BenchPlan(**kw))
+    print("\n" + text_table(doc))
+    print(f"\nrun folder: {run}\nbench.json, bench.txt, bench.png"
+          + ("" if not doc["failed"] else f"\nfailed: {', '.join(f['variant'] + ' x' + str(f['nproc']) for f in doc['failed'])}"))
+    return 0 if doc["status"] == "completed" else 1
+
+
 def cmd_report(params: dict) -> int:
     from pathlib import Path
 
@@ -136,11 +188,16 @@ def cmd_report(params: dict) -> int:
     for p in paths:
         if not os.path.exists(p):
             raise ConfigError(f"{p!r} does not exist")
+    from .bench import load as load_bench
+
     res = report.load_files(paths)
-    if not res.docs and not res.problems:
-        raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) in {', '.join(paths)}")
     single_run = len(paths) == 1 and Path(paths[0]).is_dir()
-    out = params.get("out") or (str(Path(paths[0]) / "report") if single_run and (Path(paths[0]) / "experiment.json").exists() else ".")
+    has_bench = single_run and load_bench(paths[0]) is not None
+    if not res.docs and not res.problems and not has_bench:
+        raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) or "
+                          f"bench.json in {', '.join(paths)}")
+    run_folder = single_run and ((Path(paths[0]) / "experiment.json").exists() or has_bench)
+    out = params.get("out") or (str(Path(paths[0]) / "report") if run_folder else ".")
     files = report.write_report(res, out, report.load_env(res.run_dir))
     print(report.text_report(res, report.load_env(res.run_dir)))
     print(f"plots: {Path(out) / 'plots'}/ ({len(files['plots'])} files)\nreport: {files['text']}")
@@ -153,10 +210,15 @@ def _sigterm(signum, frame):
 
 def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"]:  # its own parser and messages (labkit.model)
+        from . import model
+        return model.main(argv[1:])
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     try:
-        return {"run": cmd_run, "experiment": cmd_experiment, "report": cmd_report}[command](args)
+        return {"run": cmd_run, "experiment": cmd_experiment, "bench": cmd_bench,
+                "report": cmd_report}[command](args)
     except ConfigError as e:
         print(f"labkit {command}: error: {e}", file=sys.stderr)
         return 2

@@ -110,7 +110,9 @@ def config_flags(cfg: TrainConfig) -> list[str]:
 
 
 def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = Nodes(),
-                     show_ranks: tuple[int, ...] = (0,)) -> list[str]:
+                     show_ranks: tuple[int, ...] = (0,), module: str = "labkit.train",
+                     extra: tuple[str, ...] = ()) -> list[str]:
+    """The torchrun command line for ``module`` (labkit.train, or labkit.bench's ranks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if nodes.multi:
         cmd += [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
@@ -126,7 +128,7 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
         cmd.append(f"--max-restarts={nodes.max_restarts}")
     cmd += [f"--log-dir={log_dir}", "--tee=3", "--log-line-prefix-template=[rank${rank}]: ",
             f"--local-ranks-filter={','.join(map(str, show_ranks))}",
-            "-m", "labkit.train", *config_flags(cfg)]
+            "-m", module, *config_flags(cfg), *extra]
     return cmd
 
 
@@ -149,6 +151,7 @@ _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitco
 # errors a rank gets because another rank is gone: not the cause
 _SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
                         r"NCCL communicator was aborted", re.I)
+_OWN_ERROR = re.compile(r"labkit\.(train|bench): error:")  # the one line a rank prints on failure
 _TIMEOUT = re.compile(r"timed out|Timeout", re.I)
 
 
@@ -159,16 +162,19 @@ def _rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
         lines = tail(p)
         if lines:
             break
-    own = [l for l in lines if "labkit.train: error:" in l]
+    own = [l for l in lines if _OWN_ERROR.search(l)]
     return own[-1:] if own else lines  # labkit's own last line says it all
 
 
-def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> tuple[str, Optional[int], list[str]]:
+def explain_failure(method: str, returncode: int, output: str, log_dir: str,
+                    multi_node: bool = False) -> tuple[str, Optional[int], list[str]]:
     """One message: which rank failed first, its exit code, the last lines of its log.
 
     torchrun's "root cause" is the lowest rank among failures within the same second, which is
     often a rank that only failed because its peer died; so we pick the first failure that is
-    neither torchrun's SIGTERM nor a lost-peer error.
+    neither torchrun's SIGTERM nor a lost-peer error. With several nodes, ``output`` and
+    ``log_dir`` cover this node's ranks only: when all of them merely lost their peers, the
+    cause is on another node, and no rank here is blamed.
     """
     seen, failures = set(), []
     for m in _FAILURE.finditer(output):
@@ -178,7 +184,11 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> 
             failures.append(key)
     if not failures:
         last = [l for l in output.replace("\r", "\n").splitlines() if l.strip()][-10:]
-        return (f"{method} failed: torchrun exited with code {returncode}\n" + "\n".join(last),
+        why = ""
+        if multi_node and re.search(r"Rendezvous\w*Error", output):
+            why = (" (the rendezvous failed: is --rdzv-endpoint reachable from this node, and did "
+                   "every node start within torchrun's join timeout, 600 s?)")
+        return (f"{method} failed: torchrun exited with code {returncode}{why}\n" + "\n".join(last),
                 None, last)
 
     def evidence(f) -> int:
@@ -191,7 +201,7 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> 
         lines = _rank_error_lines(log_dir, local_rank)
         if any(_SECONDARY.search(l) for l in lines):
             return 3
-        if any("labkit.train: error:" in l for l in lines):
+        if any(_OWN_ERROR.search(l) for l in lines):
             return 0
         if code == -signal.SIGTERM:
             return 3
@@ -214,6 +224,14 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str) -> 
                    f"timed out waiting for it in a collective (--timeout); rank {timed_out[0][0]} said:\n"
                    + "\n".join("  | " + l for l in lines))
             return msg, sorted(hung)[0], lines
+        if multi_node:
+            lines = _rank_error_lines(log_dir, failures[0][1])
+            ranks = ", ".join(str(f[0]) for f in sorted(failures))
+            msg = (f"{method} failed on another node: rank {ranks} on this node only lost its peers "
+                   f"(or timed out waiting for them); the rank that failed first runs on another "
+                   f"node: see that node's labkit output and logs. Rank {failures[0][0]} said:\n"
+                   + "\n".join("  | " + l for l in lines))
+            return msg, None, lines
         primary = failures[0]
     rank, local_rank, code = primary
     sig = ""
@@ -251,7 +269,8 @@ class Throttle:
 
 def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
            stream: Optional[IO[str]] = None, env: Optional[dict] = None,
-           throttle_s: float = 2.0) -> LaunchResult:
+           throttle_s: float = 2.0, module: str = "labkit.train",
+           extra: tuple[str, ...] = ()) -> LaunchResult:
     """Validate, then run one method under torchrun and wait for it.
 
     Raises ConfigError (in seconds, before spawning) for bad input; returns a LaunchResult
@@ -262,9 +281,13 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     cfg = validate(cfg, nproc, nodes)
     os.makedirs(out_dir, exist_ok=True)
     log_dir = os.path.join(out_dir, "logs")
+    if nodes.multi:
+        # every node may be given the same --out on a shared filesystem: each keeps its own logs
+        # (and launch file), so a failure is explained from this node's ranks only
+        log_dir = os.path.join(log_dir, f"node{nodes.node_rank}")
     os.makedirs(log_dir, exist_ok=True)
     show = (0, 1) if cfg.method == "ps" and nproc > 1 else (0,)
-    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show)
+    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -297,13 +320,18 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     res = LaunchResult(cfg.method, proc.returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
     if not res.ok:
         res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
-                                                                     text, log_dir)
+                                                                     text, log_dir, nodes.multi)
         settle_results(out_dir, cfg.result_file, "failed", res.message.splitlines()[0])
-    atomic_write_json(os.path.join(out_dir, "launch.json"), {
+    atomic_write_json(os.path.join(out_dir, launch_file(nodes)), {
         "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
         "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
         "message": res.message})
     return res
+
+
+def launch_file(nodes: Nodes = Nodes()) -> str:
+    """launch.json, or launch_node<k>.json for node k > 0 (nodes may share one --out)."""
+    return "launch.json" if nodes.node_rank == 0 else f"launch_node{nodes.node_rank}.json"
 
 
 def settle_results(out_dir: str, result_file: str, status: str, why: str) -> None:
@@ -322,9 +350,14 @@ def settle_results(out_dir: str, result_file: str, status: str, why: str) -> Non
         atomic_write_json(path, doc)
 
 
+# the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
+_KINETO = re.compile(r"^(\[rank\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
+
+
 def _torchrun_noise(line: str) -> bool:
-    """torchrun's own warnings and failure dump: kept in torchrun.log, not streamed."""
-    return bool(re.match(r"^(W|I|E)\d{4} |^\*{5,}|^Setting OMP_NUM_THREADS|^\s*(Traceback|File \"|raise |torch\.distributed\.elastic)", line)) or line.startswith(("=====", "-----"))
+    """torchrun's own warnings and failure dump, and the profiler's log: kept in torchrun.log
+    and the rank logs, not streamed."""
+    return bool(_KINETO.match(line)) or bool(re.match(r"^\[?(W|I|E)\d{4} |^frame #\d+: |^Exception raised from |^<omitting python frames>|^\*{5,}|^Setting OMP_NUM_THREADS|^\s*(Traceback|File \"|raise |torch\.distributed\.elastic)", line)) or line.startswith(("=====", "-----"))
 
 
 def _die_with_parent() -> None:

@@ -43,6 +43,30 @@ class PhaseTimer:
         return out
 
 
+class Stopwatch:
+    """Times a stretch of device work. On a GPU with CUDA events (the GPU's own clock, and no
+    host synchronisation inside the stretch); on a CPU with perf_counter."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        """Seconds since start(), once the device has finished the work queued in between."""
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return self.begin.elapsed_time(end) / 1000.0
+        return time.perf_counter() - self.t0
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temp path beside ``path``; on success fsync it and rename it over ``path``.

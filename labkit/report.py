@@ -284,7 +284,14 @@ def epoch_rows(doc: dict) -> list[dict]:
     keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time",
             "train_throughput", "avg_batch_time", "avg_comm_time", "avg_comm_time_pull",
             "avg_comm_time_push")
-    return [{k: e[k] for k in keys if k in e} for e in doc["epochs"]]
+    rows = []
+    for e in doc["epochs"]:
+        r = {k: e[k] for k in keys if k in e}
+        if e.get("avg_data_time") is not None and e.get("avg_batch_time"):
+            # time a trainer waited for its next batch, as a share of the step (target: <= 5%)
+            r["data_wait_pct"] = 100 * e["avg_data_time"] / e["avg_batch_time"]
+        rows.append(r)
+    return rows
 
 
 # ------------------------------------------------------------------ the five plots
@@ -442,6 +449,11 @@ def text_report(res: Results, env: Optional[dict] = None) -> str:
     for m, d in res.ok.items():
         parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
     parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]
+    from . import bench
+
+    doc = bench.load(res.run_dir) if res.run_dir else None
+    if doc and doc.get("results"):
+        parts += ["Benchmark (labkit bench)", "", bench.text_table(doc), ""]
     return "\n".join(parts)
 
 
@@ -451,7 +463,7 @@ def write_report(res: Results, out_dir: str | os.PathLike, env: Optional[dict] =
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    pngs = write_plots(res, out)
+    pngs = write_plots(res, out) if res.docs or res.problems else []  # none for a bench folder
     txt = out / "performance_report.txt"
     with atomic_path(str(txt)) as tmp, open(tmp, "w") as f:
         f.write(text_report(res, env))
@@ -559,3 +571,152 @@ def config_rows(res: Results) -> list[dict]:
             row[SHORT[m]] = "-" if v is None else v
         rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------ benchmark and cost model
+def figure_html(png: Path, caption: str) -> str:
+    """A figure with its caption in one block that a PDF page break cannot split."""
+    import base64
+
+    b64 = base64.b64encode(Path(png).read_bytes()).decode()
+    cap = html.escape(caption)
+    return (f'<figure style="break-inside: avoid; margin: 0 0 1.5em 0"><figcaption><b>{cap}</b>'
+            f'</figcaption><img src="data:image/png;base64,{b64}" alt="{cap}" style="max-width: 100%">'
+            f'</figure>')
+
+
+def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
+    """The report's benchmark part as ("md" | "html", content) blocks: the bench table and
+    figure, the cost model's formulas, its validation against the bench, and its projection."""
+    from . import bench, model
+
+    doc = bench.load(run)
+    if doc is None:
+        return [("md", "No benchmark in this run folder. `labkit bench` measures each method's "
+                       "step against compute-only steps and the raw collectives; "
+                       "`labkit report` on its run folder shows it here, with the cost model.")]
+    plots = Path(out) / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    c = doc["config"]
+    blocks = [("md", f"**Table 3. Benchmark** (`labkit bench`, {doc['created']}): {c.get('model')} on "
+                     f"{c.get('dataset')}, batch {c.get('batch_size')} per trainer, {doc['backend']} on "
+                     f"{doc['device']}; {doc['trials']} trials of {doc['steps']} steps after "
+                     f"{doc['warmup']} warm-up steps. *Step*: median over the trials of the slowest "
+                     "rank's time per step (min-max beside it). *Compute-only*: the same steps "
+                     "with no synchronisation. *Exposed comm* = step - compute-only. *All-reduce* "
+                     "and *reduce+bcast*: the raw collectives on the same bytes in the same process "
+                     "group, bus bandwidth as nccl-tests defines it. *x DDP/trainer*: throughput "
+                     "per training process relative to DDP's (fair to a PS, whose servers do not "
+                     "train).")]
+    if doc.get("results"):
+        blocks.append(("html", html_table(bench.rows(doc))))
+        png = bench.plot(doc, plots / "bench.png")
+        blocks.append(("html", figure_html(png, "Figure 6. Where a step's time goes, and "
+                                                "throughput relative to DDP at the same process count.")))
+    for s in doc.get("skipped", []) + doc.get("failed", []):
+        blocks.append(("md", f"- {s['variant']} with {s['nproc']} processes: "
+                             f"{'skipped: ' + s['reason'] if 'reason' in s else 'failed: ' + s['error']}"))
+    if not doc.get("results"):
+        return blocks
+
+    blocks.append(("md", "### Cost model (labkit.model)\n\n" + model.formulas_markdown()))
+    checks = model.validate(doc)
+    ok = [r["ok"] for r in checks if r["ok"] is not None]
+    blocks.append(("md", f"**Table 4. Cost model against the bench.** Each row predicts the step "
+                         f"from that process count's measured compute-only time and the latency "
+                         f"and bandwidth fitted to its all-reduce sweep. {sum(ok)} of {len(ok)} "
+                         f"predictions are within {model.ERROR_TARGET_PCT:g}% of the measured step."))
+    blocks.append(("html", html_table(model.validation_table(checks))))
+    base = sorted(doc["results"], key=lambda r: (r["method"] != "ddp", r["nproc"]))[0]
+    compute, grad = base["compute_time"]["median"], float(base["grad_bytes"])
+    rows = model.project(compute, grad, batch=base["batch_size"])
+    png = model.plot_projection(rows, str(plots / "projection.png"))
+    where = ("measured on this CPU, so the curves show what each network would do to a step of "
+             "this length; run the bench on a GPU for GPU figures"
+             if doc["device"] == "cpu" else "measured on this GPU")
+    blocks.append(("md", f"**Projection.** Compute per step: {1e3 * compute:.1f} ms, {where}. "
+                         f"Gradients: {grad / 2**20:.1f} MiB. Links: nominal figures, NVLink inside "
+                         f"8-GPU nodes. Scaling efficiency = compute / step."))
+    blocks.append(("html", figure_html(Path(png), "Figure 7. Projected scaling efficiency, 8 to "
+                                                  "1024 GPUs, per interconnect and method.")))
+    blocks.append(("html", html_table(model.projection_table(rows, wide=True))))
+    return blocks
+
+
+# ------------------------------------------------------------------ method variants
+def load_variants(run: Path) -> dict[str, dict]:
+    """Results of the variants an experiment ran besides the three methods (``labkit
+    experiment --methods ps,ps-async,...``): {variant: result document}."""
+    from .config import VARIANTS
+
+    out = {}
+    for v, fields in VARIANTS.items():
+        path = Path(run) / v / RESULT_FILES[fields["method"]]
+        if v not in METHOD_ORDER and path.exists():
+            try:
+                out[v] = load_result(path)
+            except ResultError:
+                continue
+    return out
+
+
+def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, d in [*base.items(), *variants.items()]:
+        c, ep = d.get("config", {}), _epochs(d)
+        stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
+        rows.append({
+            "run": name, "servers": c.get("ps_servers") if c.get("method") == "ps" else None,
+            "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
+            "img/s": summary_value(d, "avg_train_throughput"),
+            "final train loss": ep[-1]["train_loss"] if ep else None,
+            "best val acc %": summary_value(d, "best_val_accuracy"),
+            "max staleness seen": max(stale) if stale else None,
+            "status": d.get("status"),
+        })
+    return rows
+
+
+def variants_section(run: Path, res: Results, out: Path) -> list[tuple[str, str]]:
+    """Each variant against its synchronous, uncompressed method: a table, and the loss and
+    validation-accuracy curves side by side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .metrics import atomic_path
+
+    variants = load_variants(run)
+    if not variants:
+        return [("md", "No variants in this run. `labkit experiment --methods ps,ps-async` (or "
+                       "ps-sharded, allreduce-fp16, ddp-fp16, ps-fp16) adds them.")]
+    from .config import VARIANTS
+
+    methods = {VARIANTS[v]["method"] for v in variants}
+    base = {SHORT[m]: d for m, d in res.docs.items() if m in methods}
+    blocks = [("md", "**Table 5. Method variants** against the synchronous, uncompressed run of "
+                     "the same method. *max staleness seen*: the largest number of steps a PS "
+                     "worker ran ahead of the slowest (asynchronous PS).")]
+    blocks.append(("html", html_table(variant_rows(base, variants))))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (name, d) in enumerate([*base.items(), *variants.items()]):
+        losses = d.get("all_losses") or []
+        style = "-" if name in base else "--"
+        a.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=name, color=f"C{i}")
+        ep = _epochs(d)
+        b.plot([e["epoch"] for e in ep], [e.get("val_accuracy") for e in ep], style + "o", lw=1.2,
+               label=name, color=f"C{i}")
+    a.set(xlabel="training step", ylabel="training loss", title="Loss per step")
+    b.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Validation accuracy")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = Path(out) / "plots" / "variants.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(str(png)) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    blocks.append(("html", figure_html(png, "Figure 8. Variants (dashed) against their "
+                                            "synchronous method (solid): loss and accuracy.")))
+    return blocks

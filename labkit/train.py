@@ -103,7 +103,10 @@ class Trainer:
         if cfg.compile:
             # compiles the forward (and, through AOTAutograd, its backward); the strategy's
             # hooks stay on the parameters, so synchronisation is unchanged
-            self.forward_model = torch.compile(self.forward_model)
+            # (LABKIT_COMPILE_BACKEND=aot_eager: the same graph capture without code generation,
+            # which the tests use because inductor takes minutes to compile on a 2-core CPU)
+            self.forward_model = torch.compile(
+                self.forward_model, backend=os.environ.get("LABKIT_COMPILE_BACKEND", "inductor"))
         self.optimizer = (torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                           weight_decay=cfg.weight_decay)
                           if s.steps_optimizer else None)
@@ -170,20 +173,24 @@ class Trainer:
         """
         s = self.strategy
         opt = self.optimizer if sync else self.local_optimizer()
+        label = torch.profiler.record_function  # names the phases in a torch.profiler trace
         with nullcontext() if sync else s.no_sync():
             s.zero_grad(opt)
             if sync:
                 s.before_forward()
             out = None
             if x is not None:
-                with self.autocast():
+                with label("labkit.forward"), self.autocast():
                     logits = self.forward_model(x)
                     loss = F.cross_entropy(logits, y)
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                with label("labkit.backward"):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
                 out = loss.detach(), logits.detach()
             if sync:
-                s.after_backward()
-            s.step(opt, self.scaler if opt is self.optimizer else None)
+                with label("labkit.sync"):
+                    s.after_backward()
+            with label("labkit.step"):
+                s.step(opt, self.scaler if opt is self.optimizer else None)
         return out
 
     def local_optimizer(self) -> Optional[torch.optim.Optimizer]:
@@ -248,9 +255,11 @@ class Trainer:
         if bar is not None:
             bar.close()
 
-        # reduce over ranks; a PS server contributes zeros, so sums are over trainers
+        # reduce over ranks; a PS server contributes zeros (its own pull/push would count
+        # the same transfer twice), so sums are over trainers
         comm = s.timer.pop()
-        vec = torch.tensor([data_time] + [comm.get(p, 0.0) for p in s.phases], device=dev,
+        mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
+        vec = torch.tensor([data_time] + mine, device=dev,
                            dtype=torch.float64)
         all_reduce_sum(losses)
         all_reduce_sum(counts)
@@ -271,6 +280,7 @@ class Trainer:
         }
         for i, p in enumerate(s.phases):
             m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
+        m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
         return m
 
     def _bar_text(self, losses, counts, step, t_start) -> str:

@@ -1,0 +1,130 @@
+"""`labkit bench`: every field, compute-only steps that really skip synchronisation, the
+profiler trace, and the cost model calibrated on a real (tiny) bench run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+BENCH = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--lr", "0.05",
+         "--no-progress", "--timeout", "120", "--steps", "2", "--trials", "2", "--warmup", "1"]
+
+
+def labkit(args, cwd, timeout=400):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """One real bench: ddp, allreduce and ps with 2 gloo processes, profiled."""
+    cwd = tmp_path_factory.mktemp("bench")
+    p = labkit(["bench", *BENCH, "--nproc", "2", "--variants", "ddp,allreduce,ps",
+                "--profile-steps", "1", "--runs-dir", "runs"], cwd)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = (cwd / "runs" / "latest").resolve()
+    return run, json.loads((run / "bench.json").read_text()), p
+
+
+def test_bench_writes_every_field(bench_run):
+    run, doc, p = bench_run
+    assert doc["kind"] == "labkit.bench" and doc["status"] == "completed"
+    assert [r["variant"] for r in doc["results"]] == ["ddp", "allreduce", "ps"]
+    for r in doc["results"]:
+        for k in ("median", "min", "max", "iqr"):
+            assert r["step_time"][k] > 0 and r["compute_time"][k] > 0
+        assert len(r["step_time"]["trials"]) == 2 == len(r["compute_time"]["trials"])
+        assert r["step_time"]["min"] <= r["step_time"]["median"] <= r["step_time"]["max"]
+        assert r["exposed_comm"] == pytest.approx(r["step_time"]["median"] - r["compute_time"]["median"])
+        c = r["collectives"]
+        for k in ("all_reduce", "reduce", "broadcast"):
+            assert c[k]["time"] > 0 and c[k]["algbw"] == pytest.approx(c[k]["bytes"] / c[k]["time"])
+        # nccl-tests' bus bandwidth: all-reduce moves 2(n-1)/n of the data per rank, n = 2 here
+        assert c["all_reduce"]["busbw"] == pytest.approx(c["all_reduce"]["algbw"] * 2 * 1 / 2)
+        assert c["reduce"]["busbw"] == pytest.approx(c["reduce"]["algbw"])
+        sizes = [s["bytes"] for s in c["all_reduce_sweep"]]
+        assert sizes == sorted(sizes) and len(sizes) >= 3 and sizes[-1] == c["all_reduce"]["bytes"]
+        assert r["throughput"] == pytest.approx(r["global_batch"] / r["step_time"]["median"])
+    ddp, ar, ps = doc["results"]
+    # the gradient bytes are the model's parameters in fp32; PS also pulls the parameters
+    n_params = ddp["grad_bytes"] // 4
+    assert 1_000_000 < n_params < 10_000_000  # resnet10_small: ~4.9 M parameters
+    assert ar["bytes_per_step"] == ar["grad_bytes"] and ps["bytes_per_step"] == 2 * ps["grad_bytes"]
+    assert ps["trainers"] == 1 and ps["servers"] == 1 and set(ps["phases"]) == {"pull", "push"}
+    assert ddp["throughput_vs_ddp"] == 1.0
+    assert ar["throughput_vs_ddp"] == pytest.approx(ar["throughput"] / ddp["throughput"])
+    table = (run / "bench.txt").read_text()
+    assert "exposed comm ms" in table and "busbw GB/s" in table and "x DDP" in table
+    assert (run / "bench.png").stat().st_size > 10_000
+    assert "x DDP" in p.stdout  # the terminal table
+
+
+def test_compute_only_steps_skip_synchronisation(bench_run):
+    """Synchronised steps keep every rank's parameters equal; compute-only steps, with each
+    rank on its own batches, make them drift apart -- so no communication happened."""
+    _, doc, _ = bench_run
+    for r in doc["results"]:
+        assert r["param_spread"]["sync"] == 0.0, r["variant"]
+        assert r["param_spread"]["compute_only"] > 1e-6, r["variant"]
+
+
+def test_profile_trace_labels_the_phases(bench_run):
+    run, _, _ = bench_run
+    names = {}
+    for v in ("ddp", "allreduce", "ps"):
+        trace = json.loads((run / "bench" / f"{v}_x2" / "trace_rank0.json").read_text())
+        names[v] = {e.get("name") for e in trace["traceEvents"]}
+    assert {"labkit.forward", "labkit.backward", "labkit.sync", "labkit.step"} <= names["ddp"]
+    assert "labkit.comm" in names["allreduce"] and any("all_reduce" in n for n in names["allreduce"] if n)
+    assert {"labkit.pull", "labkit.push"} <= names["ps"]  # rank 0 is the server
+
+
+def test_cost_model_calibrates_on_a_real_bench(bench_run):
+    from labkit import model
+
+    _, doc, _ = bench_run
+    cal = model.calibrate(doc)[2]
+    assert cal["alpha"] >= 0 and cal["bandwidth"] > 1e6  # loopback gloo: well above 1 MB/s
+    rows = model.validate(doc)
+    assert {r["variant"] for r in rows} == {"ddp", "allreduce", "ps"}
+    for r in rows:
+        measured = next(x for x in doc["results"] if x["variant"] == r["variant"])
+        assert r["measured"] == measured["step_time"]["median"]
+        assert r["error_pct"] == pytest.approx(100 * (r["predicted"] - r["measured"]) / r["measured"])
+        # compute is measured, so the prediction can only be off by the communication part
+        assert r["predicted"] >= measured["compute_time"]["median"]
+
+
+def test_bench_bad_input_is_one_line(tmp_path):
+    p = labkit(["bench", "--variants", "ddp,nope"], tmp_path, timeout=60)
+    assert p.returncode == 2 and "unknown variant(s) nope" in p.stderr and "Traceback" not in p.stderr
+    p = labkit(["bench", *BENCH, "--variants", "ps", "--nproc", "1"], tmp_path, timeout=60)
+    assert p.returncode == 2 and "nothing to run" in p.stderr and "ps needs at least 2 processes" in p.stderr
+    assert not (tmp_path / "runs").exists()  # nothing written for bad input
+
+
+def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
+    from labkit import report
+
+    run, doc, _ = bench_run
+    blocks = report.bench_section(run, tmp_path)
+    html = "\n".join(c for k, c in blocks if k == "html")
+    md = "\n".join(c for k, c in blocks if k == "md")
+    for v in ("ddp", "allreduce", "ps"):
+        assert f"<td>{v}</td>" in html
+    assert html.count("data:image/png;base64,") == 2  # the bench figure and the projection
+    assert (tmp_path / "plots" / "bench.png").exists() and (tmp_path / "plots" / "projection.png").exists()
+    assert "Table 4. Cost model against the bench" in md and "1024" in html
+    assert "$" not in md  # formulas readable without a math engine (the HTML export has none)
+    text = report.text_report(report.load_run(run), None)
+    assert "Benchmark (labkit bench)" in text and "exposed comm ms" in text
+    # a folder without a bench says how to get one
+    (tmp_path / "empty").mkdir()
+    only = report.bench_section(tmp_path / "empty", tmp_path / "empty")
+    assert len(only) == 1 and "labkit bench" in only[0][1]

@@ -1,0 +1,78 @@
+"""The GPU path's switches, checked for correctness on the CPU: AMP (bf16, fp16 with a
+gradient scaler), channels_last and torch.compile change how a step is computed, not what it
+computes. On a GPU they are measured by `labkit bench` (README, Performance)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY, check_ok, torchrun
+from labkit import train
+
+# Synthetic 8x8 images: on this CPU an fp16 convolution backward has no fast kernel and takes
+# ~48 s per step at 32x32, ~1 s at 8x8 (measured). The checks are about the numerics of a
+# step, which do not depend on the image size. (Not 4x4: layer4 then sees 1x1 inputs, where
+# the CPU's bf16 convolution returned garbage gradients.)
+STEPS = ["--max-steps-per-epoch", "3", "--dataset", "synthetic", "--image-size", "8",
+         "--num-classes", "10", "--synthetic-samples", "64"]
+
+
+def run_single(tmp_path, name, *flags):
+    out = tmp_path / name
+    assert train.main([*TINY, *STEPS, "--method", "ddp", "--out", str(out), *flags]) == 0
+    doc = __import__("json").loads((out / "results_baseline_ddp.json").read_text())
+    return torch.load(out / "final_model.pt", weights_only=True), doc["epochs"][0]["all_losses"]
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory):
+    return run_single(tmp_path_factory.mktemp("fp32"), "fp32")
+
+
+def _max_diff(a, b, buffers=True):
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a
+               if a[k].is_floating_point() and (buffers or "running_" not in k))
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_trains_like_fp32_but_computes_in_low_precision(tmp_path, fp32, amp):
+    try:
+        with torch.autocast("cpu", dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[amp]):
+            torch.nn.functional.conv2d(torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3))
+    except RuntimeError as e:
+        pytest.skip(f"this CPU build has no {amp} autocast for convolutions: {e}")
+    model, losses = run_single(tmp_path, amp, "--amp", amp)
+    ref_model, ref_losses = fp32
+    assert all(l == l for l in losses)  # finite
+    # low precision really happened: the losses differ from fp32 ...
+    assert losses != ref_losses
+    # ... by about the precision of the format, not by a broken step
+    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 0.1
+    assert _max_diff(model, ref_model) < 0.05
+
+
+def test_channels_last_computes_the_same_model(tmp_path, fp32):
+    model, losses = run_single(tmp_path, "cl", "--channels-last")
+    ref_model, ref_losses = fp32
+    # the first loss comes from the same weights: only the summation order differs
+    assert losses[0] == pytest.approx(ref_losses[0], rel=1e-5)
+    # later steps start from weights that drifted by rounding (seen: 1.3e-4 relative at step 3
+    # on digits); a wrong layout would change the loss at once, by far more
+    assert losses == pytest.approx(ref_losses, rel=1e-3)
+    # channels_last runs other convolution kernels, which sum in another order; after 3 steps
+    # the largest difference measured was 1.0e-3 (first conv's weights, values up to 0.2) and
+    # 1.8e-3 in BatchNorm running variances (values near 1); a wrong layout would be O(0.1)
+    assert _max_diff(model, ref_model) < 1e-2
+
+
+def test_compile_keeps_the_synchronisation(tmp_path, equivalence_runs):
+    """torch.compile with the hand-written all-reduce: its gradient hooks must still fire
+    (graph capture with aot_eager; inductor's code generation is the same graph, minutes slower)."""
+    eager_dir, _ = equivalence_runs["allreduce"]
+    out = tmp_path / "compiled"
+    p = torchrun(2, TINY + ["--method", "allreduce", "--bucket-mb", "1", "--compile", "--out", str(out)],
+                 cwd=tmp_path, env={"LABKIT_COMPILE_BACKEND": "aot_eager"})
+    check_ok(p)
+    a = torch.load(out / "final_model.pt", weights_only=True)
+    b = torch.load(eager_dir / "final_model.pt", weights_only=True)
+    assert _max_diff(a, b) < 1e-4
