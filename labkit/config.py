@@ -97,7 +97,9 @@ class TrainConfig:
     warmup_steps: int = _f(3, "steps per epoch left out of the steady-state throughput")
     amp: str = _f("off", "mixed precision on GPUs: off | bf16 | fp16", choices=AMP_MODES)
     channels_last: bool = _f(False, "use channels_last memory format (GPUs)")
-    bucket_mb: float = _f(25.0, "allreduce: gradient bucket size in MiB")
+    bucket_mb: float = _f(25.0, "allreduce and ps collective: gradient bucket size in MiB (the "
+                          "first bucket, the first gradients backward produces, at most 1 MiB "
+                          "as in DDP)")
     no_overlap: bool = _f(False, "allreduce: all-reduce after backward instead of overlapping it")
     ps_mode: str = _f("collective", "ps: collective (flat reduce + broadcast) or p2p (the guide's "
                       "per-tensor send/recv)", choices=PS_MODES)

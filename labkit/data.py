@@ -5,6 +5,7 @@ DistributedSampler with the same arguments, so equal trainer counts see identica
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections import Counter
@@ -194,18 +195,43 @@ def _image_folder(cfg: TrainConfig) -> Datasets:
 
 
 # ---------------------------------------------------------------- digits
+def _digits_file() -> str:
+    """scikit-learn's digits.csv.gz, found without importing scikit-learn (which would cost
+    every rank about a second of start-up for a 1,797-row CSV)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("--dataset digits needs scikit-learn, which ships the images: "
+                        "pip install scikit-learn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    if not os.path.isfile(path):
+        raise ConfigError(f"scikit-learn's digits file is missing: {path}")
+    return path
+
+
+def stratified_split(y: torch.Tensor, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """A fixed stratified split: each class's indices shuffled by ``seed``, the first
+    round(val_fraction x class size) of them to validation."""
+    g = torch.Generator().manual_seed(seed)
+    train, val = [], []
+    for c in torch.unique(y).tolist():
+        idx = torch.nonzero(y == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)].tolist()
+        k = round(val_fraction * len(idx))
+        val += idx[:k]
+        train += idx[k:]
+    return sorted(train), sorted(val)
+
+
 def _digits(cfg: TrainConfig) -> Datasets:
     """scikit-learn's 1,797 real 8x8 handwritten digits (shipped with the package), as RGB 32x32."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    import numpy as np
 
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0       # N,1,8,8 in [0,1]
+    raw = torch.from_numpy(np.loadtxt(_digits_file(), delimiter=",", dtype=np.float32))
+    x = raw[:, :64].reshape(-1, 1, 8, 8) / 16.0                                # N,1,8,8 in [0,1]
     x = torch.nn.functional.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False)
-    y = torch.tensor(d.target, dtype=torch.int64)
-    # a fixed stratified split: the same 80/20 on every machine, whatever --seed says
-    idx_train, idx_val = train_test_split(range(len(y)), test_size=0.2, stratify=d.target,
-                                          random_state=0)
+    y = raw[:, 64].to(torch.int64)
+    # the same 80/20 on every machine, whatever --seed says
+    idx_train, idx_val = stratified_split(y, 0.2, seed=0)
     mean, std = x[idx_train].mean(), x[idx_train].std()
     x = ((x - mean) / std).expand(-1, 3, -1, -1).contiguous()
     return Datasets(TensorDataset(x[idx_train], y[idx_train]), TensorDataset(x[idx_val], y[idx_val]),

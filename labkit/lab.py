@@ -174,6 +174,19 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def quiet_kernel_manager():
+    """nbclient's kernel manager on IPC (Unix socket) transport: a local kernel needs no TCP,
+    and ipykernel warns on every start about unencrypted TCP, into the experiment's output."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kw):
+            kw.setdefault("transport", "ipc")
+            super().__init__(**kw)
+
+    return IPCKernelManager
+
+
 def kernel_name() -> str:
     """The project's named Jupyter kernel when installed (make setup does), else python3."""
     try:
@@ -248,7 +261,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
             pm.execute_notebook(str(NOTEBOOKS / "run_method.ipynb"), str(mdir / "run_method.ipynb"),
                                 parameters=params, kernel_name=kernel, cwd=str(mdir),
                                 execution_timeout=exp.cell_timeout, progress_bar=False,
-                                stdout_file=stream, stderr_file=stream)
+                                stdout_file=stream, stderr_file=stream,
+                                kernel_manager_class=quiet_kernel_manager())
             entry["status"] = "completed"
         except pm.PapermillExecutionError as e:
             entry.update(status="failed", error=f"{e.ename}: {e.evalue}".strip())
@@ -291,7 +305,8 @@ def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
     nb_out = rdir / "report.ipynb"
     pm.execute_notebook(str(NOTEBOOKS / "report.ipynb"), str(nb_out),
                         parameters={"run_dir": str(run)}, kernel_name=kernel, cwd=str(rdir),
-                        execution_timeout=timeout, progress_bar=False)
+                        execution_timeout=timeout, progress_bar=False,
+                        kernel_manager_class=quiet_kernel_manager())
     html = export_html(nb_out, rdir / "report.html")
     pdf, msg = export_pdf(html, rdir / "report.pdf")
     stream.write(f"report: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))

@@ -675,7 +675,10 @@ def plot_projection(rows: list[dict], path: str) -> str:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(methods), frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    fig.savefig(path, dpi=120)
+    from .metrics import atomic_path
+
+    with atomic_path(path) as tmp:  # never a half-written PNG
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return path
 

@@ -80,8 +80,7 @@ def image_tree(tmp_path_factory) -> Path:
 EQUIVALENCE_RUNS = {
     "ddp": (2, ["--method", "ddp"]),
     "allreduce": (2, ["--method", "allreduce", "--bucket-mb", "1"]),  # many buckets, overlapped
-    "allreduce_no_overlap": (2, ["--method", "allreduce", "--no-overlap"]),
-    "ps_collective": (3, ["--method", "ps", "--ps-mode", "collective"]),
+    "ps_collective": (3, ["--method", "ps", "--ps-mode", "collective", "--bucket-mb", "1"]),
     "ps_p2p": (3, ["--method", "ps", "--ps-mode", "p2p"]),
 }
 

@@ -26,7 +26,7 @@ def bench_run(tmp_path_factory):
     """One real bench: ddp, allreduce and ps with 2 gloo processes, profiled."""
     cwd = tmp_path_factory.mktemp("bench")
     p = labkit(["bench", *BENCH, "--nproc", "2", "--variants", "ddp,allreduce,ps",
-                "--profile-steps", "1", "--runs-dir", "runs"], cwd)
+                "--profile-steps", "1", "--runs-dir", "runs", "--no-report"], cwd)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (cwd / "runs" / "latest").resolve()
     return run, json.loads((run / "bench.json").read_text()), p

@@ -8,6 +8,7 @@ import shutil
 import time
 
 import pytest
+import torch
 
 from conftest import TINY, check_ok, expect_error, load_json, torchrun
 from labkit import train
@@ -134,3 +135,23 @@ def test_torchrun_with_skip_bad_images_warns_once(tmp_path, bad_tree):
     assert text.count("labkit.train: warning: --skip-bad-images: left out 2 ") == 1, text
     r = load_json(out / "results_baseline_ddp.json")
     assert r["status"] == "completed" and r["config"]["skip_bad_images"] is True
+
+
+def test_digits_are_sklearns_images_with_a_fixed_stratified_split():
+    """The digits set reads scikit-learn's own file (checked here against load_digits); the
+    split keeps every class's share and is the same on every call, whatever the seed."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    a = build_datasets(TrainConfig(dataset="digits", seed=1))
+    b = build_datasets(TrainConfig(dataset="digits", seed=7))
+    ya, yb = a.train.tensors[1], b.train.tensors[1]
+    assert torch.equal(ya, yb) and torch.equal(a.val.tensors[0], b.val.tensors[0])
+    assert len(a.train) + len(a.val) == len(d.target) == 1797
+    labels = torch.cat([ya, a.val.tensors[1]]).bincount()
+    assert labels.tolist() == torch.tensor(d.target).bincount().tolist()
+    for c, n in enumerate(torch.tensor(d.target).bincount().tolist()):
+        assert abs(int((a.val.tensors[1] == c).sum()) - 0.2 * n) <= 0.5
+    # RGB 32x32, normalised over the training images
+    x = a.train.tensors[0]
+    assert x.shape[1:] == (3, 32, 32) and abs(float(x.mean())) < 1e-4

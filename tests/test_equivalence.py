@@ -143,7 +143,8 @@ def test_methods_log_the_same_losses(runs):
 VARIANT_RUNS = {
     "ps_sharded": (4, ["--method", "ps", "--ps-servers", "2"]),  # 2 servers + 2 workers
     "ddp_fp16": (2, ["--method", "ddp", "--compress", "fp16"]),
-    "allreduce_fp16": (2, ["--method", "allreduce", "--bucket-mb", "1", "--compress", "fp16"]),
+    # also the --no-overlap path: every bucket all-reduced after backward
+    "allreduce_fp16": (2, ["--method", "allreduce", "--no-overlap", "--compress", "fp16"]),
     "ps_fp16": (3, ["--method", "ps", "--compress", "fp16"]),
 }
 

@@ -33,6 +33,7 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
     run = runs[0]
     assert (tmp_path / "runs" / "latest").resolve() == run.resolve()
     assert f"report: {run / 'report' / 'report.html'}" in p.stdout
+    assert "without encryption" not in p.stdout + p.stderr  # no kernel start-up noise
 
     cfg = load_json(run / "config.json")
     assert cfg["train"]["epochs"] == 1 and cfg["train"]["max_steps_per_epoch"] == 3  # from YAML
@@ -90,7 +91,8 @@ def check_report(run):
 def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
     p = labkit(["experiment", *TINY_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3",
                 "--methods", "ddp,ps", "--runs-dir", "runs"], cwd=tmp_path,
-               env={"LABKIT_TEST_FAULT": "ps:1:1"})
+               # and no Chromium: the report is still written, as HTML, and says why no PDF
+               env={"LABKIT_TEST_FAULT": "ps:1:1", "LABKIT_CHROMIUM": "/nonexistent/chromium"})
     assert p.returncode == 1
     run = (tmp_path / "runs" / "latest").resolve()
     status = load_json(run / "experiment.json")
@@ -106,19 +108,23 @@ def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
     assert load_json(run / "ps" / "results_ps.json")["status"] == "failed"
     assert "ps" in p.stdout and "failed" in p.stdout
     assert "failed" in (run / "report" / "report.html").read_text()
+    assert "PDF skipped" in p.stdout and not (run / "report" / "report.pdf").exists()
 
 
-def test_bad_yaml_and_unknown_parameters(tmp_path):
+def test_bad_yaml_and_unknown_parameters(tmp_path, monkeypatch, capsys):
+    from labkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("epochs: [1\n")
-    p = labkit(["experiment", "-f", str(bad)], cwd=tmp_path, timeout=60)
-    assert p.returncode == 2 and "is not valid YAML" in p.stderr and "Traceback" not in p.stderr
     unk = tmp_path / "unk.yaml"
     unk.write_text("epochs: 1\nlearning_rate: 0.1\n")
-    p = labkit(["experiment", "-f", str(unk)], cwd=tmp_path, timeout=60)
-    assert p.returncode == 2 and "unknown parameter(s): learning_rate" in p.stderr
-    p = labkit(["experiment", "--methods", "ddp,sgd"], cwd=tmp_path, timeout=60)
-    assert p.returncode == 2 and "unknown method(s) sgd" in p.stderr
+    for argv, needle in ((["-f", str(bad)], "is not valid YAML"),
+                         (["-f", str(unk)], "unknown parameter(s): learning_rate"),
+                         (["--methods", "ddp,sgd"], "unknown method(s) sgd")):
+        assert main(["experiment", *argv]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "runs").exists()
 
 

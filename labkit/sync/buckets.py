@@ -20,22 +20,35 @@ class Bucket:
     half: Optional[torch.Tensor] = None
 
 
-def make_buckets(params: list[nn.Parameter], cap_bytes: float, fp16: bool = False) -> list[Bucket]:
-    """Group ``params`` in the given order into buckets of at most ``cap_bytes`` (a parameter
-    larger than the cap gets a bucket of its own) and point each ``.grad`` into its bucket.
-    ``fp16``: also preallocate each bucket's fp16 communication buffer."""
+#: DDP's first bucket cap (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): the first bucket
+#: holds the first gradients backward produces, and a small one starts communication early
+FIRST_BUCKET_BYTES = 2**20
+
+
+def group_params(params: list[nn.Parameter], cap_bytes: float,
+                 first_cap_bytes: float = FIRST_BUCKET_BYTES) -> list[list[nn.Parameter]]:
+    """Consecutive runs of ``params`` of at most ``cap_bytes`` each (the first at most
+    ``min(first_cap_bytes, cap_bytes)``; a parameter larger than the cap gets a run of its
+    own), never mixing dtypes or devices."""
     groups: list[list[nn.Parameter]] = [[]]
-    size = 0
+    size, cap = 0, min(first_cap_bytes, cap_bytes)
     for p in params:
         nbytes = p.numel() * p.element_size()
         g = groups[-1]
-        if g and (size + nbytes > cap_bytes or p.dtype != g[0].dtype or p.device != g[0].device):
+        if g and (size + nbytes > cap or p.dtype != g[0].dtype or p.device != g[0].device):
             groups.append([])
-            size = 0
+            size, cap = 0, cap_bytes
         groups[-1].append(p)
         size += nbytes
+    return [g for g in groups if g]
+
+
+def make_buckets(params: list[nn.Parameter], cap_bytes: float, fp16: bool = False) -> list[Bucket]:
+    """Group ``params`` in the given order into buckets (``group_params``) and point each
+    ``.grad`` into its bucket. ``fp16``: also preallocate each bucket's fp16 buffer."""
+    groups = group_params(params, cap_bytes)
     buckets = []
-    for i, g in enumerate(x for x in groups if x):
+    for i, g in enumerate(groups):
         flat = torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device)
         b = Bucket(i, g, flat, half=torch.empty_like(flat, dtype=torch.float16) if fp16 else None)
         off = 0

@@ -8,16 +8,21 @@ Protocols (the asynchronous one, ``--ps-staleness``, is in ps_async.py):
 - ``p2p``: the original guide's, one ``send``/``recv`` per parameter tensor and per worker,
   with the server looping over the workers for every parameter. Kept as the reference.
 - ``collective``: the guide's own proposed improvement. Parameters and gradients live in one
-  flat buffer each (parameters and ``.grad`` are views into them), so a pull is one broadcast
-  and a push is one reduce to rank 0.
+  flat buffer each (parameters and ``.grad`` are views into them, laid out in the order
+  backward produces the gradients), cut into buckets (``--bucket-mb``, a small first one as
+  in DDP). Push: each bucket is reduced to the server asynchronously from a gradient hook as
+  soon as backward has produced it, so the push overlaps backward. Pull: the server
+  broadcasts every bucket as soon as its step is done; a worker does not wait for the
+  parameters there, but in a forward pre-hook of each layer, for that layer's buckets only,
+  so the pull overlaps loading the next batch and the forward of the layers before.
 - ``collective`` with ``--ps-servers K`` (K > 1), sharded as in Li et al. (OSDI 2014) and
   BytePS: server ranks 0..K-1 each own one contiguous slice of the flat parameters, workers
   are ranks K..world-1. Server s talks only to the workers, through a process group
   {s} + workers: pull = each server broadcasts its slice, push = each slice's gradients are
   reduced to its server, which averages them and applies SGD to its slice only (SGD with
   momentum and weight decay is elementwise, so an optimizer over a slice takes exactly the
-  full optimizer's step there). A worker runs its K broadcasts (K reduces) concurrently, so
-  no single server carries all the traffic.
+  full optimizer's step there). A bucket that spans two slices is one collective per slice,
+  all in flight together, so no single server carries all the traffic.
 
 ``--compress fp16`` pushes fp16 gradients, with DDP's fp16_compress_hook arithmetic: each
 worker casts, divides by the number of workers (in fp16) and the reduce sums in fp16; the
@@ -25,6 +30,9 @@ server casts the sum back. Pulls stay fp32: the parameters must be exact.
 """
 from __future__ import annotations
 
+import time
+from functools import partial
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -32,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy
+from .buckets import backward_order, group_params
 
 SERVER = 0  # the (first) server's rank
 
@@ -54,6 +63,7 @@ class PSStrategy(Strategy):
         super().__init__(cfg, ctx)
         self.servers = cfg.ps_servers  # ranks 0..servers-1 serve
         self.collective = cfg.ps_mode == "collective"
+        self.bucketed = False  # set by _plan_buckets (the synchronous collective protocol)
 
     @property
     def trainers(self) -> int:
@@ -76,11 +86,13 @@ class PSStrategy(Strategy):
         return self.ctx.rank < self.servers
 
     def setup(self, model: nn.Module) -> nn.Module:
-        self.params = [p for p in model.parameters() if p.requires_grad]
         if self.collective:
+            self.params = backward_order(model)  # the flat layout: buckets fill front to back
             self._flatten()
             self._plan_shards()
+            self._plan_buckets(model)
         else:
+            self.params = [p for p in model.parameters() if p.requires_grad]
             # the server accumulates each parameter's gradient from the workers in here
             self.recv_buf = [torch.empty_like(p) for p in self.params] if self.is_server else None
             for p in self.params:
@@ -120,6 +132,41 @@ class PSStrategy(Strategy):
         if self.servers > 1 and self.is_server:
             self._shard_optimizer()
 
+    def _plan_buckets(self, model: nn.Module) -> None:
+        """Buckets over the flat layout, each cut at the slice boundaries into pieces
+        (server, lo, hi, group): one collective per piece. A server takes part in its own
+        slice's pieces only, in the same bucket order as the workers."""
+        self.bucketed = True
+        self.buckets, self.bucket_of, off = [], {}, 0
+        for i, g in enumerate(group_params(self.params, self.cfg.bucket_mb * 2**20)):
+            lo, hi = off, off + sum(p.numel() for p in g)
+            off = hi
+            pieces = [(s, max(lo, a), min(hi, b), grp) for s, a, b, grp in self.mine
+                      if max(lo, a) < min(hi, b)]
+            self.buckets.append({"params": g, "pieces": pieces, "pending": 0})
+            self.bucket_of.update((p, i) for p in g)
+        self.pushes: list = []          # this step's reduces in flight
+        self.next_bucket = 0            # the next bucket to push, strictly in order
+        self.pulls: Optional[list] = None  # per bucket, its broadcasts in flight (None: no pull)
+        self._reset_pending()
+        # hooks off under --compile (a wait inside a compiled forward breaks the graph): the
+        # whole pull is awaited before the forward then, and the push still overlaps backward
+        self.layer_waits = not self.is_server and not self.cfg.compile
+        if not self.is_server:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+        if self.layer_waits:
+            for m in model.modules():
+                mine = sorted({self.bucket_of[p] for p in m.parameters(recurse=False)
+                               if p in self.bucket_of})
+                if mine:
+                    m.register_forward_pre_hook(partial(self._await_layer, mine))
+
+    def _reset_pending(self) -> None:
+        self.next_bucket = 0
+        for b in self.buckets:
+            b["pending"] = len(b["params"])
+
     def _shard_optimizer(self) -> None:
         """A sharded server's SGD over its slice alone. The slice is an nn.Parameter sharing
         memory with the model's parameters; its momentum lives in ``flat_momentum`` (full
@@ -143,18 +190,48 @@ class PSStrategy(Strategy):
 
     # (1) pull
     def before_forward(self) -> None:
-        with self.timer("pull"):
-            self.pull()
+        if not self.collective:
+            with self.timer("pull"):
+                self._pull_p2p()
+            return
+        if self.pulls is None:  # none in flight: the first step, or after finish_epoch/no_sync
+            self._start_pull()
+        if not self.layer_waits:  # a server (its sends must finish before its next step), or
+            self._await_pull()    # --compile: the whole pull now
 
-    def pull(self) -> None:
-        if self.collective and self.servers == 1:
-            dist.broadcast(self.flat_params, src=SERVER)
-        elif self.collective:  # sharded: every server broadcasts its slice, concurrently
-            works = [dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)
-                     for s, lo, hi, g in self.mine]
-            for w in works:
-                w.wait()
-        elif self.is_server:
+    def _start_pull(self) -> None:
+        """Every bucket's broadcast, in the order the forward needs them (the flat layout is
+        backward's order, so the last bucket first)."""
+        self.pulls = [[] for _ in self.buckets]
+        for i in reversed(range(len(self.buckets))):
+            for s, lo, hi, g in self.buckets[i]["pieces"]:
+                self.pulls[i].append(
+                    dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True))
+
+    def _wait(self, works: list, phase: str) -> None:
+        """Wait for ``works``; the host time blocked counts as ``phase`` (on a GPU a wait only
+        orders the streams, and blocks nothing)."""
+        t0 = time.perf_counter()
+        for w in works:
+            w.wait()
+        self.timer.totals[phase] += time.perf_counter() - t0
+
+    def _await_layer(self, buckets: list[int], module, args) -> None:
+        """Forward pre-hook: a layer's forward waits for its own parameters only."""
+        if self.pulls is not None:
+            with torch.profiler.record_function("labkit.pull"):
+                for i in buckets:
+                    self._wait(self.pulls[i], "pull")
+                    self.pulls[i] = []
+
+    def _await_pull(self) -> None:
+        if self.pulls is not None:
+            with torch.profiler.record_function("labkit.pull"):
+                self._wait([w for ws in self.pulls for w in ws], "pull")
+            self.pulls = None
+
+    def _pull_p2p(self) -> None:
+        if self.is_server:
             for p in self.params:
                 for w in range(1, self.ctx.world_size):
                     dist.send(p.data, dst=w)
@@ -163,43 +240,64 @@ class PSStrategy(Strategy):
                 dist.recv(p.data, src=SERVER)
 
     # (3) push and (4) average
-    def after_backward(self) -> None:
-        with self.timer("push"):
-            if self.collective and self.servers == 1 and self.half is None:
-                dist.reduce(self.flat_grads, dst=SERVER, op=dist.ReduceOp.SUM)
-                if self.is_server:
-                    self.flat_grads.div_(self.trainers)
-            elif self.collective:
-                self._push_slices()
-            elif self.is_server:
-                for p, buf in zip(self.params, self.recv_buf):
-                    for w in range(1, self.ctx.world_size):
-                        dist.recv(buf, src=w)
-                        p.grad.add_(buf)
-                    p.grad.div_(self.trainers)
-            else:
-                for p in self.params:
-                    dist.send(p.grad, dst=SERVER)
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        """A worker's gradient hook: push every consecutive bucket, from the next one in
+        order, whose gradients are all in."""
+        if not self.sync:
+            return
+        self.buckets[self.bucket_of[p]]["pending"] -= 1
+        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket]["pending"] == 0:
+            self._push_next()
 
-    def _push_slices(self) -> None:
-        """Sharded and/or fp16 push: each slice's gradients reduced to its server, the
-        worker's K reduces running concurrently."""
-        works = []
-        for s, lo, hi, g in self.mine:  # a worker: every server's slice; a server: its own
+    def _push_next(self) -> None:
+        for s, lo, hi, g in self.buckets[self.next_bucket]["pieces"]:
             if self.half is None:
                 t = self.flat_grads[lo:hi]
             else:  # fp16_compress_hook's order: cast, divide, sum in fp16
                 t = self.half[lo:hi]
                 t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
-            works.append(dist.reduce(t, dst=s, group=g, async_op=True))
-        for w in works:
-            w.wait()
+            self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))
+        self.next_bucket += 1
+
+    def after_backward(self) -> None:
+        if not self.collective:
+            with self.timer("push"):
+                self._push_p2p()
+            return
+        self._await_pull()  # (a layer the forward skipped; normally nothing is left)
+        with self.timer("push"):
+            # a server (zeros) pushes every bucket here; a worker what its hooks did not start
+            while self.next_bucket < len(self.buckets):
+                self._push_next()
+            for w in self.pushes:
+                w.wait()
+        self.pushes = []
+        self._reset_pending()
         if self.is_server:
             _, lo, hi, _ = self.mine[0]
             if self.half is None:
                 self.flat_grads[lo:hi].div_(self.trainers)
             else:
                 self.flat_grads[lo:hi].copy_(self.half[lo:hi])
+
+    def _push_p2p(self) -> None:
+        if self.is_server:
+            for p, buf in zip(self.params, self.recv_buf):
+                for w in range(1, self.ctx.world_size):
+                    dist.recv(buf, src=w)
+                    p.grad.add_(buf)
+                p.grad.div_(self.trainers)
+        else:
+            for p in self.params:
+                dist.send(p.grad, dst=SERVER)
+
+    @contextmanager
+    def no_sync(self):
+        """Compute-only steps: first let any pull in flight land (it writes the parameters)."""
+        if self.bucketed:
+            self._await_pull()
+        with super().no_sync():
+            yield
 
     # (5) the server's step: the Strategy default with one server (only it holds an optimizer);
     # a sharded server steps its slice
@@ -213,6 +311,8 @@ class PSStrategy(Strategy):
             self.shard_opt.step()
         else:
             super().step(optimizer, scaler)
+        if self.bucketed and self.sync:
+            self._start_pull()  # the next step's parameters go out at once
 
     def _adopt_momentum(self, optimizer: torch.optim.Optimizer) -> None:
         """On a sharded server the loop's optimizer (over the model's parameters) never steps;
@@ -233,13 +333,15 @@ class PSStrategy(Strategy):
             off += k
 
     def finish_epoch(self, model: nn.Module) -> None:
+        if self.bucketed:
+            self._await_pull()  # every worker now holds the parameters after the last update
         if self.collective and self.servers > 1:
             # every rank, servers included, gets every slice (rank 0 saves the final model)
             for s, lo, hi, _ in self.shards:
                 dist.broadcast(self.flat_params[lo:hi], src=s)
             self._gather_momentum()
-        else:
-            self.pull()  # workers get the parameters after the epoch's last update
+        elif not self.collective:
+            self._pull_p2p()  # workers get the parameters after the epoch's last update
         super().finish_epoch(model)
 
     def _gather_momentum(self) -> None:
