@@ -403,6 +403,10 @@ def rows(doc: dict) -> list[dict]:
     for r in doc.get("results", []):
         st, c = r["step_time"], r.get("collectives") or {}
         ar, rb = c.get("all_reduce"), c.get("reduce_broadcast")
+        # the method's own communication phases (time a trainer was blocked in them), next to
+        # the raw collective moving the same bytes: all-reduce, or reduce + broadcast for PS
+        sync = sum(r.get("phases", {}).values()) if r.get("phases") else None
+        raw = rb if r["method"] == "ps" else ar
         out.append({
             "variant": r["variant"], "procs": r["nproc"], "trainers": r["trainers"],
             "step ms (median)": 1000 * st["median"],
@@ -413,6 +417,8 @@ def rows(doc: dict) -> list[dict]:
             "all-reduce ms": 1000 * ar["time"] if ar else None,
             "busbw GB/s": ar["busbw"] / 1e9 if ar else None,
             "reduce+bcast ms": 1000 * rb["time"] if rb else None,
+            "sync ms": 1000 * sync if sync is not None else None,
+            "sync / raw": sync / raw["time"] if sync is not None and raw and raw["time"] else None,
             "img/s": r["throughput"],
             "x DDP": r["throughput_vs_ddp"],
             "x DDP/trainer": r.get("per_trainer_vs_ddp"),

@@ -74,7 +74,7 @@ class TrainConfig:
                                 "--data-dir is given, else digits without GPUs, synthetic with GPUs)",
                                 choices=DATASETS)
     model: Optional[str] = _f(None, "resnet50 | resnet18 | resnet10, plain or with a _small suffix "
-                              "(3x3 stem, no max-pool, for 32x32 images); default: resnet18_small "
+                              "(3x3 stem, no max-pool, for 32x32 images); default: resnet10_small "
                               "on digits, else resnet50", choices=MODELS)
     weights: Optional[str] = _f(None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
                                 "loaded with weights_only; a classifier head of another size is "
@@ -198,7 +198,7 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     if c.data_dir is None:
         c.data_dir = "./"
     if c.model is None:
-        c.model = "resnet18_small" if c.dataset == "digits" else "resnet50"
+        c.model = "resnet10_small" if c.dataset == "digits" else "resnet50"
     if c.image_size is None:
         c.image_size = 32 if c.model.endswith("_small") else 224
     for name in ("epochs", "batch_size", "num_classes", "synthetic_samples", "image_size"):

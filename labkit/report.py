@@ -518,10 +518,18 @@ def implementation_markdown() -> str:
         "server sums and averages them; (5) the server applies the SGD step. `--ps-mode p2p` is the "
         "original guide's protocol: one `send`/`recv` per parameter tensor and per worker, the server "
         "looping over the workers for every tensor. `--ps-mode collective` (default) is the improvement "
-        "the guide proposes: parameters and gradients live in one flat buffer each, so a pull is one "
-        "`broadcast` and a push is one `reduce` to rank 0.",
-        "**Parameter pull and broadcast**", code(PSStrategy.pull),
-        "**Gradient push and aggregation**", code(PSStrategy.after_backward),
+        "the guide proposes: parameters and gradients live in one flat buffer each (laid out in the "
+        "order backward produces the gradients), cut into buckets. A gradient hook starts each "
+        "bucket's `reduce` to rank 0 as soon as backward has produced it, so the push overlaps "
+        "backward; right after its SGD step the server `broadcast`s every bucket, and a worker waits "
+        "for a layer's parameters only when its forward reaches that layer, so the pull overlaps "
+        "loading the next batch and the forward of the layers before. The pull and push times in "
+        "the tables are the time a worker was blocked waiting.",
+        "**Parameter pull: started after the server's step, awaited per layer**",
+        code(PSStrategy._start_pull) + "\n\n" + code(PSStrategy._await_layer),
+        "**Gradient push and aggregation**",
+        code(PSStrategy._grad_ready) + "\n\n" + code(PSStrategy._push_next)
+        + "\n\n" + code(PSStrategy.after_backward),
         "### Manual All-Reduce",
         "Gradients are views into flat buckets (about `--bucket-mb` MiB each, in the order backward "
         "produces them). A hook fires when a parameter's gradient is accumulated; when a bucket is "

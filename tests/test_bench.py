@@ -59,7 +59,19 @@ def test_bench_writes_every_field(bench_run):
     assert ps["trainers"] == 1 and ps["servers"] == 1 and set(ps["phases"]) == {"pull", "push"}
     assert ddp["throughput_vs_ddp"] == 1.0
     assert ar["throughput_vs_ddp"] == pytest.approx(ar["throughput"] / ddp["throughput"])
+    # each method's own communication time beside the raw collective of the same bytes
+    from labkit.bench import rows
+
+    by = {r["variant"]: r for r in rows(doc)}
+    ps_sync = sum(ps["phases"].values())
+    assert by["ps"]["sync ms"] == pytest.approx(1000 * ps_sync)
+    assert by["ps"]["sync / raw"] == pytest.approx(
+        ps_sync / ps["collectives"]["reduce_broadcast"]["time"])
+    assert by["allreduce"]["sync / raw"] == pytest.approx(
+        ar["phases"]["comm"] / ar["collectives"]["all_reduce"]["time"])
+    assert by["ddp"]["sync ms"] is None  # DDP's reducer has no phase timer
     table = (run / "bench.txt").read_text()
+    assert "sync / raw" in table
     assert "exposed comm ms" in table and "busbw GB/s" in table and "x DDP" in table
     assert (run / "bench.png").stat().st_size > 10_000
     assert "x DDP" in p.stdout  # the terminal table
