@@ -5,6 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
+# pytest-xdist workers: most tests wait on subprocesses (torchrun agents importing, collective
+# timeouts, Ctrl-C handling), so two workers keep 2 cores busy
+TEST_WORKERS ?= 2
 
 .PHONY: setup system-deps experiment test lab clean-venv
 
@@ -32,7 +35,7 @@ experiment: setup
 	$(BIN)/labkit experiment $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 # JupyterLab on the project's kernel, notebooks/ open
 lab: setup

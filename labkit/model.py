@@ -337,8 +337,10 @@ T_pull = T_push = max(W·α + (W·n/k)·β,  k·α + n·β)
 T_comm = T_pull + T_push ≈ 2·n·W / (k·B)
 ```
 
-Central PS: `k = 1`. Nothing overlaps (pull before forward, push after backward):
-`T_exposed = T_comm`.
+Central PS: `k = 1`. The model charges the whole pull and push: `T_exposed = T_comm`. The
+lab's PS overlaps its push with backward and its pull with the next forward, but the server's
+link carries all of it and the server's update sits between the last push and the first
+pull, so little of it hides on a busy server link; this is an upper bound where it does.
 
 **Step.** `T_step = T_compute + T_exposed`; throughput `p·batch / T_step`; scaling efficiency
 `T_compute / T_step` (= throughput / (p × one GPU's throughput)).

@@ -11,6 +11,9 @@ import pytest
 
 from conftest import ROOT
 
+# its module-scoped fixture is built once: the whole module on one xdist worker
+pytestmark = pytest.mark.xdist_group("bench")
+
 BENCH = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--lr", "0.05",
          "--no-progress", "--timeout", "120", "--steps", "2", "--trials", "2", "--warmup", "1"]
 

@@ -17,6 +17,9 @@ from labkit.config import TrainConfig, resolve
 from labkit.data import build_datasets, train_sampler
 from labkit.models import build_model
 
+# the session's equivalence_runs are built once: every test using them on one xdist worker
+pytestmark = pytest.mark.xdist_group("equivalence_runs")
+
 STEPS = 5
 TRAINERS = 2
 # With 2 trainers on gloo/CPU the sums happen to be bit-identical (measured max abs diff 0.0,

@@ -10,6 +10,9 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+# its module-scoped fixture is built once: the whole module on one xdist worker
+pytestmark = pytest.mark.xdist_group("export")
+
 from labkit import export
 from labkit.export import export_html, export_pdf, find_chromium, screenshot
 

@@ -16,6 +16,9 @@ from conftest import load_json
 from labkit.config import TrainConfig
 from labkit.launch import Nodes, launch
 
+# its module-scoped fixture is built once: the whole module on one xdist worker
+pytestmark = pytest.mark.xdist_group("faults")
+
 CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=2,
            max_steps_per_epoch=3, max_val_steps=1, lr=0.01, progress=False, timeout=20.0)
 

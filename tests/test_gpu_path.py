@@ -9,6 +9,9 @@ import torch
 from conftest import TINY, check_ok, torchrun
 from labkit import train
 
+# the session's equivalence_runs are built once: every test using them on one xdist worker
+pytestmark = pytest.mark.xdist_group("equivalence_runs")
+
 # Synthetic 8x8 images: on this CPU an fp16 convolution backward has no fast kernel and takes
 # ~48 s per step at 32x32, ~1 s at 8x8 (measured). The checks are about the numerics of a
 # step, which do not depend on the image size. (Not 4x4: layer4 then sees 1x1 inputs, where

@@ -23,6 +23,9 @@ import torch
 
 from conftest import ROOT, TINY, check_ok, load_json, torchrun
 
+# its module-scoped fixture is built once: the whole module on one xdist worker
+pytestmark = pytest.mark.xdist_group("multinode")
+
 RESULT = "results_baseline_ddp.json"  # ddp's result file
 TIMEOUT = 150  # seconds for a whole two-node run; a tiny one takes ~15 s on 2 cores
 

@@ -139,7 +139,9 @@ def test_implementation_section_quotes_the_current_source():
     md = report.implementation_markdown()
     from labkit.sync import ps
     src = open(ps.__file__).read()
-    assert "dist.broadcast(self.flat_params, src=SERVER)" in src  # guard: the quote is real code
-    assert "dist.broadcast(self.flat_params, src=SERVER)" in md
-    assert "dist.reduce(self.flat_grads, dst=SERVER" in md
+    for line in ("dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)",
+                 "self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))",
+                 "def _await_layer(self, buckets: list[int], module, args) -> None:"):
+        assert line in src, line  # guard: the quote is real code
+        assert line in md, line   # and the report shows it
     assert "register_post_accumulate_grad_hook" not in md or "_grad_ready" in md

@@ -5,6 +5,9 @@ import pytest
 
 from conftest import TINY, check_ok, load_json, torchrun
 
+# the session's equivalence_runs are built once: every test using them on one xdist worker
+pytestmark = pytest.mark.xdist_group("equivalence_runs")
+
 # the guide's keys (../shared/reference/experiment-guide.md), per method
 TOP = {"method", "world_size", "batch_size", "start_time", "end_time", "epochs", "summary", "all_losses"}
 EPOCH = {"epoch", "train_loss", "train_accuracy", "train_time", "train_throughput",
