@@ -528,7 +528,7 @@ def implementation_markdown() -> str:
         "**Parameter pull: started after the server's step, awaited per layer**",
         code(PSStrategy._start_pull) + "\n\n" + code(PSStrategy._await_layer),
         "**Gradient push and aggregation**",
-        code(PSStrategy._grad_ready) + "\n\n" + code(PSStrategy._push_next)
+        code(PSStrategy._grad_ready) + "\n\n" + code(PSStrategy._push)
         + "\n\n" + code(PSStrategy.after_backward),
         "### Manual All-Reduce",
         "Gradients are views into flat buckets (about `--bucket-mb` MiB each, in the order backward "
@@ -537,7 +537,7 @@ def implementation_markdown() -> str:
         "backward. Buckets start strictly in order on every rank, so the collectives always match. "
         "After backward the trainer only waits for what is still in flight: that wait is the "
         "`avg_comm_time` in the tables. `--no-overlap` starts every bucket after backward instead.",
-        code(AllReduceStrategy._grad_ready) + "\n\n" + code(AllReduceStrategy._start_next)
+        code(AllReduceStrategy._grad_ready) + "\n\n" + code(AllReduceStrategy._start)
         + "\n\n" + code(AllReduceStrategy.after_backward),
         "### Baseline DDP, and how the three compare",
         "DDP does the same bucketing and overlap inside PyTorch's C++ reducer (25 MiB buckets, "

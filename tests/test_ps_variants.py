@@ -112,3 +112,18 @@ def test_shards_cover_the_parameters_once():
 def test_variant_flags_that_do_not_combine(kw, needle):
     with pytest.raises(ConfigError, match=needle):
         resolve(TrainConfig(method="ps", **kw), False, 4)
+
+
+def test_buckets_start_strictly_in_order():
+    """Bucket 1 filling first starts nothing; bucket 0 completing then starts 0 and 1; rest()
+    gives what is left after backward, and reset() starts a new step."""
+    from labkit.sync.buckets import InOrder
+
+    o = InOrder([2, 1, 2])
+    assert list(o.ready(1)) == []
+    assert list(o.ready(0)) == []
+    assert list(o.ready(0)) == [0, 1]
+    assert list(o.ready(2)) == []
+    assert list(o.rest()) == [2] and list(o.rest()) == []
+    o.reset()
+    assert list(o.ready(0)) == [] and list(o.ready(0)) == [0]

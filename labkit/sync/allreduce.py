@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy, broadcast_parameters
-from .buckets import Bucket, backward_order, make_buckets
+from .buckets import Bucket, InOrder, backward_order, make_buckets
 
 
 class AllReduceStrategy(Strategy):
@@ -25,37 +25,28 @@ class AllReduceStrategy(Strategy):
         broadcast_parameters(model)
         self.buckets: list[Bucket] = make_buckets(backward_order(model), self.cfg.bucket_mb * 2**20,
                                                   fp16=self.cfg.compress == "fp16")
-        self.bucket_of = {p: b for b in self.buckets for p in b.params}
+        self.bucket_of = {p: b.index for b in self.buckets for p in b.params}
+        self.order = InOrder([len(b.params) for b in self.buckets])
+        self.handles = []
         self.overlap = self.ctx.distributed and not self.cfg.no_overlap
         if self.overlap:
             for p in self.bucket_of:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
-        self._reset()
         return model
-
-    def _reset(self) -> None:
-        self.handles = []
-        self.next_bucket = 0
-        for b in self.buckets:
-            b.pending = len(b.params)
 
     def _grad_ready(self, p: nn.Parameter) -> None:
         if not self.sync:
             return
-        self.bucket_of[p].pending -= 1
-        # start every consecutive bucket, from the next one in order, whose grads are all in
-        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
-            self._start_next()
+        for i in self.order.ready(self.bucket_of[p]):
+            self._start(self.buckets[i])
 
-    def _start_next(self) -> None:
-        b = self.buckets[self.next_bucket]
+    def _start(self, b: Bucket) -> None:
         if b.half is None:
             b.flat.div_(self.ctx.world_size)  # average as DDP does: divide first, then sum
             self.handles.append((dist.all_reduce(b.flat, async_op=True), None))
         else:  # DDP's fp16_compress_hook: cast, divide (in fp16), all-reduce, copy back later
             b.half.copy_(b.flat).div_(self.ctx.world_size)
             self.handles.append((dist.all_reduce(b.half, async_op=True), b))
-        self.next_bucket += 1
 
     def zero_grad(self, optimizer) -> None:
         for b in self.buckets:
@@ -67,10 +58,11 @@ class AllReduceStrategy(Strategy):
         with self.timer("comm"):
             # without overlap all buckets start here; with it, only those holding a parameter
             # that received no gradient this step
-            while self.next_bucket < len(self.buckets):
-                self._start_next()
+            for i in self.order.rest():
+                self._start(self.buckets[i])
             for h, b in self.handles:
                 h.wait()
                 if b is not None:
                     b.flat.copy_(b.half)
-        self._reset()
+        self.handles = []
+        self.order.reset()

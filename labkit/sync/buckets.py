@@ -3,7 +3,7 @@ bucket is synchronised by one collective with no copy in or out."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -14,7 +14,6 @@ class Bucket:
     index: int
     params: list[nn.Parameter]
     flat: torch.Tensor
-    pending: int = 0
     slices: list[tuple[int, int]] = field(default_factory=list)
     #: fp16 copy of ``flat`` that goes over the wire with --compress fp16 (else None)
     half: Optional[torch.Tensor] = None
@@ -67,3 +66,34 @@ def backward_order(model: nn.Module) -> list[nn.Parameter]:
     registration order, as DDP assumes), so early buckets fill first and their all-reduce
     starts while backward still runs."""
     return [p for p in reversed(list(model.parameters())) if p.requires_grad]
+
+
+class InOrder:
+    """Which buckets to start, strictly in index order, as gradients arrive.
+
+    Bucket i is ready once all ``sizes[i]`` of its parameters have their gradient; buckets are
+    started in index order only (on every rank alike, so the collectives always match even if
+    backward produces gradients in another order on another rank)."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sizes
+        self.reset()
+
+    def reset(self) -> None:
+        """A new step: nothing in, nothing started."""
+        self.pending = list(self.sizes)
+        self.next = 0
+
+    def ready(self, i: int) -> Iterator[int]:
+        """One more gradient of bucket ``i`` is in: the buckets that can start now."""
+        self.pending[i] -= 1
+        while self.next < len(self.pending) and self.pending[self.next] == 0:
+            self.next += 1
+            yield self.next - 1
+
+    def rest(self) -> Iterator[int]:
+        """The buckets not started yet (after backward: those holding a parameter that got no
+        gradient this step, or all of them without overlap)."""
+        while self.next < len(self.pending):
+            self.next += 1
+            yield self.next - 1

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy
-from .buckets import backward_order, group_params
+from .buckets import InOrder, backward_order, group_params
 
 SERVER = 0  # the (first) server's rank
 
@@ -138,17 +138,17 @@ class PSStrategy(Strategy):
         slice's pieces only, in the same bucket order as the workers."""
         self.bucketed = True
         self.buckets, self.bucket_of, off = [], {}, 0
-        for i, g in enumerate(group_params(self.params, self.cfg.bucket_mb * 2**20)):
+        groups = group_params(self.params, self.cfg.bucket_mb * 2**20)
+        for i, g in enumerate(groups):
             lo, hi = off, off + sum(p.numel() for p in g)
             off = hi
             pieces = [(s, max(lo, a), min(hi, b), grp) for s, a, b, grp in self.mine
                       if max(lo, a) < min(hi, b)]
-            self.buckets.append({"params": g, "pieces": pieces, "pending": 0})
+            self.buckets.append(pieces)
             self.bucket_of.update((p, i) for p in g)
+        self.order = InOrder([len(g) for g in groups])
         self.pushes: list = []          # this step's reduces in flight
-        self.next_bucket = 0            # the next bucket to push, strictly in order
         self.pulls: Optional[list] = None  # per bucket, its broadcasts in flight (None: no pull)
-        self._reset_pending()
         # hooks off under --compile (a wait inside a compiled forward breaks the graph): the
         # whole pull is awaited before the forward then, and the push still overlaps backward
         self.layer_waits = not self.is_server and not self.cfg.compile
@@ -161,11 +161,6 @@ class PSStrategy(Strategy):
                                if p in self.bucket_of})
                 if mine:
                     m.register_forward_pre_hook(partial(self._await_layer, mine))
-
-    def _reset_pending(self) -> None:
-        self.next_bucket = 0
-        for b in self.buckets:
-            b["pending"] = len(b["params"])
 
     def _shard_optimizer(self) -> None:
         """A sharded server's SGD over its slice alone. The slice is an nn.Parameter sharing
@@ -204,7 +199,7 @@ class PSStrategy(Strategy):
         backward's order, so the last bucket first)."""
         self.pulls = [[] for _ in self.buckets]
         for i in reversed(range(len(self.buckets))):
-            for s, lo, hi, g in self.buckets[i]["pieces"]:
+            for s, lo, hi, g in self.buckets[i]:
                 self.pulls[i].append(
                     dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True))
 
@@ -245,19 +240,17 @@ class PSStrategy(Strategy):
         order, whose gradients are all in."""
         if not self.sync:
             return
-        self.buckets[self.bucket_of[p]]["pending"] -= 1
-        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket]["pending"] == 0:
-            self._push_next()
+        for i in self.order.ready(self.bucket_of[p]):
+            self._push(i)
 
-    def _push_next(self) -> None:
-        for s, lo, hi, g in self.buckets[self.next_bucket]["pieces"]:
+    def _push(self, i: int) -> None:
+        for s, lo, hi, g in self.buckets[i]:
             if self.half is None:
                 t = self.flat_grads[lo:hi]
             else:  # fp16_compress_hook's order: cast, divide, sum in fp16
                 t = self.half[lo:hi]
                 t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
             self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))
-        self.next_bucket += 1
 
     def after_backward(self) -> None:
         if not self.collective:
@@ -267,12 +260,12 @@ class PSStrategy(Strategy):
         self._await_pull()  # (a layer the forward skipped; normally nothing is left)
         with self.timer("push"):
             # a server (zeros) pushes every bucket here; a worker what its hooks did not start
-            while self.next_bucket < len(self.buckets):
-                self._push_next()
+            for i in self.order.rest():
+                self._push(i)
             for w in self.pushes:
                 w.wait()
         self.pushes = []
-        self._reset_pending()
+        self.order.reset()
         if self.is_server:
             _, lo, hi, _ = self.mine[0]
             if self.half is None:
