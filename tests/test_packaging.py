@@ -1,4 +1,5 @@
-"""The two dependency lists (pip's pyproject.toml and conda's environment.yml) must agree."""
+"""Packaging: the two dependency lists (pip's pyproject.toml and conda's environment.yml) must
+agree, and the test tooling must do what `make test` relies on."""
 import tomllib
 
 import yaml
@@ -26,3 +27,26 @@ def test_environment_yml_matches_pyproject():
 def test_torch_pins():
     deps = _pyproject_deps()
     assert "torch==2.14.1" in deps and "torchvision==0.29.1" in deps
+
+
+def test_xdist_groups_keep_a_fixture_on_one_worker(tmp_path):
+    """`make test` relies on --dist loadgroup to build each expensive fixture once; with
+    pytest 9.2 and pytest-xdist 3.8 the grouping silently stopped (pytest-xdist#1386)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_g.py").write_text(
+        "import os, pytest\n"
+        "pytestmark = pytest.mark.xdist_group('g')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_a(i):\n"
+        "    open(os.path.join(os.path.dirname(__file__), f'w{i}'), 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_b(i):\n"
+        "    pass\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                        "--dist", "loadgroup", str(tmp_path)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    workers = {(tmp_path / f"w{i}").read_text() for i in range(6)}
+    assert len(workers) == 1, workers
