@@ -17,6 +17,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Optional
 
+from . import lifecycle
 from .config import METHOD_NAMES, RESULT_FILES
 
 METHOD_ORDER = ("ddp", "allreduce", "ps")
@@ -60,7 +61,7 @@ def load_result(path: str | os.PathLike) -> dict:
             raise ResultError(f"{path}: an epoch lacks the guide's keys ({', '.join(needed)})")
     if method_key(doc, path) is None:
         raise ResultError(f"{path}: unknown method {doc.get('method')!r}")
-    return doc
+    return lifecycle.settle(doc)  # "running" with its writer gone: stopped without finishing
 
 
 @dataclass

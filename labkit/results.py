@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import threading
 from statistics import mean
 from typing import Optional
 
 import torch
 
-from . import __version__
+from . import __version__, lifecycle
 from .config import METHOD_NAMES, TrainConfig
 from .dist import DistContext
 from .metrics import atomic_write_json, now_str
@@ -39,6 +40,8 @@ class Results:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
                  phases: tuple[str, ...], previous: Optional[dict] = None):
         self.path = os.path.join(out, cfg.result_file)
+        # the main thread, the heartbeat and the SIGTERM thread all write the file
+        self.lock = threading.RLock()
         self.phases = phases  # the strategy's timed communication phases
         self.doc = {
             "method": METHOD_NAMES[cfg.method],
@@ -72,10 +75,11 @@ class Results:
         for p in self.phases:
             e[comm_key(p)] = m[comm_key(p)]
         e.update({k: v for k, v in m.items() if k not in e})  # extras, all_losses included
-        self.doc["epochs"].append(e)
-        self.doc["all_losses"].extend(m["all_losses"])
-        self.doc["summary"] = self.summary()
-        self.write()
+        with self.lock:  # the heartbeat never writes half an epoch
+            self.doc["epochs"].append(e)
+            self.doc["all_losses"].extend(m["all_losses"])
+            self.doc["summary"] = self.summary()
+            self.write()
 
     def summary(self) -> dict:
         ep = self.doc["epochs"]
@@ -91,11 +95,28 @@ class Results:
         return s
 
     def finish(self, status: str, error: Optional[str] = None) -> None:
-        self.doc["status"] = status
-        self.doc["end_time"] = now_str()
-        if error:
-            self.doc["error"] = error
-        self.write()
+        with self.lock:
+            self.doc["status"] = status
+            self.doc["end_time"] = now_str()
+            if error:
+                self.doc["error"] = error
+            self.write()
+
+    def stop(self, why: str) -> None:
+        """Called from the SIGTERM thread: mark a still-running file failed and keep the lock,
+        so no later write of the main thread (about to die) can put "running" back."""
+        if self.lock.acquire(timeout=10) and self.doc["status"] == "running":
+            self.finish("failed", error=why)
 
     def write(self) -> None:
-        atomic_write_json(self.path, self.doc)
+        with self.lock:
+            self.doc["heartbeat"] = lifecycle.stamp()
+            atomic_write_json(self.path, self.doc)
+
+    def beat(self) -> bool:
+        """One heartbeat while the run is running; False once it has ended."""
+        with self.lock:
+            if self.doc["status"] != "running":
+                return False
+            self.write()
+            return True

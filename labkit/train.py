@@ -8,6 +8,14 @@ metrics, result file) is here, once.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # torchrun stops the other ranks with SIGTERM when one fails, often while they block in a
+    # C++ collective where a Python handler could not run: a dedicated thread takes SIGTERM,
+    # rank 0 marks its result file, and the rank dies of SIGTERM at once (labkit.lifecycle).
+    # First thing: the threads numpy and torch start at import must inherit the blocked signal.
+    from labkit import lifecycle as _lifecycle
+    _lifecycle.take_sigterm()
+
 import os
 import signal
 import sys
@@ -19,7 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import __version__
+from . import __version__, lifecycle
 from .config import ConfigError, TrainConfig, build_parser, config_from_args, resolve
 from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
                    steps_per_epoch, train_sampler)
@@ -415,6 +423,10 @@ def run(cfg: TrainConfig) -> Optional[str]:
             results = Results(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
                               previous=ckpt["results"] if ckpt else None)
             results.write()
+            # torchrun stops this rank with SIGTERM when another one dies: say so in the file
+            lifecycle.on_sigterm(lambda: results.stop(
+                "stopped by SIGTERM (torchrun stops the other ranks when one fails; or the job was killed)"))
+            lifecycle.heartbeat(results.beat)
         trainer.fit(results, start)
         if results is not None:
             results.finish("completed")
@@ -488,8 +500,4 @@ def _fail(kind: str, step: int) -> None:
 
 
 if __name__ == "__main__":
-    # No SIGTERM handler on purpose: torchrun stops the other ranks with SIGTERM when one
-    # fails, often while they block in a C++ collective where a Python handler cannot run
-    # until the collective times out. They die at once instead, and the launcher marks the
-    # result file (labkit.launch.settle_results).
     sys.exit(main())
