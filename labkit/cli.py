@@ -12,6 +12,19 @@ from .config import (DEFAULT_VARIANTS, METHODS, VARIANTS, ConfigError, TrainConf
                      add_config_arguments)
 
 
+def _nproc(text: str) -> Optional[int]:
+    """--nproc N, or --nproc auto: one process per GPU, else 4 (N < 1 is rejected by validate)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of processes or auto, got {text!r}") from None
+
+
+NPROC_HELP = "processes per node, or auto: one per GPU, else 4 (default: auto)"
+
+
 def _add_nodes(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("multi-node (torchrun c10d rendezvous; single node on loopback by default)")
     g.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
@@ -33,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run one method under torchrun (validated, live output, per-rank logs)",
                        argument_default=argparse.SUPPRESS)
     r.add_argument("method", choices=METHODS)
-    r.add_argument("--nproc", type=int, help="processes per node (default: one per GPU, else 4)")
+    r.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
     add_config_arguments(r, skip=("method",), defaults=False)
     _add_nodes(r)
 
@@ -42,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("-f", "--parameters-file", dest="parameters_file",
                    help="papermill-style YAML file of parameters (flags override it)")
     e.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
-    e.add_argument("--nproc", type=int, help="processes per node (default: one per GPU, else 4)")
+    e.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
     e.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: runs)")
     e.add_argument("--tag", help="suffix of the run folder name")
     e.add_argument("--cell-timeout", dest="cell_timeout", type=int,
@@ -127,7 +140,8 @@ def cmd_run(params: dict) -> int:
     from .train import default_out
 
     cfg, rest = _split(params)
-    nproc = rest.get("nproc") or machine_defaults()["nproc"]
+    nproc = rest.get("nproc")
+    nproc = machine_defaults()["nproc"] if nproc is None else nproc  # 0 is bad input, not auto
     out = cfg.out or default_out(cfg.method)
     res = launch(cfg, nproc, out, _nodes(rest))
     if not res.ok:
@@ -146,6 +160,8 @@ def cmd_experiment(params: dict) -> int:
 
     if "parameters_file" in params:
         params = {**_load_yaml(params.pop("parameters_file")), **params}
+    if params.get("nproc") == "auto":  # as in a parameters file; the flag gives None already
+        params["nproc"] = None
     exp_keys = ("methods", "runs_dir", "tag", "cell_timeout")
     exp_kw = {k: params.pop(k) for k in exp_keys if k in params}
     if isinstance(exp_kw.get("methods"), str):

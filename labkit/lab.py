@@ -85,7 +85,8 @@ def notebook_params(namespace: dict) -> tuple[TrainConfig, int, Nodes]:
     params = {k: namespace[k] for k in names if k in namespace}
     check_params({**params, **injected})
     cfg = TrainConfig(**{k: v for k, v in params.items() if k not in LAUNCH_PARAMS})
-    nproc = params.get("nproc") or machine_defaults()["nproc"]
+    nproc = params.get("nproc")
+    nproc = machine_defaults()["nproc"] if nproc is None else nproc  # None: auto; 0 is bad input
     nodes = Nodes(params.get("nnodes", 1), params.get("node_rank", 0), params.get("rdzv_endpoint"),
                   max_restarts=params.get("max_restarts", 0))
     return cfg, nproc, nodes
@@ -224,7 +225,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     if bad or not exp.methods:
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
                           f"{', '.join(METHODS)} or a variant: {', '.join(v for v in VARIANTS if v not in METHODS)}")
-    nproc = exp.nproc or machine_defaults()["nproc"]
+    nproc = machine_defaults()["nproc"] if exp.nproc is None else exp.nproc  # 0 is bad input
     cfg = _absolute(cfg)
     # all bad input fails here, in seconds, before a folder or a process exists
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields

@@ -72,7 +72,7 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
     from .train import preflight
 
     if nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1 (got {nproc})")
+        raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, else 4")
     world = nproc * nodes.nnodes
     cfg = preflight(cfg, world=world, local_world=nproc)
     trainers = cfg.trainers(world)

@@ -1,6 +1,8 @@
 """Bad input: one clear message naming the problem, a non-zero exit, nothing written."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -148,3 +150,29 @@ def test_more_processes_than_samples():
     from labkit.data import steps_per_epoch
     with pytest.raises(ConfigError, match="4 training processes but only 3 training samples"):
         steps_per_epoch(3, 4, 1, None)
+
+
+# ------------------------------------------------------------------ labkit's own commands
+@pytest.mark.parametrize("command", [["run", "ddp"], ["experiment", "--methods", "ddp"]])
+def test_nproc_0_is_bad_input_not_automatic(tmp_path, capsys, monkeypatch, command):
+    from labkit import cli
+    monkeypatch.chdir(tmp_path)  # the default runs/ would be created here
+    code = cli.main(command + ["--nproc", "0", "--dataset", "digits", "--epochs", "1",
+                               "--runs-dir" if command[0] == "experiment" else "--out",
+                               str(tmp_path / "made")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and f"labkit {command[0]}: error: --nproc must be at least 1 (got 0)" in lines[0], err
+    assert "auto" in lines[0]  # says how to ask for the automatic count
+    assert os.listdir(tmp_path) == []  # nothing created: no out folder, no runs/
+
+
+def test_nproc_auto_is_spelled_out(capsys):
+    from labkit.cli import build_parser
+    for cmd in (["run", "ddp"], ["experiment"]):
+        assert build_parser().parse_args(cmd + ["--nproc", "auto"]).nproc is None
+        assert build_parser().parse_args(cmd + ["--nproc", "3"]).nproc == 3
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(cmd + ["--nproc", "many"])
+        assert e.value.code == 2 and "expected a number of processes or auto" in capsys.readouterr().err
