@@ -37,9 +37,12 @@ experiment: setup
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
-# JupyterLab on the project's kernel, notebooks/ open
+# JupyterLab on the project's kernel, notebooks/ open, on this machine only (127.0.0.1). As root
+# (containers, cloud notebooks) Jupyter refuses to start without --allow-root: given then only.
+# Extra options: make lab LAB_ARGS="--port=8899 --no-browser"
+LAB_ARGS ?=
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=. notebooks/run_method.ipynb
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=. $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS) notebooks/run_method.ipynb
 
 clean-venv:
 	rm -rf $(VENV)
