@@ -162,7 +162,9 @@ def add_config_arguments(p: argparse.ArgumentParser, skip: tuple = (), defaults:
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata["help"]
         if f.type in (bool, "bool"):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+            # a flag whose name is already a negation (--no-overlap) has one form: no --no-no-...
+            action = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
+            p.add_argument(flag, dest=f.name, action=action,
                            default=f.default if defaults else argparse.SUPPRESS, help=help_)
             continue
         typ = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}.get(

@@ -364,7 +364,8 @@ def plot_accuracy(res: Results, ax):
     ax.set_ylabel("accuracy (%)")
     ax.set_title("Accuracy per epoch")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if res.ok:  # no curves (every file failed or corrupt): no legend, _note_missing says why
+        ax.legend(fontsize=8)
     _note_missing(ax, res)
 
 

@@ -176,3 +176,39 @@ def test_nproc_auto_is_spelled_out(capsys):
         with pytest.raises(SystemExit) as e:
             build_parser().parse_args(cmd + ["--nproc", "many"])
         assert e.value.code == 2 and "expected a number of processes or auto" in capsys.readouterr().err
+
+
+def _option_strings(parser) -> list[str]:
+    import argparse
+    found = []
+    for a in parser._actions:
+        found += a.option_strings
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                found += _option_strings(sub)
+    return found
+
+
+def test_no_flag_reads_no_no():
+    from labkit import cli, config
+    parsers = [cli.build_parser(), config.build_parser()]
+    flags = [f for p in parsers for f in _option_strings(p)]
+    assert "--no-overlap" in flags and "--no-progress" in flags and "--progress" in flags
+    assert not [f for f in flags if f.startswith("--no-no-")]
+    ns = config.build_parser().parse_args(["--no-overlap"])
+    assert ns.no_overlap is True and config.build_parser().parse_args([]).no_overlap is False
+
+
+@pytest.mark.parametrize("content", ['{"method": "Manual All-Re', '{"x": 1}', "[1, 2]"])
+def test_report_on_a_bad_file_prints_labkit_lines_only(tmp_path, content):
+    import subprocess
+    import sys
+    bad = tmp_path / "results_all_reduce.json"
+    bad.write_text(content)
+    # -W default: show every warning, as a user's interpreter could
+    p = subprocess.run([sys.executable, "-W", "default", "-m", "labkit", "report", str(bad), "--out",
+                        str(tmp_path / "rep")], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 1
+    assert str(bad) in p.stdout  # the problem is named
+    for text in (p.stdout, p.stderr):
+        assert "Warning" not in text and "No artists" not in text and "Traceback" not in text, text
