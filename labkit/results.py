@@ -30,6 +30,12 @@ def comm_key(phase: str) -> str:
     return "avg_comm_time" if phase == "comm" else f"avg_comm_time_{phase}"
 
 
+def comm_times_key(phase: str) -> str:
+    """Per-epoch key of a phase's per-step times (steady-state steps, mean over trainers):
+    ``comm_times`` for the all-reduce, ``comm_times_pull`` / ``comm_times_push`` for the PS."""
+    return "comm_times" if phase == "comm" else f"comm_times_{phase}"
+
+
 def torchrun_world() -> dict:
     keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")

@@ -32,9 +32,9 @@ from .config import ConfigError, TrainConfig, build_parser, config_from_args, re
 from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
                    steps_per_epoch, train_sampler)
 from .dist import DistContext, all_reduce_sum, env_world, init, sync_device, teardown
-from .metrics import Lines, atomic_torch_save
+from .metrics import Lines, StepClock, atomic_torch_save
 from .models import build_model
-from .results import Results, comm_key
+from .results import Results, comm_key, comm_times_key
 from .sync import make_strategy
 
 
@@ -233,12 +233,20 @@ class Trainer:
         bar = self.progress(epoch)
         refresh = max(1, self.steps // 50)
         s.timer.pop()
+        # rank 0's steady-state steps, one mark per step boundary: the same clock and window as
+        # train_throughput, so mean(step_times) is avg_batch_time (labkit.stats works from them)
+        clock = StepClock(dev)
+        step_comm: list[list[float]] = []  # per steady-state step, seconds in each timed phase
+        seen = [0.0] * len(s.phases)
         sync_device(dev)
         t_start = t_window = time.perf_counter()
         for step in range(self.steps):
-            if step == warmup and warmup:
-                sync_device(dev)
-                t_window = time.perf_counter()
+            if step == warmup:
+                if warmup:
+                    sync_device(dev)
+                t_window = clock.mark()
+            elif step > warmup:
+                clock.mark()
             if self.fault and self.global_step == self.fault[0]:
                 _fail(self.fault[1], self.global_step)
             self.global_step += 1
@@ -249,6 +257,11 @@ class Trainer:
                 data_time += time.perf_counter() - t0
                 x, y = self.to_device(x, y)
             out = self.train_step(x, y)
+            if s.phases:
+                now = [s.timer.totals.get(p, 0.0) for p in s.phases]
+                if step >= warmup:
+                    step_comm.append([a - b for a, b in zip(now, seen)])
+                seen = now
             if out is not None:
                 loss, logits = out
                 losses[step] = loss.float()
@@ -258,6 +271,7 @@ class Trainer:
                 bar.update(1)
                 if (step + 1) % refresh == 0 or step + 1 == self.steps:
                     bar.set_postfix_str(self._bar_text(losses, counts, step, t_start), refresh=False)
+        clock.mark()
         sync_device(dev)
         t_end = time.perf_counter()
         if bar is not None:
@@ -267,7 +281,8 @@ class Trainer:
         # the same transfer twice), so sums are over trainers
         comm = s.timer.pop()
         mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
-        vec = torch.tensor([data_time] + mine, device=dev,
+        per_step = [t if s.is_trainer else 0.0 for row in step_comm for t in row]
+        vec = torch.tensor([data_time] + mine + per_step, device=dev,
                            dtype=torch.float64)
         all_reduce_sum(losses)
         all_reduce_sum(counts)
@@ -285,9 +300,13 @@ class Trainer:
             "steps": self.steps,
             "throughput_warmup_steps": warmup,
             "avg_data_time": vec[0].item() / s.trainers / self.steps,
+            "step_times": clock.durations(),
         }
+        n = len(s.phases)
+        comm_steps = (vec[1 + n:] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
         for i, p in enumerate(s.phases):
             m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
+            m[comm_times_key(p)] = [row[i] for row in comm_steps]
         m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
         return m
 

@@ -39,6 +39,16 @@ def check_guide_file(d, method: str, epochs: int, steps: int) -> dict:
         assert 0 <= e["train_accuracy"] <= 100 and 0 <= e["val_accuracy"] <= 100
         assert e["train_time"] > 0 and e["train_throughput"] > 0 and e["avg_batch_time"] > 0
         assert e["val_samples"] > 0
+        # issue 13: each steady-state step's duration (the warm-up steps left out, as in the
+        # throughput), tiling the throughput window inside the epoch's training time
+        warm = r["config"]["warmup_steps"] if steps > r["config"]["warmup_steps"] else 0
+        st = e["step_times"]
+        assert len(st) == steps - warm and all(t > 0 for t in st), st
+        assert sum(st) <= e["train_time"]
+        assert sum(st) / len(st) == pytest.approx(e["avg_batch_time"], rel=1e-3)
+        for k in {"ddp": (), "allreduce": ("comm_times",),
+                  "ps": ("comm_times_pull", "comm_times_push")}[method]:
+            assert len(e[k]) == len(st) and all(0 < c <= t for c, t in zip(e[k], st)), (k, e[k], st)
     assert summary_keys <= set(r["summary"]), summary_keys - set(r["summary"])
     assert r["summary"]["best_val_accuracy"] == max(e["val_accuracy"] for e in r["epochs"])
     assert len(r["all_losses"]) == epochs * steps
