@@ -21,6 +21,7 @@ from typing import IO, Any, Optional
 from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
 from .metrics import atomic_write_json
+from .record import portable, snapshot, write_record
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -231,16 +232,23 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
     resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
                             nproc, exp.nodes) for m in exp.methods}
+    snap = snapshot(resolved, REPO_DIR)  # packages, code, data fingerprints: before any folder
 
     run = new_run_dir(exp.runs_dir, exp.tag).resolve()
-    atomic_write_json(str(run / "config.json"), {
+
+    def write(name: str, doc: dict) -> None:
+        # paths inside the run folder relative to it, so a copied or moved folder still works
+        atomic_write_json(str(run / name), portable(doc, run))
+
+    write("config.json", {
         "experiment": {**dataclasses.asdict(exp), "nproc": nproc},
         "train": cfg.to_dict(),
         "resolved": {m: c.to_dict() for m, c in resolved.items()},
     })
-    env = environment(cfg.seed)
-    env["torchrun_commands"] = {}
-    atomic_write_json(str(run / "environment.json"), env)
+    env = {**environment(cfg.seed), **write_record(run, snap), "torchrun_commands": {},
+           # torchrun_commands name paths relative to the run folder: run them from there
+           "paths": "relative to the run folder unless absolute"}
+    write("environment.json", env)
     status: dict[str, Any] = {"run_dir": str(run), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                               "methods": {}, "status": "running"}
     kernel = kernel_name()
@@ -257,7 +265,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         t0 = time.monotonic()
         entry: dict[str, Any] = {"status": "running", "notebook": str(mdir / "run_method.ipynb")}
         status["methods"][m] = entry
-        atomic_write_json(str(run / "experiment.json"), status)
+        write("experiment.json", status)
         try:
             pm.execute_notebook(str(NOTEBOOKS / "run_method.ipynb"), str(mdir / "run_method.ipynb"),
                                 parameters=params, kernel_name=kernel, cwd=str(mdir),
@@ -273,14 +281,14 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
             settle_results(str(mdir), resolved[m].result_file, "interrupted", "interrupted by the user")
             entry["status"] = "interrupted"
             status["status"] = "interrupted"
-            atomic_write_json(str(run / "experiment.json"), status)
+            write("experiment.json", status)
             raise
         entry["wall_time"] = time.monotonic() - t0
         launch_file = mdir / "launch.json"
         if launch_file.exists():
             env["torchrun_commands"][m] = json.loads(launch_file.read_text())["command_line"]
-            atomic_write_json(str(run / "environment.json"), env)
-        atomic_write_json(str(run / "experiment.json"), status)
+            write("environment.json", env)
+        write("experiment.json", status)
 
     failed = [m for m, e in status["methods"].items() if e["status"] != "completed"]
     status["status"] = "failed" if failed else "completed"
@@ -291,7 +299,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         status["report"] = f"report failed: {e.ename}: {e.evalue}"
         stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: {run / 'report'})\n")
     status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    atomic_write_json(str(run / "experiment.json"), status)
+    write("experiment.json", status)
     return run, status
 
 

@@ -17,6 +17,7 @@ from . import __version__, lifecycle
 from .config import METHOD_NAMES, TrainConfig
 from .dist import DistContext
 from .metrics import atomic_write_json, now_str
+from .record import determinism
 
 SCHEMA = "labkit.results/1"
 # the guide's per-epoch keys, common to every method
@@ -65,6 +66,8 @@ class Results:
             "trainers": trainers,
             "config": cfg.to_dict(),
             "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device)},
+            # this rank's threads and deterministic settings: what a bit-for-bit rerun needs
+            "determinism": determinism(cfg.seed, ctx.backend),
             "versions": {"labkit": __version__, "python": platform.python_version(),
                          "torch": str(torch.__version__), "host": socket.gethostname()},
         }

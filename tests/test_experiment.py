@@ -57,7 +57,33 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
         assert any("image/png" in o.get("data", {}) for o in outputs)
         assert (run / m / "logs" / "torchrun.log").exists()
         assert list((run / m / "logs").glob("**/attempt_0/1/stderr.log"))
+    check_record_and_relocation(run, tmp_path)
     check_report(run)
+
+
+def check_record_and_relocation(run, tmp_path):
+    """The environment record is complete, and the run folder works from anywhere (issue 14)."""
+    import shutil
+
+    from labkit import reproduce
+
+    env = load_json(run / "environment.json")
+    assert (run / env["packages"]["file"]).read_text().count("==") > 50  # requirements.lock
+    assert set(env["data"]) == {"ddp", "allreduce", "ps"} and env["data"]["ddp"]["dataset"] == "digits"
+    assert env["determinism"]["seed"] == 0 and env["determinism"]["backend"] == "gloo"
+    assert "untracked" in env["git"] and (run / "code.diff").exists() == bool(env["git"]["diff_file"])
+    assert load_json(run / "ddp" / "results_baseline_ddp.json")["determinism"]["torch_num_threads"] >= 1
+    for name in ("config.json", "environment.json", "experiment.json"):
+        assert str(run) not in (run / name).read_text(), name  # paths inside are relative
+    status = load_json(run / "experiment.json")
+    assert status["run_dir"] == "." and status["methods"]["ps"]["notebook"] == "ps/run_method.ipynb"
+    assert status["report"] == "report/report.html"
+    moved = shutil.copytree(run, tmp_path / "elsewhere" / "moved", symlinks=True)
+    p = labkit(["report", str(moved)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (moved / "report" / "performance_report.txt").stat().st_mtime > (run / "report" / "performance_report.txt").stat().st_mtime
+    doc = reproduce.compare_runs(reproduce.load_run_record(run), reproduce.load_run_record(moved))
+    assert {m: v["verdict"] for m, v in doc["methods"].items()} == dict.fromkeys(("ddp", "allreduce", "ps"), "identical")
 
 
 def check_report(run):

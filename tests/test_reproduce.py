@@ -1,0 +1,267 @@
+"""labkit.reproduce and labkit.record: a run and its rerun from one seed agree bit for bit on
+CPU; an edited loss or a changed data fingerprint is named; bad input is one clear error; the
+environment record installs (format) and a copied run folder still works."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY, check_ok, torchrun
+from labkit import record, reproduce
+from labkit.config import ConfigError, build_parser, config_from_args
+from labkit.lab import environment
+from labkit.metrics import atomic_write_json
+from labkit.reproduce import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
+from labkit.train import preflight
+
+pytestmark = pytest.mark.xdist_group("reproduce")
+
+
+def make_run(root: Path, name: str) -> Path:
+    """A run folder as labkit experiment writes it (config.json, environment.json with the
+    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real."""
+    run = root / name
+    run.mkdir()
+    cfg = preflight(config_from_args(build_parser().parse_args(TINY + ["--method", "ddp"])),
+                    world=2, local_world=2)
+    snap = record.snapshot({"ddp": cfg}, ROOT)
+    atomic_write_json(str(run / "config.json"), record.portable(
+        {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
+         "resolved": {"ddp": cfg.to_dict()}}, run))
+    env = {**environment(cfg.seed), **record.write_record(run, snap)}
+    atomic_write_json(str(run / "environment.json"), record.portable(env, run))
+    atomic_write_json(str(run / "experiment.json"), record.portable(
+        {"run_dir": str(run), "methods": {"ddp": {"status": "completed",
+                                                  "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
+    check_ok(torchrun(2, TINY + ["--method", "ddp", "--out", str(run / "ddp")], cwd=root))
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("repro")
+    return make_run(base, "a"), make_run(base, "b")
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_json(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_same_seed_twice_is_identical(runs, tmp_path):
+    a, b = (reproduce.load_run_record(r) for r in runs)
+    doc = reproduce.compare_runs(a, b)
+    v = doc["methods"]["ddp"]
+    assert v["verdict"] == IDENTICAL, v
+    assert v["max_abs_diff"] == 0.0 and v["first_divergence"] is None
+    assert v["compared"]["steps"] == 5 and v["compared"]["parameters"] > 10
+    assert doc["reproduced"] is True
+    assert doc["environment"] == []  # same machine, same code, same packages and data
+    # the timings are compared (a ratio), never for equality
+    assert v["timing"]["speed_ratio"] > 0
+    assert reproduce.summary_lines(doc) == ["ddp: identical"]
+    path = reproduce.write_reproduction(b.path, doc)
+    written = json.loads(path.read_text())
+    assert written["reproduction"] == "." and written["original"] == str(a.path)
+    assert written["methods"]["ddp"]["verdict"] == IDENTICAL
+
+
+def test_an_edited_loss_is_different_at_its_step(runs, tmp_path):
+    a = reproduce.load_run_record(runs[0])
+    c = copy_run(runs[1], tmp_path / "c")
+    res = c / "ddp" / "results_baseline_ddp.json"
+    edit_json(res, lambda d: d["epochs"][0]["all_losses"].__setitem__(
+        2, d["epochs"][0]["all_losses"][2] + 1e-3))
+    doc = reproduce.compare_runs(a, reproduce.load_run_record(c))
+    v = doc["methods"]["ddp"]
+    assert v["verdict"] == DIFFERENT and doc["reproduced"] is False
+    assert v["first_divergence"]["step"] == 3 and v["first_divergence"]["metric"] == "loss"
+    assert any("first differs at step 3 (epoch 1, step 3)" in r for r in v["reasons"]), v["reasons"]
+    assert v["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    # with a tolerance above the edit it is equal within tolerance, and says by how much
+    loose = reproduce.compare_runs(a, reproduce.load_run_record(c), tolerance=1e-2)
+    assert loose["methods"]["ddp"]["verdict"] == WITHIN and loose["reproduced"] is True
+    assert "max abs difference 0.001" in reproduce.summary_lines(loose)[0]
+
+
+def test_a_changed_final_parameter_is_named(runs, tmp_path):
+    import torch
+
+    a = reproduce.load_run_record(runs[0])
+    c = copy_run(runs[1], tmp_path / "c")
+    sd = torch.load(c / "ddp" / "final_model.pt", weights_only=True)
+    name = next(k for k, t in sd.items() if t.is_floating_point())
+    sd[name].view(-1)[0] += 0.5
+    torch.save(sd, c / "ddp" / "final_model.pt")
+    v = reproduce.compare_runs(a, reproduce.load_run_record(c))["methods"]["ddp"]
+    assert v["verdict"] == DIFFERENT
+    assert v["first_divergence"]["metric"] == f"final parameter {name}"
+    assert v["max_abs_diff"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_a_changed_data_fingerprint_is_reported(runs, tmp_path):
+    a = reproduce.load_run_record(runs[0])
+    d = copy_run(runs[1], tmp_path / "d")
+    edit_json(d / "environment.json", lambda e: e["data"]["ddp"].update(sha256="0" * 64))
+    doc = reproduce.compare_runs(a, reproduce.load_run_record(d))
+    v = doc["methods"]["ddp"]
+    assert v["verdict"] == DIFFERENT
+    assert v["reasons"][0].startswith("data fingerprint differs (digits: recorded ")
+    assert v["data"]["reproduced"]["sha256"] == "0" * 64
+    assert any(l.startswith("data (ddp): data fingerprint differs") for l in doc["environment"])
+
+
+def test_environment_diff_names_commit_packages_and_threads(runs):
+    env = reproduce.load_environment(reproduce.load_run_record(runs[0]))
+    other = json.loads(json.dumps(env))
+    other["git"].update(commit="f" * 40, dirty=True, diff_sha256="ab" * 32)
+    other["package_versions"]["torch"] = "0.0.1"
+    del other["package_versions"]["numpy"]
+    other["determinism"]["torch_num_threads"] = 64
+    lines = reproduce.environment_diff(env, other)
+    assert f"code: recorded {env['git']['commit'][:10]}" in lines[0] and "now ffffffffff (dirty, diff abab" in lines[0]
+    assert any(l.startswith(f"packages changed: torch {env['package_versions']['torch']} -> 0.0.1") for l in lines)
+    assert any(l.startswith("packages missing now: numpy ") for l in lines)
+    assert f"torch_num_threads: recorded {env['determinism']['torch_num_threads']}, now 64" in lines
+    # each rank 0 recorded its own thread count in its result file
+    assert env["rank_determinism"]["ddp"]["torch_num_threads"] >= 1
+
+
+def test_a_copied_run_folder_still_works(runs, tmp_path):
+    moved = copy_run(runs[0], tmp_path / "moved")
+    for name in ("config.json", "environment.json", "experiment.json"):
+        text = (moved / name).read_text()
+        assert str(runs[0]) not in text, name  # nothing points back at the original place
+    assert json.loads((moved / "experiment.json").read_text())["methods"]["ddp"]["notebook"] == "ddp/x.ipynb"
+    assert record.resolve_in_run(moved, "ddp/x.ipynb") == moved / "ddp" / "x.ipynb"
+    rec = reproduce.load_run_record(moved)
+    assert reproduce.load_environment(rec)["package_versions"]  # its lock, found in the copy
+    assert reproduce.compare_runs(rec, reproduce.load_run_record(runs[1]))["reproduced"]
+    p = subprocess.run([sys.executable, "-m", "labkit", "report", str(moved)], capture_output=True,
+                       text=True, timeout=180, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (moved / "report" / "performance_report.txt").exists()
+
+
+def test_portable_paths():
+    run = "/x/runs/r1"
+    doc = {"run_dir": run, "nb": f"{run}/ddp/run_method.ipynb", "data_dir": "/data/imagenet",
+           "cmd": f"python -m torch.distributed.run --log-dir={run}/ddp/logs --out {run}/ddp",
+           "other": "/x/runs/r10/ddp", "n": 3}
+    assert record.portable(doc, run) == {
+        "run_dir": ".", "nb": "ddp/run_method.ipynb", "data_dir": "/data/imagenet",
+        "cmd": "python -m torch.distributed.run --log-dir=ddp/logs --out ddp",
+        "other": "/x/runs/r10/ddp", "n": 3}
+
+
+# ------------------------------------------------------------------ bad input
+def one_line_error(call, *needles) -> str:
+    with pytest.raises(ReproduceError) as e:
+        call()
+    msg = str(e.value)
+    assert isinstance(e.value, ConfigError) and "\n" not in msg, msg
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def test_bad_run_folders_are_one_clear_error(runs, tmp_path):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(lambda: reproduce.load_run_record(tmp_path / "nope"), "does not exist")
+    (tmp_path / "file.txt").write_text("x")
+    one_line_error(lambda: reproduce.load_run_record(tmp_path / "file.txt"), "is not a folder")
+    (tmp_path / "empty").mkdir()
+    one_line_error(lambda: reproduce.load_run_record(tmp_path / "empty"), "is not a run folder")
+    missing = copy_run(runs[0], tmp_path / "missing")
+    (missing / "config.json").unlink()
+    one_line_error(lambda: reproduce.load_run_record(missing), "has no config.json")
+    corrupt = copy_run(runs[0], tmp_path / "corrupt")
+    text = (corrupt / "config.json").read_text()
+    (corrupt / "config.json").write_text(text[: len(text) // 2])
+    one_line_error(lambda: reproduce.load_run_record(corrupt), "config.json' is not valid JSON (line")
+    (corrupt / "config.json").write_text(json.dumps({"hello": 1}))
+    one_line_error(lambda: reproduce.load_run_record(corrupt), "is not a labkit experiment config")
+    a = reproduce.load_run_record(runs[0])
+    one_line_error(lambda: reproduce.compare_runs(a, a, methods=["ps"]), "has no method ps",
+                   "(it ran: ddp)")
+    one_line_error(lambda: reproduce.compare_runs(a, a, tolerance=-1.0), "--tolerance")
+    # nothing was written by any of these
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["file.txt", "empty", "missing", "corrupt"])
+    assert not (Path(runs[0]) / reproduce.REPRODUCTION_FILE).exists()
+
+
+# ------------------------------------------------------------------ the environment record
+def test_requirements_lock_is_pip_installable_format(runs):
+    import torch
+
+    text = (runs[0] / record.LOCK_FILE).read_text()
+    reqs = {}
+    for line in text.splitlines():
+        assert line.startswith("#") or (line.count("==") == 1 and " " not in line), line
+        if not line.startswith("#"):
+            try:
+                from packaging.requirements import Requirement
+            except ImportError:  # pragma: no cover - packaging ships with pip's environments
+                name, _, ver = line.partition("==")
+            else:
+                r = Requirement(line)
+                (spec,) = r.specifier
+                assert spec.operator == "==" and not r.marker and not r.url, line
+                name, ver = r.name, spec.version
+            key = record.normalize(name)
+            assert key not in reqs, f"{name} twice"
+            reqs[key] = ver
+    from importlib.metadata import version
+
+    # the distribution's version (torch.__version__ may add a local build tag, +cu130)
+    assert reqs["torch"] == version("torch") and torch.__version__.startswith(reqs["torch"])
+    assert "numpy" in reqs
+    assert "labkit" not in reqs and "# labkit==" in text  # this project: a comment, not a pin
+    assert record.parse_lock(text) == reqs
+    assert len(reqs) > 50
+
+
+def test_requirements_lock_comments_out_what_no_index_has():
+    dists = {"labkit": {"name": "labkit", "version": "0.1.0", "direct_url": "editable: file:///w"},
+             "my-tool": {"name": "My_Tool", "version": "1.0", "direct_url": "file:///src/my_tool"},
+             "typing-extensions": {"name": "typing_extensions", "version": "4.12.2", "direct_url": None}}
+    lines = record.requirements_lock(dists).splitlines()
+    assert "typing_extensions==4.12.2" in lines
+    assert any(l.startswith("# My_Tool==1.0  (not from an index: file:///src/my_tool)") for l in lines)
+    assert record.parse_lock("\n".join(lines)) == {"typing-extensions": "4.12.2"}
+
+
+def test_data_fingerprints(tmp_path):
+    from conftest import make_image_tree
+    from labkit.config import TrainConfig, resolve
+
+    tree = make_image_tree(tmp_path / "img", n_train=2, n_val=1)
+    cfg = resolve(TrainConfig(data_dir=str(tree)), False, 2)
+    fp = record.data_fingerprint(cfg)
+    assert fp["dataset"] == "imagefolder" and fp["classes"] == 2 and fp["images"] == 6
+    # no change: same fingerprint; a touched file: new sha256, same layout; new content size: both
+    assert record.data_fingerprint(cfg) == fp
+    img = tree / "train" / "cat" / "0.png"
+    st = img.stat()
+    import os
+    os.utime(img, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = record.data_fingerprint(cfg)
+    assert touched["sha256"] != fp["sha256"] and touched["layout_sha256"] == fp["layout_sha256"]
+    img.write_bytes(img.read_bytes() + b"\0")
+    grown = record.data_fingerprint(cfg)
+    assert grown["layout_sha256"] != fp["layout_sha256"]
+    syn = resolve(TrainConfig(dataset="synthetic"), False, 2)
+    assert record.data_fingerprint(syn)["image_size"] == 224
+    assert (record.data_fingerprint(syn)["sha256"]
+            != record.data_fingerprint(resolve(TrainConfig(dataset="synthetic", num_classes=10), False, 2))["sha256"])
