@@ -62,7 +62,8 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
 
 def check_report(run):
     """The exported write-up: both tables, all five figures inline, no code, a real PDF."""
-    from labkit.export import find_chromium, screenshot
+    from labkit.export import find_chromium
+    from screenshot import screenshot
 
     rep = run / "report"
     html = (rep / "report.html").read_text()
