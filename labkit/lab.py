@@ -20,7 +20,7 @@ from typing import IO, Any, Optional
 
 from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
-from .metrics import atomic_write_json
+from .metrics import atomic_write_json, folder_stamp, now_str
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -104,7 +104,7 @@ def new_run_dir(runs_dir: str, tag: Optional[str] = None) -> Path:
     if not os.access(root, os.W_OK):
         raise ConfigError(f"runs folder {str(root)!r} is not writable")
     while True:
-        name = time.strftime("%Y-%m-%d_%H-%M-%S") + (f"_{tag}" if tag else "")
+        name = folder_stamp() + (f"_{tag}" if tag else "")
         d = root / name
         try:
             d.mkdir()
@@ -208,7 +208,7 @@ class Experiment:
     nodes: Nodes = field(default_factory=Nodes)
 
 
-def _absolute(cfg: TrainConfig) -> TrainConfig:
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Paths as the user meant them: relative to where the command was run, not the run folder."""
     return dataclasses.replace(
         cfg, data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None,
@@ -225,7 +225,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
                           f"{', '.join(METHODS)} or a variant: {', '.join(v for v in VARIANTS if v not in METHODS)}")
     nproc = exp.nproc or machine_defaults()["nproc"]
-    cfg = _absolute(cfg)
+    cfg = with_absolute_paths(cfg)
     # all bad input fails here, in seconds, before a folder or a process exists
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
     resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
@@ -240,7 +240,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     env = environment(cfg.seed)
     env["torchrun_commands"] = {}
     atomic_write_json(str(run / "environment.json"), env)
-    status: dict[str, Any] = {"run_dir": str(run), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    status: dict[str, Any] = {"run_dir": str(run), "started": now_str(),
                               "methods": {}, "status": "running"}
     kernel = kernel_name()
     stream.write(f"experiment: {run}\n")
@@ -289,7 +289,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         status["status"] = "failed"
         status["report"] = f"report failed: {e.ename}: {e.evalue}"
         stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: {run / 'report'})\n")
-    status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    status["finished"] = now_str()
     atomic_write_json(str(run / "experiment.json"), status)
     return run, status
 
