@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import IO, Any, Optional
 
@@ -23,8 +24,10 @@ from .launch import Nodes, settle_results, validate
 from .metrics import atomic_write_json, folder_stamp, now_str
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
-NOTEBOOKS = REPO_DIR / "notebooks"
+REPO_DIR = PACKAGE_DIR.parent  # a source checkout (its git commit goes into environment.json)
+# the notebooks ship as package data (labkit/notebooks links to the repository's notebooks/),
+# so an installed labkit runs experiments from any folder
+NOTEBOOKS = Path(str(resources.files("labkit") / "notebooks"))
 KERNEL_NAME = "labkit"
 # launcher parameters of run_method.ipynb besides TrainConfig's fields
 LAUNCH_PARAMS = {"nproc": (int, type(None)), "nnodes": (int,), "node_rank": (int,),
