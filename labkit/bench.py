@@ -1,28 +1,13 @@
-"""`labkit bench`: where a step's time goes, per method, against DDP and the raw collectives.
+"""`labkit bench`, the launcher side: where a step's time goes, per method, against DDP and the
+raw collectives.
 
 For every variant (ddp, allreduce, ps, ps-p2p, ...) and process count, one torchrun job runs
-labkit.benchworker on every rank. Each rank, in one process group:
-
-1. runs warm-up steps (left out), then ``--trials`` trials of ``--steps`` synchronised steps;
-2. runs as many compute-only steps: the same forward, backward and optimizer step with no
-   communication at all (``Strategy.no_sync``; every trainer updates its own copy, so the
-   copies drift apart -- ``param_spread`` shows it);
-3. times the raw collectives on buffers of the bytes the method moves, in the same process
-   group: one all-reduce, one reduce, one broadcast, and an all-reduce size sweep (the cost
-   model fits latency and bandwidth to it, see labkit.costmodel).
-
-A trial's time is the slowest rank's: a step is over when its last rank is. Steps cycle over
-a few batches already on the device, so data loading is not in these figures (training
-reports its data wait per epoch). Then
-
-    exposed communication = median synchronised step - median compute-only step
-    algbw = bytes / time;  busbw = algbw * 2(n-1)/n for all-reduce, = algbw for reduce and
-    broadcast (as nccl-tests defines them)
-
-This module is the launcher side: :func:`bench` validates every combination first, then launches them one
-after another into ``runs/<date>_<time>_bench/`` and writes ``bench.json``, ``bench.txt`` and
-``bench.png`` there (``bench.json`` after every job, so a failure keeps what was measured).
-The document's derived figures, table and plot are labkit.benchdoc, which the report reads.
+labkit.benchworker on every rank (timed synchronised steps, compute-only steps, the raw
+collectives: see its docstring). :func:`bench` validates every combination first, then
+launches them one after another into ``runs/<date>_<time>_bench/`` and writes ``bench.json``,
+``bench.txt`` and ``bench.png`` there (``bench.json`` after every job, so a failure keeps what
+was measured). The document's derived figures (exposed communication, bus bandwidth), table
+and plot are labkit.benchdoc, which the report and the cost model read.
 """
 from __future__ import annotations
 
