@@ -179,7 +179,8 @@ def cmd_experiment(params: dict) -> int:
 def cmd_bench(params: dict) -> int:
     import torch
 
-    from .bench import BenchPlan, bench, parse_list, text_table
+    from .bench import BenchPlan, bench, parse_list
+    from .benchdoc import text_table
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
             "report")
@@ -204,11 +205,15 @@ def cmd_report(params: dict) -> int:
     for p in paths:
         if not os.path.exists(p):
             raise ConfigError(f"{p!r} does not exist")
-    from .bench import load as load_bench
+    from .benchdoc import BenchError
+    from .benchdoc import load as load_bench
 
     res = report.load_files(paths)
     single_run = len(paths) == 1 and Path(paths[0]).is_dir()
-    has_bench = single_run and load_bench(paths[0]) is not None
+    try:
+        has_bench = single_run and bool(load_bench(paths[0], need_results=False))
+    except BenchError:
+        has_bench = False
     if not res.docs and not res.problems and not has_bench:
         raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) or "
                           f"bench.json in {', '.join(paths)}")
@@ -227,9 +232,9 @@ def _sigterm(signum, frame):
 def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["model"]:  # its own parser and messages (labkit.model)
-        from . import model
-        return model.main(argv[1:])
+    if argv[:1] == ["model"]:  # its own parser and messages (labkit.costmodel.cli)
+        from .costmodel.cli import main as model_main
+        return model_main(argv[1:])
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     try:

@@ -124,14 +124,6 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"unknown parameter(s): {', '.join(unknown)}")
-        return cls(**d)
-
     def trainers(self, world_size: int) -> int:
         """Ranks that train: all of them, except a parameter server's server ranks."""
         return world_size - self.ps_servers if self.method == "ps" else world_size

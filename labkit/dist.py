@@ -56,9 +56,14 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def is_distributed() -> bool:
+    """A process group is up and has peers: collectives would do something."""
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum ``t`` in place over all ranks (no-op for one process)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if is_distributed():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 

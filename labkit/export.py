@@ -63,7 +63,7 @@ def find_chromium() -> Optional[str]:
     return None
 
 
-def _run_chromium(output_flag: str, suffix: str, html_path: Path, dest: str, extra: list[str]) -> None:
+def run_chromium(output_flag: str, suffix: str, html_path: Path, dest: str, extra: list[str]) -> None:
     """Have headless Chromium render ``html_path`` with ``output_flag``; copy the file to ``dest``.
 
     Chromium writes into a scratch folder (beside its throw-away profile) because it picks the
@@ -102,17 +102,8 @@ def export_pdf(html_path: str | os.PathLike, pdf_path: str | os.PathLike) -> tup
     pdf_path = Path(pdf_path)
     try:
         with atomic_path(str(pdf_path)) as tmp:
-            _run_chromium("--print-to-pdf", ".pdf", Path(html_path), tmp, ["--no-pdf-header-footer"])
+            run_chromium("--print-to-pdf", ".pdf", Path(html_path), tmp, ["--no-pdf-header-footer"])
     except ChromiumError as e:
         return None, f"PDF skipped: {e}"
     return pdf_path, ""
 
-
-def screenshot(html_path: str | os.PathLike, png_path: str | os.PathLike,
-               width: int = 1200, height: int = 1600) -> Path:
-    """A PNG of the top ``width`` x ``height`` pixels of the page; raises ChromiumError."""
-    png_path = Path(png_path)
-    with atomic_path(str(png_path)) as tmp:
-        _run_chromium("--screenshot", ".png", Path(html_path), tmp,
-                      [f"--window-size={width},{height}", "--hide-scrollbars"])
-    return png_path

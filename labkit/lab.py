@@ -15,17 +15,20 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import IO, Any, Optional
 
 from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
-from .metrics import atomic_write_json
+from .metrics import atomic_write_json, folder_stamp, now_str
 from .record import portable, snapshot, write_record
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
-NOTEBOOKS = REPO_DIR / "notebooks"
+REPO_DIR = PACKAGE_DIR.parent  # a source checkout (its git commit goes into environment.json)
+# the notebooks ship as package data (labkit/notebooks links to the repository's notebooks/),
+# so an installed labkit runs experiments from any folder
+NOTEBOOKS = Path(str(resources.files("labkit") / "notebooks"))
 KERNEL_NAME = "labkit"
 # launcher parameters of run_method.ipynb besides TrainConfig's fields
 LAUNCH_PARAMS = {"nproc": (int, type(None)), "nnodes": (int,), "node_rank": (int,),
@@ -106,7 +109,7 @@ def new_run_dir(runs_dir: str, tag: Optional[str] = None) -> Path:
     if not os.access(root, os.W_OK):
         raise ConfigError(f"runs folder {str(root)!r} is not writable")
     while True:
-        name = time.strftime("%Y-%m-%d_%H-%M-%S") + (f"_{tag}" if tag else "")
+        name = folder_stamp() + (f"_{tag}" if tag else "")
         d = root / name
         try:
             d.mkdir()
@@ -210,7 +213,7 @@ class Experiment:
     nodes: Nodes = field(default_factory=Nodes)
 
 
-def _absolute(cfg: TrainConfig) -> TrainConfig:
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Paths as the user meant them: relative to where the command was run, not the run folder."""
     return dataclasses.replace(
         cfg, data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None,
@@ -227,7 +230,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
                           f"{', '.join(METHODS)} or a variant: {', '.join(v for v in VARIANTS if v not in METHODS)}")
     nproc = machine_defaults()["nproc"] if exp.nproc is None else exp.nproc  # 0 is bad input
-    cfg = _absolute(cfg)
+    cfg = with_absolute_paths(cfg)
     # all bad input fails here, in seconds, before a folder or a process exists
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
     resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
@@ -249,7 +252,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
            # torchrun_commands name paths relative to the run folder: run them from there
            "paths": "relative to the run folder unless absolute"}
     write("environment.json", env)
-    status: dict[str, Any] = {"run_dir": str(run), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    status: dict[str, Any] = {"run_dir": str(run), "started": now_str(),
                               "methods": {}, "status": "running"}
     kernel = kernel_name()
     stream.write(f"experiment: {run}\n")
@@ -298,7 +301,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         status["status"] = "failed"
         status["report"] = f"report failed: {e.ename}: {e.evalue}"
         stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: {run / 'report'})\n")
-    status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    status["finished"] = now_str()
     write("experiment.json", status)
     return run, status
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from .config import ConfigError, TrainConfig
-from .metrics import atomic_write_json
+from .metrics import atomic_write_json, now_str
 
 @dataclass(frozen=True)
 class Nodes:
@@ -346,7 +346,7 @@ def settle_results(out_dir: str, result_file: str, status: str, why: str) -> Non
     if doc.get("status") == "running" or (status == "interrupted" and doc.get("status") == "failed"):
         doc["status"] = status
         doc.setdefault("error", why)
-        doc["end_time"] = doc.get("end_time") or time.strftime("%Y-%m-%d %H:%M:%S")
+        doc["end_time"] = doc.get("end_time") or now_str()
         atomic_write_json(path, doc)
 
 

@@ -135,7 +135,13 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 
 
 def now_str() -> str:
+    """The one timestamp format of result files, run status and bench documents."""
     return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def folder_stamp() -> str:
+    """The date-and-time prefix of run folder names (sorts in time order, no colons)."""
+    return time.strftime("%Y-%m-%d_%H-%M-%S")
 
 
 class Lines:

@@ -17,22 +17,21 @@ if __name__ == "__main__":
     _lifecycle.take_sigterm()
 
 import os
-import signal
 import sys
 import time
 import traceback
 from contextlib import nullcontext
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from . import __version__, lifecycle
+from . import __version__, hooks, lifecycle
 from .config import ConfigError, TrainConfig, build_parser, config_from_args, resolve
 from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
                    steps_per_epoch, train_sampler)
 from .dist import DistContext, all_reduce_sum, env_world, init, sync_device, teardown
-from .metrics import Lines, StepClock, atomic_torch_save
+from .metrics import Lines, StepClock, atomic_torch_save, folder_stamp
 from .models import build_model
 from .results import Results, comm_key, comm_times_key
 from .sync import make_strategy
@@ -69,7 +68,7 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
 
 
 def default_out(method: str) -> str:
-    base = os.path.join("runs", time.strftime("%Y-%m-%d_%H-%M-%S") + f"_{method}")
+    base = os.path.join("runs", folder_stamp() + f"_{method}")
     out, i = base, 1
     while os.path.exists(out):
         i += 1
@@ -134,9 +133,11 @@ class Trainer:
             self.val_loader = make_loader(data.val, ShardSampler(len(data.val), s.trainers, s.trainer_index),
                                           cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
         self.num_train, self.num_val = len(data.train), len(data.val)
-        self.fault = _injected_fault(cfg.method, ctx.rank)
         self.global_step = 0
         self._local_opt: Optional[torch.optim.Optimizer] = None
+        # called as fn(trainer, global_step) before each training step (labkit.hooks)
+        self.step_callbacks: list[Callable[["Trainer", int], None]] = []
+        hooks.trainer_built(self)
 
     def log(self, msg: str) -> None:
         """One line for people, from the rank that writes results (rank 0)."""
@@ -247,8 +248,8 @@ class Trainer:
                 t_window = clock.mark()
             elif step > warmup:
                 clock.mark()
-            if self.fault and self.global_step == self.fault[0]:
-                _fail(self.fault[1], self.global_step)
+            for callback in self.step_callbacks:
+                callback(self, self.global_step)
             self.global_step += 1
             x = y = None
             if it is not None:
@@ -492,30 +493,6 @@ def _record_for_torchrun(e: BaseException) -> None:
         get_error_handler().record_exception(e)
     except Exception:  # noqa: BLE001 - best effort, outside torchrun there is no error file
         pass
-
-
-def _injected_fault(method: str, rank: int) -> Optional[tuple[int, str]]:
-    """Test-only fault switch: LABKIT_TEST_FAULT=<method>:<rank>:<step>[:raise|kill|hang] makes
-    that rank fail at that step (counted from 0 in this process), so tests can check what a
-    real crashed, killed or hung rank does to a run. Only on torchrun's first attempt, so an
-    elastic restart can succeed."""
-    spec = os.environ.get("LABKIT_TEST_FAULT", "")
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return None
-    try:
-        m, r, s, *kind = spec.split(":")
-        return (int(s), kind[0] if kind else "raise") if m == method and int(r) == rank else None
-    except ValueError:
-        return None
-
-
-def _fail(kind: str, step: int) -> None:
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "hang":
-        while True:  # a rank stuck outside any collective: its peers time out waiting for it
-            time.sleep(60)
-    raise RuntimeError(f"injected fault (LABKIT_TEST_FAULT) at step {step}")
 
 
 if __name__ == "__main__":

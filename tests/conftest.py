@@ -11,6 +11,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# every process the tests start imports tests/hooks/sitecustomize.py, which installs the
+# LABKIT_TEST_* fault and tracing hooks from outside the package (labkit.hooks)
+HOOKS = str(Path(__file__).resolve().parent / "hooks")
+if HOOKS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HOOKS, os.environ.get("PYTHONPATH")) if p)
+
 # tiny but real: the digits images, the smallest ResNet, a few steps
 TINY = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--epochs", "1",
         "--max-steps-per-epoch", "5", "--lr", "0.01", "--max-val-steps", "2", "--no-progress", "--timeout", "120"]

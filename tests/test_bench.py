@@ -63,7 +63,7 @@ def test_bench_writes_every_field(bench_run):
     assert ddp["throughput_vs_ddp"] == 1.0
     assert ar["throughput_vs_ddp"] == pytest.approx(ar["throughput"] / ddp["throughput"])
     # each method's own communication time beside the raw collective of the same bytes
-    from labkit.bench import rows
+    from labkit.benchdoc import rows
 
     by = {r["variant"]: r for r in rows(doc)}
     ps_sync = sum(ps["phases"].values())
@@ -101,12 +101,12 @@ def test_profile_trace_labels_the_phases(bench_run):
 
 
 def test_cost_model_calibrates_on_a_real_bench(bench_run):
-    from labkit import model
+    from labkit import costmodel as model
 
     _, doc, _ = bench_run
     cal = model.calibrate(doc)[2]
     assert cal["alpha"] >= 0 and cal["bandwidth"] > 1e6  # loopback gloo: well above 1 MB/s
-    rows = model.validate(doc)
+    rows = model.compare_with_bench(doc)
     assert {r["variant"] for r in rows} == {"ddp", "allreduce", "ps"}
     for r in rows:
         measured = next(x for x in doc["results"] if x["variant"] == r["variant"])

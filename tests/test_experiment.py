@@ -88,7 +88,8 @@ def check_record_and_relocation(run, tmp_path):
 
 def check_report(run):
     """The exported write-up: both tables, all five figures inline, no code, a real PDF."""
-    from labkit.export import find_chromium, screenshot
+    from labkit.export import find_chromium
+    from screenshot import screenshot
 
     rep = run / "report"
     html = (rep / "report.html").read_text()

@@ -14,7 +14,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 pytestmark = pytest.mark.xdist_group("export")
 
 from labkit import export
-from labkit.export import export_html, export_pdf, find_chromium, screenshot
+from labkit.export import export_html, export_pdf, find_chromium
+from screenshot import screenshot
 
 # Appears only in code cells, so finding it in the HTML means code leaked into the report.
 CODE_MARKER = "labkit_code_marker_7f3a"

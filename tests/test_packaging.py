@@ -50,3 +50,21 @@ def test_xdist_groups_keep_a_fixture_on_one_worker(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     workers = {(tmp_path / f"w{i}").read_text() for i in range(6)}
     assert len(workers) == 1, workers
+
+
+def test_wheel_ships_the_notebooks_and_templates(tmp_path):
+    """A non-editable install must find the notebooks and the export template inside the
+    package (lab.NOTEBOOKS comes from importlib.resources); the wheel is built without deps."""
+    import subprocess
+    import sys
+    import zipfile
+
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (wheel,) = tmp_path.glob("labkit-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for nb in ("run_method", "report", "explore"):
+        assert f"labkit/notebooks/{nb}.ipynb" in names
+    assert "labkit/templates/offline/index.html.j2" in names
+    assert not any(n.startswith("tests/") for n in names)

@@ -145,3 +145,25 @@ def test_implementation_section_quotes_the_current_source():
         assert line in src, line  # guard: the quote is real code
         assert line in md, line   # and the report shows it
     assert "register_post_accumulate_grad_hook" not in md or "_grad_ready" in md
+
+
+def test_every_quoted_function_has_exactly_one_marker(tmp_path, monkeypatch):
+    """The implementation section quotes by ``# report-quote: NAME`` markers: each name it
+    uses is marked once, above a function; a missing marker is an error, not a silent gap."""
+    from labkit.report import implementation as impl
+
+    found = impl.find_quotes()
+    for name in impl.QUOTES:
+        assert len(found.get(name, [])) == 1, name
+        assert impl.quote(name, found).lstrip().startswith(("def ", "@")), name
+    assert set(found) == set(impl.QUOTES)  # no stray marker either
+    with pytest.raises(impl.QuoteError, match="'no-such-quote'"):
+        impl.quote("no-such-quote", found)
+
+
+def test_captions_are_numbered_once():
+    numbers = [c.number for c in report.CAPTIONS.values()]
+    assert len(numbers) == len(set(numbers))
+    assert [n for n in numbers if n.startswith("Table")] == [f"Table {i}" for i in range(1, 6)]
+    assert [n for n in numbers if n.startswith("Figure")] == [f"Figure {i}" for i in range(1, 9)]
+    assert all(p in report.CAPTIONS for p in report.PLOTS)  # every plot has its caption

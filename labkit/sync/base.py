@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import TrainConfig
-from ..dist import DistContext
+from ..dist import DistContext, is_distributed
 from ..metrics import PhaseTimer
 
 
@@ -93,6 +93,7 @@ class Strategy:
         end of each epoch's training on every rank; rank 0's go into the result file."""
         return {}
 
+    # report-quote: bn-finish-epoch  (quoted in the report: labkit/report/implementation.py)
     def finish_epoch(self, model: nn.Module) -> None:
         """Make every rank hold the model as the method defines it (for validation and saving).
 
@@ -107,6 +108,6 @@ class Strategy:
 
 def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
     """Start every rank from rank ``src``'s weights (as DDP does when it wraps a model)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if is_distributed():
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t.data, src=src)

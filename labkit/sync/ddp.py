@@ -20,6 +20,7 @@ class DDPStrategy(Strategy):
     # measured by `labkit bench` as step time with sync minus step time without.
     phases = ()
 
+    # report-quote: ddp-setup  (quoted in the report: labkit/report/implementation.py)
     def setup(self, model: nn.Module) -> nn.Module:
         if not self.ctx.distributed:
             return model

@@ -41,8 +41,7 @@ from torch import nn
 
 from .base import Strategy
 from .buckets import InOrder, backward_order, group_params
-
-SERVER = 0  # the (first) server's rank
+from .ps_common import SERVER, ServerRoles, flatten
 
 
 def shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -56,7 +55,7 @@ def shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
     return bounds
 
 
-class PSStrategy(Strategy):
+class PSStrategy(ServerRoles, Strategy):
     phases = ("pull", "push")
 
     def __init__(self, cfg, ctx):
@@ -65,30 +64,11 @@ class PSStrategy(Strategy):
         self.collective = cfg.ps_mode == "collective"
         self.bucketed = False  # set by _plan_buckets (the synchronous collective protocol)
 
-    @property
-    def trainers(self) -> int:
-        return self.ctx.world_size - self.servers
-
-    @property
-    def trainer_index(self) -> Optional[int]:
-        return None if self.is_server else self.ctx.rank - self.servers
-
-    @property
-    def first_trainer(self) -> int:
-        return self.servers
-
-    @property
-    def steps_optimizer(self) -> bool:
-        return self.is_server
-
-    @property
-    def is_server(self) -> bool:
-        return self.ctx.rank < self.servers
-
     def setup(self, model: nn.Module) -> nn.Module:
         if self.collective:
             self.params = backward_order(model)  # the flat layout: buckets fill front to back
-            self._flatten()
+            self.flat_params, self.flat_grads, self.half = flatten(self.params,
+                                                                   self.cfg.compress == "fp16")
             self._plan_shards()
             self._plan_buckets(model)
         else:
@@ -98,23 +78,6 @@ class PSStrategy(Strategy):
             for p in self.params:
                 p.grad = torch.zeros_like(p)
         return model
-
-    def _flatten(self) -> None:
-        """Parameters and gradients become views into one flat buffer each."""
-        dev, dt = self.params[0].device, self.params[0].dtype
-        n = sum(p.numel() for p in self.params)
-        self.flat_params = torch.empty(n, dtype=dt, device=dev)
-        self.flat_grads = torch.zeros(n, dtype=dt, device=dev)
-        off = 0
-        for p in self.params:
-            k = p.numel()
-            self.flat_params[off:off + k].copy_(p.data.reshape(-1))
-            p.data = self.flat_params[off:off + k].view_as(p)
-            p.grad = self.flat_grads[off:off + k].view_as(p)
-            off += k
-        # the fp16 gradients a push sends with --compress fp16
-        self.half = (torch.empty(n, dtype=torch.float16, device=dev)
-                     if self.cfg.compress == "fp16" else None)
 
     def _plan_shards(self) -> None:
         """``self.shards``: (server rank, lo, hi, process group) for every slice;
@@ -194,6 +157,7 @@ class PSStrategy(Strategy):
         if not self.layer_waits:  # a server (its sends must finish before its next step), or
             self._await_pull()    # --compile: the whole pull now
 
+    # report-quote: ps-start-pull  (quoted in the report: labkit/report/implementation.py)
     def _start_pull(self) -> None:
         """Every bucket's broadcast, in the order the forward needs them (the flat layout is
         backward's order, so the last bucket first)."""
@@ -211,6 +175,7 @@ class PSStrategy(Strategy):
             w.wait()
         self.timer.totals[phase] += time.perf_counter() - t0
 
+    # report-quote: ps-await-layer  (quoted in the report: labkit/report/implementation.py)
     def _await_layer(self, buckets: list[int], module, args) -> None:
         """Forward pre-hook: a layer's forward waits for its own parameters only."""
         if self.pulls is not None:
@@ -235,6 +200,7 @@ class PSStrategy(Strategy):
                 dist.recv(p.data, src=SERVER)
 
     # (3) push and (4) average
+    # report-quote: ps-grad-ready  (quoted in the report: labkit/report/implementation.py)
     def _grad_ready(self, p: nn.Parameter) -> None:
         """A worker's gradient hook: push every consecutive bucket, from the next one in
         order, whose gradients are all in."""
@@ -243,6 +209,7 @@ class PSStrategy(Strategy):
         for i in self.order.ready(self.bucket_of[p]):
             self._push(i)
 
+    # report-quote: ps-push  (quoted in the report: labkit/report/implementation.py)
     def _push(self, i: int) -> None:
         for s, lo, hi, g in self.buckets[i]:
             if self.half is None:
@@ -252,6 +219,7 @@ class PSStrategy(Strategy):
                 t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
             self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))
 
+    # report-quote: ps-after-backward  (quoted in the report: labkit/report/implementation.py)
     def after_backward(self) -> None:
         if not self.collective:
             with self.timer("push"):

@@ -40,28 +40,25 @@ Observability: the server counts the gap ``t - min done`` of every grant; the lo
 epoch's largest as ``max_staleness_observed`` (and the count per gap as
 ``staleness_histogram``) into the result file.
 
-Test-only switches (like LABKIT_TEST_FAULT in labkit.train):
-  LABKIT_TEST_SLOW=<rank>:<seconds>  that worker sleeps so long after each backward, so the
-                                     others run ahead and the bound has to hold them back;
-  LABKIT_TEST_TRACE=<path>           the server appends one JSON line per grant
-                                     {"event": "grant", "rank", "step", "slowest"} and per
-                                     applied gradient {"event": "apply", "rank", "step"}.
+Hooks for tests and experiments (public attributes, set from outside, e.g. by a
+labkit.hooks trainer hook): ``step_delay`` (seconds a worker sleeps after each backward, so
+the others run ahead and the bound has to hold them back) and ``tracer`` (called by the server
+with one dict per grant {"event": "grant", "rank", "step", "slowest"} and per applied gradient
+{"event": "apply", "rank", "step"}).
 """
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from collections import Counter
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy
-from .ps import SERVER, PSStrategy
+from .ps_common import SERVER, ServerRoles, flatten
 
 END = -1  # a worker's last message of an epoch, in place of a request
 IDLE, WAIT_REQ, ASKED, WAIT_GRAD, ENDED = range(5)  # the server's view of one worker
@@ -99,13 +96,20 @@ class _Recv:
             self.work.wait()
 
 
-class AsyncPSStrategy(PSStrategy):
+class AsyncPSStrategy(ServerRoles, Strategy):
     phases = ("pull", "push")
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.servers = 1  # rank 0 (the config refuses --ps-servers > 1 with --ps-staleness)
+        self.step_delay = 0.0  # seconds a worker sleeps after backward (a slow worker)
+        self.tracer: Optional[Callable[[dict], None]] = None  # the server's grants and applies
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.collective = True  # the flat layout of the collective protocol, whatever --ps-mode
-        self._flatten()
+        # the flat layout of the collective protocol, whatever --ps-mode
+        self.flat_params, self.flat_grads, self.half = flatten(self.params,
+                                                               self.cfg.compress == "fp16")
         world, rank = self.ctx.world_size, self.ctx.rank
         self.bound = self.cfg.ps_staleness
         self.workers = list(range(1, world))
@@ -124,14 +128,14 @@ class AsyncPSStrategy(PSStrategy):
             self.done = {w: 0 for w in self.workers}
             self.asked: list[int] = []  # deferred requests, in arrival order
             self.gaps: Counter = Counter()  # this epoch's grants per gap
-            path = os.environ.get("LABKIT_TEST_TRACE")
-            self.trace = open(path, "a", buffering=1) if path else None
         else:
             self.my_pair = self.pair[rank]
             self.req_out = torch.empty(1, dtype=torch.int64, device=dev)
             self.steps_done = 0
-            self.delay = _injected_delay(rank)
         return model
+
+    def zero_grad(self, optimizer) -> None:
+        self.flat_grads.zero_()
 
     # ------------------------------------------------------------------ workers
     def before_forward(self) -> None:
@@ -146,8 +150,8 @@ class AsyncPSStrategy(PSStrategy):
     def after_backward(self) -> None:
         if self.is_server:
             return
-        if self.delay:
-            time.sleep(self.delay)  # LABKIT_TEST_SLOW: a slow worker
+        if self.step_delay:
+            time.sleep(self.step_delay)  # a slow worker (set from outside, see the docstring)
         with self.timer("push"):
             g = self.flat_grads if self.half is None else self.half.copy_(self.flat_grads)
             dist.send(g, dst=SERVER, group=self.my_pair)
@@ -246,8 +250,8 @@ class AsyncPSStrategy(PSStrategy):
         self.done[w] += 1
 
     def _trace(self, **event) -> None:
-        if self.trace is not None:
-            self.trace.write(json.dumps(event) + "\n")
+        if self.tracer is not None:
+            self.tracer(event)
 
     def epoch_metrics(self) -> dict:
         if not self.is_server:
@@ -265,7 +269,7 @@ class AsyncPSStrategy(PSStrategy):
             self.req_out.fill_(END)
             dist.send(self.req_out, dst=SERVER, group=self.my_pair)
         dist.broadcast(self.flat_params, src=SERVER)
-        Strategy.finish_epoch(self, model)  # BatchNorm buffers from the first worker
+        super().finish_epoch(model)  # BatchNorm buffers from the first worker
 
     def _drain(self) -> None:
         """Receive every worker's END; afterwards nothing is posted or in flight."""
@@ -285,12 +289,3 @@ class AsyncPSStrategy(PSStrategy):
                 self.reply[w].wait()
                 self.reply[w] = None
 
-
-def _injected_delay(rank: int) -> float:
-    """LABKIT_TEST_SLOW=<rank>:<seconds>: seconds this rank sleeps per step (test-only)."""
-    spec = os.environ.get("LABKIT_TEST_SLOW", "")
-    try:
-        r, s = spec.split(":")
-        return float(s) if int(r) == rank else 0.0
-    except ValueError:
-        return 0.0

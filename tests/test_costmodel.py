@@ -1,4 +1,4 @@
-"""The cost model (labkit.model): hand-computed cases, calibration on a synthetic bench file
+"""The cost model (labkit.costmodel): hand-computed cases, calibration on a synthetic bench file
 made from known alpha and beta, validation arithmetic, the projection and the command line."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from labkit import model
-from labkit.model import Link, MiB
+from labkit import costmodel
+from labkit.costmodel import Link, MiB
 
 ALPHA = 1e-5             # 10 us
 BETA = 1 / 10e9          # 10 GB/s
@@ -19,13 +19,13 @@ LINK = Link("test", ALPHA, BETA)
 
 def test_ring_allreduce_by_hand():
     # p = 4, n = 100 MB: 2*3*1e-5 + 2*1e8*3/4/1e10 = 6e-5 + 0.015
-    assert model.ring_allreduce_time(1e8, 4, LINK) == pytest.approx(0.01506)
+    assert costmodel.ring_allreduce_time(1e8, 4, LINK) == pytest.approx(0.01506)
 
 
 def test_one_process_has_no_comm():
-    assert model.ring_allreduce_time(1e8, 1, LINK) == 0.0
+    assert costmodel.ring_allreduce_time(1e8, 1, LINK) == 0.0
     for method in ("ddp", "allreduce"):
-        pred = model.predict_step(method, 0.2, 1e8, 1, LINK)
+        pred = costmodel.predict_step(method, 0.2, 1e8, 1, LINK)
         assert pred["comm"] == 0.0 and pred["exposed"] == 0.0 and pred["step"] == 0.2
 
 
@@ -34,18 +34,18 @@ def test_hierarchical_allreduce_by_hand():
     inter = Link("net", 1e-5, 1 / 50e9)
     n = 8e8
     # inside one node it is a ring on the intra-node link
-    assert model.hierarchical_allreduce_time(n, 8, intra, inter) == pytest.approx(
-        model.ring_allreduce_time(n, 8, intra))
+    assert costmodel.hierarchical_allreduce_time(n, 8, intra, inter) == pytest.approx(
+        costmodel.ring_allreduce_time(n, 8, intra))
     # 32 GPUs = 4 nodes: 2*(7e-6 + 8e8*7/8/400e9) + 2*3*1e-5 + 2*(8e8/8)*3/4/50e9
     expected = 2 * (7e-6 + 8e8 * 7 / 8 / 400e9) + 6e-5 + 2 * 1e8 * 0.75 / 50e9
-    assert model.hierarchical_allreduce_time(n, 32, intra, inter) == pytest.approx(expected)
+    assert costmodel.hierarchical_allreduce_time(n, 32, intra, inter) == pytest.approx(expected)
 
 
 def test_central_ps_is_server_bound():
     # 4 workers, n = 100 MB: the server sends 4 copies (pull) and receives 4 (push)
     pull = 4 * ALPHA + 4 * 1e8 * BETA             # 0.04004 > a worker's 1e-5 + 0.01
-    assert model.server_broadcast_time(1e8, 4, LINK) == pytest.approx(0.04004)
-    pred = model.predict_step("ps", 0.3, 1e8, 4, LINK)
+    assert costmodel.server_broadcast_time(1e8, 4, LINK) == pytest.approx(0.04004)
+    pred = costmodel.predict_step("ps", 0.3, 1e8, 4, LINK)
     assert pred["comm"] == pytest.approx(2 * pull)
     assert pred["exposed"] == pred["comm"]        # pull and push do not overlap compute
     assert pred["step"] == pytest.approx(0.3 + 0.08008)
@@ -53,31 +53,31 @@ def test_central_ps_is_server_bound():
 
 def test_sharded_ps_divides_server_load():
     link = Link("bw only", 0.0, BETA)
-    central = model.predict_step("ps", 0.0, 1e8, 16, link)["comm"]
+    central = costmodel.predict_step("ps", 0.0, 1e8, 16, link)["comm"]
     for k in (2, 4, 8, 16):
-        sharded = model.predict_step("ps_sharded", 0.0, 1e8, 16, link, servers=k)["comm"]
+        sharded = costmodel.predict_step("ps_sharded", 0.0, 1e8, 16, link, servers=k)["comm"]
         assert sharded == pytest.approx(central / k)
     # more servers than workers: a worker's own link (n per phase) is the limit
-    assert model.predict_step("ps_sharded", 0.0, 1e8, 4, link, servers=8)["comm"] == \
+    assert costmodel.predict_step("ps_sharded", 0.0, 1e8, 4, link, servers=8)["comm"] == \
         pytest.approx(2 * 1e8 * BETA)
     # with latency: server side W*alpha + W*n/k*beta = 16e-5 + 0.04
-    assert model.server_reduce_time(1e8, 16, LINK, servers=4) == pytest.approx(16e-5 + 0.04)
+    assert costmodel.server_reduce_time(1e8, 16, LINK, servers=4) == pytest.approx(16e-5 + 0.04)
     with pytest.raises(ValueError):
-        model.predict_step("ps", 0.1, 1e8, 4, LINK, servers=2)
+        costmodel.predict_step("ps", 0.1, 1e8, 4, LINK, servers=2)
 
 
 # --- overlap ---------------------------------------------------------------------------------
 
 def test_bucket_sizes():
-    assert model.bucket_sizes(100 * MiB, 25 * MiB) == [25 * MiB] * 4
-    assert model.bucket_sizes(60 * MiB, 25 * MiB) == [25 * MiB, 25 * MiB, 10 * MiB]
-    assert model.bucket_sizes(0, 25 * MiB) == []
+    assert costmodel.bucket_sizes(100 * MiB, 25 * MiB) == [25 * MiB] * 4
+    assert costmodel.bucket_sizes(60 * MiB, 25 * MiB) == [25 * MiB, 25 * MiB, 10 * MiB]
+    assert costmodel.bucket_sizes(0, 25 * MiB) == []
 
 
 def test_comm_inside_backward_exposes_only_the_last_bucket():
     # 4 buckets of 25 MiB on 4 processes: each ~3.9 ms, 15.7 ms in all < backward 200 ms
-    pred = model.predict_step("ddp", 0.3, 100 * MiB, 4, LINK)
-    t_bucket = model.ring_allreduce_time(25 * MiB, 4, LINK)
+    pred = costmodel.predict_step("ddp", 0.3, 100 * MiB, 4, LINK)
+    t_bucket = costmodel.ring_allreduce_time(25 * MiB, 4, LINK)
     assert pred["buckets"] == 4
     assert pred["comm"] == pytest.approx(4 * t_bucket)
     assert pred["exposed"] == pytest.approx(t_bucket)
@@ -86,8 +86,8 @@ def test_comm_inside_backward_exposes_only_the_last_bucket():
 
 def test_comm_longer_than_backward_exposes_what_does_not_fit():
     slow = Link("slow", ALPHA, 1 / 100e6)          # 100 MB/s
-    pred = model.predict_step("allreduce", 0.3, 100 * MiB, 4, slow, bucket_bytes=25 * MiB)
-    t_bucket = model.ring_allreduce_time(25 * MiB, 4, slow)
+    pred = costmodel.predict_step("allreduce", 0.3, 100 * MiB, 4, slow, bucket_bytes=25 * MiB)
+    t_bucket = costmodel.ring_allreduce_time(25 * MiB, 4, slow)
     backward = 0.2
     # closed form for m equal buckets: max(t_b, T_comm - backward (m-1)/m)
     expected = max(t_bucket, 4 * t_bucket - backward * 3 / 4)
@@ -96,21 +96,21 @@ def test_comm_longer_than_backward_exposes_what_does_not_fit():
 
 
 def test_no_overlap_exposes_all_comm():
-    pred = model.predict_step("allreduce", 0.3, 100 * MiB, 4, LINK, overlap=False)
+    pred = costmodel.predict_step("allreduce", 0.3, 100 * MiB, 4, LINK, overlap=False)
     assert pred["exposed"] == pytest.approx(pred["comm"])
-    assert pred["step"] == pytest.approx(0.3 + 4 * model.ring_allreduce_time(25 * MiB, 4, LINK))
+    assert pred["step"] == pytest.approx(0.3 + 4 * costmodel.ring_allreduce_time(25 * MiB, 4, LINK))
 
 
 def test_exposed_comm_schedule_by_hand():
     # buckets ready at 0.5 and 1.0 (backward 1.0); 0.7 s each: first ends 1.2, second 1.9
-    assert model.exposed_comm([1, 1], [0.7, 0.7], backward=1.0) == pytest.approx(0.9)
-    assert model.exposed_comm([1, 1], [0.1, 0.1], backward=1.0) == pytest.approx(0.1)
-    assert model.exposed_comm([1, 1], [0.1, 0.1], backward=1.0, overlap=False) == pytest.approx(0.2)
+    assert costmodel.exposed_comm([1, 1], [0.7, 0.7], backward=1.0) == pytest.approx(0.9)
+    assert costmodel.exposed_comm([1, 1], [0.1, 0.1], backward=1.0) == pytest.approx(0.1)
+    assert costmodel.exposed_comm([1, 1], [0.1, 0.1], backward=1.0, overlap=False) == pytest.approx(0.2)
 
 
 def test_unknown_method():
     with pytest.raises(ValueError, match="unknown method"):
-        model.predict_step("horovod", 0.1, 1e8, 4, LINK)
+        costmodel.predict_step("horovod", 0.1, 1e8, 4, LINK)
 
 
 # --- calibration and validation on a synthetic bench file ------------------------------------
@@ -154,7 +154,7 @@ def test_calibration_recovers_alpha_and_beta():
     doc = bench_doc([bench_row("ddp", "ddp", 2, 0.2, 0.15),
                      bench_row("allreduce", "allreduce", 2, 0.2, 0.16),
                      bench_row("ddp", "ddp", 4, 0.3, 0.2)])
-    cal = model.calibrate(doc)
+    cal = costmodel.calibrate(doc)
     assert sorted(cal) == [2, 4]
     for p in (2, 4):
         assert cal[p]["alpha"] == pytest.approx(TRUE_ALPHA, rel=0.01)
@@ -167,7 +167,7 @@ def test_calibration_recovers_alpha_and_beta():
 def test_calibration_with_noise():
     noise = (0.01, -0.01, 0.01, -0.01, 0.01)
     doc = bench_doc([bench_row("ddp", "ddp", 4, 0.3, 0.2, noise=noise)])
-    cal = model.calibrate(doc)[4]
+    cal = costmodel.calibrate(doc)[4]
     assert cal["beta"] == pytest.approx(TRUE_BETA, rel=0.02)
     assert cal["alpha"] == pytest.approx(TRUE_ALPHA, rel=0.05)
     assert 0 < cal["fit_rms_pct"] < 1.5
@@ -176,25 +176,25 @@ def test_calibration_with_noise():
 def test_calibration_without_timings_says_why():
     row = bench_row("ddp", "ddp", 1, 0.1, 0.1)
     row["collectives"] = {}
-    cal = model.calibrate(bench_doc([row]))[1]
+    cal = costmodel.calibrate(bench_doc([row]))[1]
     assert cal["alpha"] is None and cal["beta"] is None and cal["problem"]
-    check = model.validate(bench_doc([row]))[0]
+    check = costmodel.compare_with_bench(bench_doc([row]))[0]
     assert check["predicted"] is None and check["ok"] is None
 
 
 def test_validation_error_is_computed_correctly():
     link = Link("true", TRUE_ALPHA, TRUE_BETA)
-    ddp = model.predict_step("ddp", 0.15, GRAD, 2, link)["step"]
-    nov = model.predict_step("allreduce", 0.15, GRAD, 2, link, overlap=False)["step"]
-    ps = model.predict_step("ps", 0.15, GRAD, 2, link)["step"]            # 3 processes, 2 trainers
-    shard = model.predict_step("ps_sharded", 0.15, GRAD, 2, link, servers=2)["step"]
+    ddp = costmodel.predict_step("ddp", 0.15, GRAD, 2, link)["step"]
+    nov = costmodel.predict_step("allreduce", 0.15, GRAD, 2, link, overlap=False)["step"]
+    ps = costmodel.predict_step("ps", 0.15, GRAD, 2, link)["step"]            # 3 processes, 2 trainers
+    shard = costmodel.predict_step("ps_sharded", 0.15, GRAD, 2, link, servers=2)["step"]
     doc = bench_doc([
         bench_row("ddp", "ddp", 2, ddp * 1.1, 0.15),                       # measured 10% slower
         bench_row("allreduce", "allreduce no-overlap", 2, nov / 2, 0.15),  # model 2x too slow
         bench_row("ps", "ps collective", 3, ps, 0.15, servers=1),
         bench_row("ps", "ps sharded x2", 4, shard * 0.8, 0.15, servers=2),
     ])
-    rows = model.validate(doc)
+    rows = costmodel.compare_with_bench(doc)
     by = {r["variant"]: r for r in rows}
     assert by["ddp"]["predicted"] == pytest.approx(ddp, rel=1e-3)
     assert by["ddp"]["error_pct"] == pytest.approx(100 * (1 / 1.1 - 1), rel=1e-2)   # -9.1%
@@ -204,22 +204,22 @@ def test_validation_error_is_computed_correctly():
     assert by["ps collective"]["error_pct"] == pytest.approx(0.0, abs=0.5)
     assert by["ps sharded x2"]["error_pct"] == pytest.approx(25.0, rel=1e-2)
     assert by["ps sharded x2"]["nproc"] == 4
-    table = model.validation_table(rows)
+    table = costmodel.validation_table(rows)
     assert table[1]["ok"] == "NO" and table[0]["error %"] == pytest.approx(-9.1, abs=0.1)
 
 
 def test_not_a_bench_doc():
-    with pytest.raises(model.BenchError):
-        model.calibrate({"kind": "something else", "results": []})
-    with pytest.raises(model.BenchError):
-        model.validate(bench_doc([]))
+    with pytest.raises(costmodel.BenchError):
+        costmodel.calibrate({"kind": "something else", "results": []})
+    with pytest.raises(costmodel.BenchError):
+        costmodel.compare_with_bench(bench_doc([]))
 
 
 # --- projection ------------------------------------------------------------------------------
 
 def test_projection_rows():
-    rows = model.project(0.1, 100 * MiB, links=["ib_ndr", "10gbe"], gpus=(8, 64, 1024), batch=64)
-    assert len(rows) == 2 * 3 * len(model.METHODS)
+    rows = costmodel.project(0.1, 100 * MiB, links=["ib_ndr", "10gbe"], gpus=(8, 64, 1024), batch=64)
+    assert len(rows) == 2 * 3 * len(costmodel.MODELLED_METHODS)
     for r in rows:
         assert 0 < r["efficiency"] <= 1
         assert r["throughput"] == pytest.approx(r["gpus"] * 64 / r["step"])
@@ -228,27 +228,27 @@ def test_projection_rows():
     assert central == sorted(central, reverse=True) and central[-1] < 0.01  # the server link
     ddp = {(r["link"], r["gpus"]): r for r in rows if r["method"] == "ddp"}
     assert ddp[("ib_ndr", 1024)]["efficiency"] > ddp[("10gbe", 1024)]["efficiency"]
-    wide = model.projection_table(rows, wide=True)
+    wide = costmodel.projection_table(rows, wide=True)
     assert len(wide) == 6 and "ddp eff %" in wide[0]
-    assert set(model.projection_table(rows)[0]) == {"link", "GPUs", "method", "step ms",
+    assert set(costmodel.projection_table(rows)[0]) == {"link", "GPUs", "method", "step ms",
                                                     "exposed ms", "img/s", "eff %"}
 
 
 def test_interconnect_table():
-    assert model.INTERCONNECTS["nvlink"].bandwidth == pytest.approx(450e9)
-    assert model.INTERCONNECTS["ib_ndr"].bandwidth == pytest.approx(50e9)
-    assert model.INTERCONNECTS["10gbe"].bandwidth == pytest.approx(1.25e9)
-    assert all(link.source for link in model.INTERCONNECTS.values())
+    assert costmodel.INTERCONNECTS["nvlink"].bandwidth == pytest.approx(450e9)
+    assert costmodel.INTERCONNECTS["ib_ndr"].bandwidth == pytest.approx(50e9)
+    assert costmodel.INTERCONNECTS["10gbe"].bandwidth == pytest.approx(1.25e9)
+    assert all(link.source for link in costmodel.INTERCONNECTS.values())
 
 
 def test_plot_projection(tmp_path):
-    rows = model.project(0.1, 100 * MiB, gpus=(8, 16, 32), batch=32)
-    path = model.plot_projection(rows, str(tmp_path / "p.png"))
+    rows = costmodel.project(0.1, 100 * MiB, gpus=(8, 16, 32), batch=32)
+    path = costmodel.plot_projection(rows, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 10_000 and path.endswith("p.png")
 
 
 def test_formulas_markdown():
-    md = model.formulas_markdown()
+    md = costmodel.formulas_markdown()
     # plain Markdown for an offline report: no LaTeX, no heading (the report adds its own)
     assert "$" not in md and "\\" not in md and not md.lstrip().startswith("#")
     ring = next(line for line in md.splitlines() if line.startswith("T_ar(n, p) ="))
@@ -271,29 +271,29 @@ def one_error_line(capsys, *needles):
 
 
 def test_cli_missing_file(tmp_path, capsys):
-    assert model.main([str(tmp_path / "nope.json")]) == 2
+    assert costmodel.main([str(tmp_path / "nope.json")]) == 2
     one_error_line(capsys, "nope.json")
 
 
 def test_cli_not_json(tmp_path, capsys):
     (tmp_path / "b.json").write_text("not json")
-    assert model.main([str(tmp_path / "b.json")]) == 2
+    assert costmodel.main([str(tmp_path / "b.json")]) == 2
     one_error_line(capsys, "not JSON")
 
 
 def test_cli_not_a_bench_file(tmp_path, capsys):
     (tmp_path / "b.json").write_text(json.dumps({"kind": "labkit.results", "results": []}))
-    assert model.main([str(tmp_path / "b.json")]) == 2
+    assert costmodel.main([str(tmp_path / "b.json")]) == 2
     one_error_line(capsys, "not a labkit bench file")
     assert not (tmp_path / "projection.json").exists()
 
 
 def test_cli_bad_flags(tmp_path, capsys):
     (tmp_path / "b.json").write_text(json.dumps(bench_doc([bench_row("ddp", "ddp", 2, .2, .15)])))
-    assert model.main([str(tmp_path / "b.json"), "--batch", "0"]) == 2
+    assert costmodel.main([str(tmp_path / "b.json"), "--batch", "0"]) == 2
     one_error_line(capsys, "--batch")
     with pytest.raises(SystemExit) as e:
-        model.main([str(tmp_path / "b.json"), "--compute-ms", "fast"])
+        costmodel.main([str(tmp_path / "b.json"), "--compute-ms", "fast"])
     assert e.value.code == 2
     one_error_line(capsys, "--compute-ms")
 
@@ -303,7 +303,7 @@ def test_cli_writes_plot_and_json(tmp_path, capsys):
                      bench_row("ps", "ps collective", 3, 0.5, 0.15, servers=1)])
     (tmp_path / "bench.json").write_text(json.dumps(doc))
     out = tmp_path / "model"
-    assert model.main([str(tmp_path / "bench.json"), "--compute-ms", "50", "--grad-mb", "100",
+    assert costmodel.main([str(tmp_path / "bench.json"), "--compute-ms", "50", "--grad-mb", "100",
                        "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "Validation" in text and "Projection" in text and "ddp eff %" in text

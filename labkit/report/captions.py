@@ -1,0 +1,86 @@
+"""Every table and figure caption of the report, numbered, in one table. The notebook
+(report.ipynb), the text report and the report's sections all read it, so a number or a
+caption is changed here once. Texts may hold ``{fields}`` filled in by the caller."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Caption(NamedTuple):
+    number: str   # "Table 1", "Figure 6"
+    title: str    # the bold lead, and the heading of the plain-text report
+    note: str     # the heading's parenthesis in the plain-text report ("" for none)
+    text: str     # what follows the bold lead in the notebook
+
+
+CAPTIONS: dict[str, Caption] = {
+    "comparison": Caption(
+        "Table 1", "Performance comparison", "steady-state throughput; warm-up steps left out",
+        "Steady-state throughput of all trainers (the first warm-up steps of each epoch are left "
+        "out), mean training time per epoch, best validation accuracy, and throughput relative to "
+        "Baseline DDP."),
+    "communication": Caption(
+        "Table 2", "Communication time per training step",
+        "time a trainer is blocked in synchronisation",
+        "(ms): the time a trainer is blocked in synchronisation, with the device synchronised "
+        "before clocks are read. DDP's all-reduce overlaps backward inside PyTorch and is not "
+        "visible from Python."),
+    "bench": Caption(
+        "Table 3", "Benchmark", "labkit bench",
+        "(`labkit bench`, {created}): {model} on {dataset}, batch {batch_size} per trainer, "
+        "{backend} on {device}; {trials} trials of {steps} steps after {warmup} warm-up steps. "
+        "*Step*: median over the trials of the slowest rank's time per step (min-max beside it). "
+        "*Compute-only*: the same steps with no synchronisation. *Exposed comm* = step - "
+        "compute-only. *All-reduce* and *reduce+bcast*: the raw collectives on the same bytes in "
+        "the same process group, bus bandwidth as nccl-tests defines it. *x DDP/trainer*: "
+        "throughput per training process relative to DDP's (fair to a PS, whose servers do not "
+        "train)."),
+    "costmodel": Caption(
+        "Table 4", "Cost model against the bench", "",
+        "Each row predicts the step from that process count's measured compute-only time and the "
+        "latency and bandwidth fitted to its all-reduce sweep. {ok} of {total} predictions are "
+        "within {target:g}% of the measured step."),
+    "variants": Caption(
+        "Table 5", "Method variants", "",
+        "against the synchronous, uncompressed run of the same method. *max staleness seen*: the "
+        "largest number of steps a PS worker ran ahead of the slowest (asynchronous PS)."),
+    "throughput_comparison": Caption(
+        "Figure 1", "Training throughput (images/s, all trainers)", "", ""),
+    "training_time_comparison": Caption("Figure 2", "Training time per epoch (s)", "", ""),
+    "loss_curves": Caption(
+        "Figure 3", "Loss convergence: training loss per step, averaged over trainers", "", ""),
+    "accuracy_curves": Caption(
+        "Figure 4", "Train (dashed) and validation (solid) accuracy per epoch", "", ""),
+    "communication_overhead": Caption(
+        "Figure 5", "Where a trainer's step goes: PS vs All-Reduce", "", ""),
+    "bench_figure": Caption(
+        "Figure 6", "Where a step's time goes, and throughput relative to DDP at the same "
+        "process count", "", ""),
+    "projection": Caption(
+        "Figure 7", "Projected scaling efficiency, 8 to 1024 GPUs, per interconnect and method",
+        "", ""),
+    "variants_figure": Caption(
+        "Figure 8", "Variants (dashed) against their synchronous method (solid): loss and "
+        "accuracy", "", ""),
+}
+
+
+def caption(key: str, **fields) -> str:
+    """A table's caption as Markdown: the bold number and title, then its text."""
+    c = CAPTIONS[key]
+    text = c.text.format(**fields)
+    sep = " " if text.startswith("(") or text[:1].islower() else ". "
+    lead = f"**{c.number}. {c.title}**" if sep == " " else f"**{c.number}. {c.title}.**"
+    return f"{lead} {text}".rstrip() if text else f"**{c.number}. {c.title}.**"
+
+
+def figure_caption(key: str) -> str:
+    """A figure's caption: "Figure N. Title." """
+    c = CAPTIONS[key]
+    return f"{c.number}. {c.title}."
+
+
+def heading(key: str) -> str:
+    """The plain-text report's heading of a table."""
+    c = CAPTIONS[key]
+    return f"{c.number}. {c.title}" + (f" ({c.note})" if c.note else "")

@@ -1,0 +1,98 @@
+"""The report's optional parts as ("md" | "html", content) blocks: the benchmark with the cost
+model, and the method variants."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import benchdoc, costmodel
+from ..config import VARIANTS
+from ..metrics import atomic_path
+from .captions import caption, figure_caption
+from .load import SHORT, RunResults, _epochs, load_variants
+from .plots import figure_html
+from .tables import html_table, variant_rows
+from .text import load_bench
+
+
+def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
+    """The report's benchmark part as ("md" | "html", content) blocks: the bench table and
+    figure, the cost model's formulas, its validation against the bench, and its projection."""
+    doc = load_bench(run)
+    if doc is None:
+        return [("md", "No benchmark in this run folder. `labkit bench` measures each method's "
+                       "step against compute-only steps and the raw collectives; "
+                       "`labkit report` on its run folder shows it here, with the cost costmodel.")]
+    plots = Path(out) / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    c = doc["config"]
+    blocks = [("md", caption("bench", created=doc["created"], model=c.get("model"),
+                             dataset=c.get("dataset"), batch_size=c.get("batch_size"),
+                             backend=doc["backend"], device=doc["device"], trials=doc["trials"],
+                             steps=doc["steps"], warmup=doc["warmup"]))]
+    if doc.get("results"):
+        blocks.append(("html", html_table(benchdoc.rows(doc))))
+        png = benchdoc.plot(doc, plots / "bench.png")
+        blocks.append(("html", figure_html(png, figure_caption("bench_figure"))))
+    for s in doc.get("skipped", []) + doc.get("failed", []):
+        blocks.append(("md", f"- {s['variant']} with {s['nproc']} processes: "
+                             f"{'skipped: ' + s['reason'] if 'reason' in s else 'failed: ' + s['error']}"))
+    if not doc.get("results"):
+        return blocks
+
+    blocks.append(("md", "### Cost model (labkit.model)\n\n" + costmodel.formulas_markdown()))
+    checks = costmodel.compare_with_bench(doc)
+    ok = [r["ok"] for r in checks if r["ok"] is not None]
+    blocks.append(("md", caption("costmodel", ok=sum(ok), total=len(ok),
+                                 target=costmodel.ERROR_TARGET_PCT)))
+    blocks.append(("html", html_table(costmodel.validation_table(checks))))
+    base = sorted(doc["results"], key=lambda r: (r["method"] != "ddp", r["nproc"]))[0]
+    compute, grad = base["compute_time"]["median"], float(base["grad_bytes"])
+    rows = costmodel.project(compute, grad, batch=base["batch_size"])
+    png = costmodel.plot_projection(rows, str(plots / "projection.png"))
+    where = ("measured on this CPU, so the curves show what each network would do to a step of "
+             "this length; run the bench on a GPU for GPU figures"
+             if doc["device"] == "cpu" else "measured on this GPU")
+    blocks.append(("md", f"**Projection.** Compute per step: {1e3 * compute:.1f} ms, {where}. "
+                         f"Gradients: {grad / 2**20:.1f} MiB. Links: nominal figures, NVLink inside "
+                         f"8-GPU nodes. Scaling efficiency = compute / step."))
+    blocks.append(("html", figure_html(Path(png), figure_caption("projection"))))
+    blocks.append(("html", html_table(costmodel.projection_table(rows, wide=True))))
+    return blocks
+
+
+def variants_section(run: Path, res: RunResults, out: Path) -> list[tuple[str, str]]:
+    """Each variant against its synchronous, uncompressed method: a table, and the loss and
+    validation-accuracy curves side by side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = load_variants(run)
+    if not variants:
+        return [("md", "No variants in this run. `labkit experiment --methods ps,ps-async` (or "
+                       "ps-sharded, allreduce-fp16, ddp-fp16, ps-fp16) adds them.")]
+    methods = {VARIANTS[v]["method"] for v in variants}
+    base = {SHORT[m]: d for m, d in res.docs.items() if m in methods}
+    blocks = [("md", caption("variants"))]
+    blocks.append(("html", html_table(variant_rows(base, variants))))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (name, d) in enumerate([*base.items(), *variants.items()]):
+        losses = d.get("all_losses") or []
+        style = "-" if name in base else "--"
+        a.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=name, color=f"C{i}")
+        ep = _epochs(d)
+        b.plot([e["epoch"] for e in ep], [e.get("val_accuracy") for e in ep], style + "o", lw=1.2,
+               label=name, color=f"C{i}")
+    a.set(xlabel="training step", ylabel="training loss", title="Loss per step")
+    b.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Validation accuracy")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = Path(out) / "plots" / "variants.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(str(png)) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    blocks.append(("html", figure_html(png, figure_caption("variants_figure"))))
+    return blocks

@@ -1,0 +1,138 @@
+"""The report's tables as rows of dicts, and as HTML or plain text."""
+from __future__ import annotations
+
+import html
+from typing import Optional
+
+from ..texttable import text_table as _text_table
+from ..texttable import two_decimals
+from .load import METHOD_ORDER, SHORT, RunResults, _epochs, summary_value
+
+
+def comparison_rows(res: RunResults) -> list[dict]:
+    """Section 4.2, table 1: throughput, time per epoch, best accuracy, speedup vs DDP."""
+    docs = res.ok
+    base = summary_value(docs["ddp"], "avg_train_throughput") if "ddp" in docs else None
+    rows = []
+    for m in METHOD_ORDER:
+        if m not in docs:
+            rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-",
+                         "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
+                         "Speedup vs DDP": "not available: " + res.problems.get(m, "no result")})
+            continue
+        thr = summary_value(docs[m], "avg_train_throughput")
+        if m == "ddp":
+            speed = "1.00x (baseline)"
+        else:
+            speed = f"{thr / base:.2f}x" if base else "n/a (no DDP result)"
+        rows.append({"Method": SHORT[m], "Avg throughput (img/s)": thr,
+                     "Avg train time/epoch (s)": summary_value(docs[m], "avg_train_time_per_epoch"),
+                     "Best accuracy (%)": summary_value(docs[m], "best_val_accuracy"),
+                     "Speedup vs DDP": speed})
+    return rows
+
+
+def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
+    """Per-step communication times in ms (trainer blocked in sync)."""
+    out = {}
+    docs = res.ok
+    if "allreduce" in docs:
+        out["allreduce"] = {"allreduce": 1000 * summary_value(docs["allreduce"], "avg_comm_time")}
+    if "ps" in docs:
+        pull = 1000 * summary_value(docs["ps"], "avg_comm_time_pull")
+        push = 1000 * summary_value(docs["ps"], "avg_comm_time_push")
+        out["ps"] = {"pull": pull, "push": push}
+    return out
+
+
+def communication_rows(res: RunResults) -> list[dict]:
+    """Section 4.2, table 2: parameter pull, gradient push, all-reduce, total (ms per step)."""
+    c = comm_ms(res)
+    rows = [{"Method": SHORT["ddp"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+             "All-Reduce (ms)": "-", "Total comm time (ms)": "(inside PyTorch)"}]
+    if "allreduce" in c:
+        a = c["allreduce"]["allreduce"]
+        rows.append({"Method": SHORT["allreduce"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+                     "All-Reduce (ms)": a, "Total comm time (ms)": a})
+    else:
+        rows.append({"Method": SHORT["allreduce"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+                     "All-Reduce (ms)": "-", "Total comm time (ms)": "not available"})
+    if "ps" in c:
+        p = c["ps"]
+        rows.append({"Method": SHORT["ps"], "Param pull (ms)": p["pull"], "Grad push (ms)": p["push"],
+                     "All-Reduce (ms)": "-", "Total comm time (ms)": p["pull"] + p["push"]})
+    else:
+        rows.append({"Method": SHORT["ps"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+                     "All-Reduce (ms)": "-", "Total comm time (ms)": "not available"})
+    return rows
+
+
+def text_table(rows: list[dict]) -> str:
+    return _text_table(rows, lambda v: two_decimals("" if v is None else v), empty="(no results)")
+
+
+def html_table(rows: list[dict], columns: Optional[list[str]] = None) -> str:
+    columns = columns or (list(rows[0]) if rows else [])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(two_decimals(r.get(c, '')))}</td>" for c in columns)
+                   + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def epoch_rows(doc: dict) -> list[dict]:
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time",
+            "train_throughput", "avg_batch_time", "avg_comm_time", "avg_comm_time_pull",
+            "avg_comm_time_push")
+    rows = []
+    for e in doc["epochs"]:
+        r = {k: e[k] for k in keys if k in e}
+        if e.get("avg_data_time") is not None and e.get("avg_batch_time"):
+            # time a trainer waited for its next batch, as a share of the step (target: <= 5%)
+            r["data_wait_pct"] = 100 * e["avg_data_time"] / e["avg_batch_time"]
+        rows.append(r)
+    return rows
+
+
+def environment_rows(env: dict) -> list[dict]:
+    gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in env.get("gpus", [])) or "none"
+    git = env.get("git", {})
+    items = [("host", env.get("host")), ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
+             ("GPUs", gpus), ("driver", env.get("driver") or "-"), ("platform", env.get("platform")),
+             ("Python", env.get("python")), ("torch", env.get("torch")),
+             ("torchvision", env.get("torchvision")), ("CUDA", env.get("cuda") or "-"),
+             ("cuDNN", env.get("cudnn") or "-"), ("NCCL", env.get("nccl") or "-"),
+             ("git commit", f"{git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''}"),
+             ("seed", env.get("seed")), ("recorded", env.get("time"))]
+    return [{"": k, "value": v} for k, v in items]
+
+
+def config_rows(res: RunResults) -> list[dict]:
+    keys = ("world_size", "batch_size", "epochs", "dataset", "model", "backend", "lr", "momentum",
+            "weight_decay", "amp", "channels_last", "bucket_mb", "no_overlap", "ps_mode",
+            "max_steps_per_epoch", "workers")
+    rows = []
+    for k in keys:
+        row = {"setting": k}
+        for m, d in res.ok.items():
+            cfg = d.get("config", {})
+            v = cfg[k] if k in cfg else len(d["epochs"]) if k == "epochs" else d.get(k, "-")
+            row[SHORT[m]] = "-" if v is None else v
+        rows.append(row)
+    return rows
+
+
+def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, d in [*base.items(), *variants.items()]:
+        c, ep = d.get("config", {}), _epochs(d)
+        stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
+        rows.append({
+            "run": name, "servers": c.get("ps_servers") if c.get("method") == "ps" else None,
+            "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
+            "img/s": summary_value(d, "avg_train_throughput"),
+            "final train loss": ep[-1]["train_loss"] if ep else None,
+            "best val acc %": summary_value(d, "best_val_accuracy"),
+            "max staleness seen": max(stale) if stale else None,
+            "status": d.get("status"),
+        })
+    return rows

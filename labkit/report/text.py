@@ -1,0 +1,108 @@
+"""Findings computed from the numbers, the plain-text report and the files `labkit report` writes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from statistics import mean
+from typing import Any, Optional
+
+from .. import benchdoc
+from ..metrics import atomic_path
+from .captions import heading
+from .load import NAN, SHORT, RunResults, _epochs, summary_value
+from .plots import write_plots
+from .tables import comparison_rows, communication_rows, epoch_rows, text_table
+
+
+def discussion(res: RunResults) -> list[str]:
+    """Short findings computed from the measured numbers (no claims the numbers don't make)."""
+    docs = res.ok
+    lines = []
+    thr = {m: summary_value(d, "avg_train_throughput") for m, d in docs.items()}
+    if len(thr) >= 2:
+        order = sorted(thr, key=thr.get, reverse=True)
+        fast, slow = order[0], order[-1]
+        ratio = thr[fast] / thr[slow]
+        lines.append(f"{SHORT[fast]} was fastest at {thr[fast]:.1f} img/s, "
+                     f"{ratio:.2f}x the slowest ({SHORT[slow]}, {thr[slow]:.1f} img/s)."
+                     + (" A gap under 5% is within the epoch-to-epoch spread of such runs; the "
+                        "whiskers in the throughput chart show it." if ratio < 1.05 else ""))
+    for m, d in docs.items():
+        ep = _epochs(d)
+        step = mean(e["avg_batch_time"] for e in ep if "avg_batch_time" in e) if ep else NAN
+        if m == "allreduce" and step == step:
+            a = summary_value(d, "avg_comm_time")
+            lines.append(f"Manual All-Reduce: a trainer waited {1000 * a:.1f} ms per step for gradient "
+                         f"all-reduce after backward, {100 * a / step:.0f}% of its {1000 * step:.0f} ms step.")
+        if m == "ps" and step == step:
+            pull, push = summary_value(d, "avg_comm_time_pull"), summary_value(d, "avg_comm_time_push")
+            lines.append(f"Parameter Server: a worker spent {1000 * pull:.1f} ms per step pulling parameters and "
+                         f"{1000 * push:.1f} ms pushing gradients, {100 * (pull + push) / step:.0f}% of its "
+                         f"{1000 * step:.0f} ms step; with {d.get('num_workers', '?')} workers on one server.")
+        data = [e["avg_data_time"] for e in ep if "avg_data_time" in e]
+        if data and step == step and mean(data) / step > 0.05:
+            lines.append(f"{SHORT[m]}: waiting for data took {100 * mean(data) / step:.0f}% of the step time "
+                         f"(raise --workers).")
+    acc = {m: summary_value(d, "best_val_accuracy") for m, d in docs.items()}
+    acc = {m: a for m, a in acc.items() if a == a}
+    if len(acc) >= 2:
+        lo, hi = min(acc.values()), max(acc.values())
+        lines.append(f"Best validation accuracy ranged from {lo:.2f}% to {hi:.2f}%: the methods apply the same "
+                     f"averaged SGD step, so differences come from float summation order and, for PS, "
+                     f"a different number of trainers.")
+    if any(d.get("world", {}).get("device") == "cpu" for d in docs.values()):
+        lines.append("These are CPU (gloo) figures: processes share the CPU cores, so communication and "
+                     "computation compete; GPU/NCCL runs separate them.")
+    for k, p in res.problems.items():
+        lines.append(f"Problem: {p}")
+    return lines
+
+
+def text_report(res: RunResults, env: Optional[dict] = None) -> str:
+    parts = ["labkit performance report", "=" * 25, ""]
+    if res.run_dir:
+        parts.append(f"run: {res.run_dir}")
+    if env:
+        gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "none"
+        parts.append(f"machine: {env.get('host')} | CPU: {env.get('cpu')} ({env.get('cpu_count')} cores) | "
+                     f"GPUs: {gpus}")
+        parts.append(f"versions: python {env.get('python')}, torch {env.get('torch')}, "
+                     f"CUDA {env.get('cuda')}, NCCL {env.get('nccl')} | git {str(env.get('git', {}).get('commit'))[:10]}"
+                     f"{' (dirty)' if env.get('git', {}).get('dirty') else ''}")
+    for m, d in res.ok.items():
+        cfg = d.get("config", {})
+        parts.append(f"{SHORT[m]}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
+                     + (f", {cfg.get('model')} on {cfg.get('dataset')}, backend {cfg.get('backend')}" if cfg else "")
+                     + f", {len(d['epochs'])} epoch(s), {d.get('start_time')} -> {d.get('end_time')}")
+    parts += ["", heading("comparison"), "",
+              text_table(comparison_rows(res)), "",
+              heading("communication"), "",
+              text_table(communication_rows(res)), ""]
+    for m, d in res.ok.items():
+        parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
+    parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]
+    doc = load_bench(res.run_dir) if res.run_dir else None
+    if doc and doc.get("results"):
+        parts += [heading("bench"), "", benchdoc.text_table(doc), ""]
+    return "\n".join(parts)
+
+
+def write_report(res: RunResults, out_dir: str | os.PathLike, env: Optional[dict] = None) -> dict[str, Any]:
+    """plots/*.png and performance_report.txt in ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = write_plots(res, out) if res.docs or res.problems else []  # none for a bench folder
+    txt = out / "performance_report.txt"
+    with atomic_path(str(txt)) as tmp, open(tmp, "w") as f:
+        f.write(text_report(res, env))
+    return {"plots": pngs, "text": txt}
+
+
+
+
+def load_bench(run_dir: str | os.PathLike) -> Optional[dict]:
+    """The run folder's bench document, or None when it has none (or not a readable one)."""
+    try:
+        return benchdoc.load(run_dir, need_results=False)
+    except benchdoc.BenchError:
+        return None

@@ -1,0 +1,59 @@
+"""What both parameter-server strategies (ps.py, ps_async.py) share, as helpers rather than
+one inheriting the other: the server/worker roles and the flat-buffer layout."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+SERVER = 0  # the (first) server's rank
+
+
+class ServerRoles:
+    """Roles of a parameter-server job, mixed into a Strategy: ranks 0..servers-1 serve (they
+    hold the parameters and the optimizer), the others train. Needs ``self.servers`` and
+    ``self.ctx``."""
+    servers: int
+
+    @property
+    def trainers(self) -> int:
+        return self.ctx.world_size - self.servers
+
+    # report-quote: ps-trainer-index  (quoted in the report: labkit/report/implementation.py)
+    @property
+    def trainer_index(self) -> Optional[int]:
+        return None if self.is_server else self.ctx.rank - self.servers
+
+    @property
+    def first_trainer(self) -> int:
+        return self.servers
+
+    # report-quote: ps-steps-optimizer  (quoted in the report: labkit/report/implementation.py)
+    @property
+    def steps_optimizer(self) -> bool:
+        return self.is_server
+
+    @property
+    def is_server(self) -> bool:
+        return self.ctx.rank < self.servers
+
+
+def flatten(params: list[nn.Parameter], fp16: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Parameters and gradients become views into one flat buffer each, laid out in the order
+    of ``params``. Returns (flat parameters, flat gradients, the fp16 buffer a compressed push
+    sends, or None)."""
+    dev, dt = params[0].device, params[0].dtype
+    n = sum(p.numel() for p in params)
+    flat_params = torch.empty(n, dtype=dt, device=dev)
+    flat_grads = torch.zeros(n, dtype=dt, device=dev)
+    off = 0
+    for p in params:
+        k = p.numel()
+        flat_params[off:off + k].copy_(p.data.reshape(-1))
+        p.data = flat_params[off:off + k].view_as(p)
+        p.grad = flat_grads[off:off + k].view_as(p)
+        off += k
+    half = torch.empty(n, dtype=torch.float16, device=dev) if fp16 else None
+    return flat_params, flat_grads, half

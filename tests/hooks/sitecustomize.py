@@ -1,0 +1,81 @@
+"""Test-only fault injection and tracing, installed from outside the package.
+
+conftest.py puts this folder first on PYTHONPATH, so every Python process the tests start
+(torchrun's agents and ranks, papermill's kernels, `labkit` commands) imports this module at
+start-up. With none of the variables below set it does nothing (and imports nothing heavy);
+with one set it registers a labkit.hooks trainer hook, which the rank's Trainer calls:
+
+  LABKIT_TEST_FAULT=<method>:<rank>:<step>[:raise|kill|hang]  that rank fails at that step
+      (counted from 0 in this process), so tests can check what a real crashed, killed or hung
+      rank does to a run. Only on torchrun's first attempt, so an elastic restart can succeed.
+  LABKIT_TEST_SLOW=<rank>:<seconds>  that asynchronous-PS worker sleeps so long after each
+      backward (AsyncPSStrategy.step_delay), so the others run ahead of it.
+  LABKIT_TEST_TRACE=<path>  the asynchronous-PS server appends one JSON line per grant and
+      per applied gradient (AsyncPSStrategy.tracer).
+"""
+import os
+
+_NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_TRACE")
+
+
+def _fault(method: str, rank: int):
+    spec = os.environ.get("LABKIT_TEST_FAULT", "")
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    try:
+        m, r, s, *kind = spec.split(":")
+        return (int(s), kind[0] if kind else "raise") if m == method and int(r) == rank else None
+    except ValueError:
+        return None
+
+
+def _fail(kind: str, step: int) -> None:
+    import signal
+    import time
+
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:  # a rank stuck outside any collective: its peers time out waiting for it
+            time.sleep(60)
+    raise RuntimeError(f"injected fault (LABKIT_TEST_FAULT) at step {step}")
+
+
+def _slow(rank: int) -> float:
+    try:
+        r, s = os.environ.get("LABKIT_TEST_SLOW", "").split(":")
+        return float(s) if int(r) == rank else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _install() -> None:
+    import json
+
+    from labkit import hooks
+
+    def on_trainer(trainer) -> None:
+        fault = _fault(trainer.cfg.method, trainer.ctx.rank)
+        if fault:
+            def check(tr, step: int) -> None:
+                if step == fault[0]:
+                    _fail(fault[1], step)
+            trainer.step_callbacks.append(check)
+        s = trainer.strategy
+        if hasattr(s, "step_delay"):
+            s.step_delay = _slow(trainer.ctx.rank)
+        path = os.environ.get("LABKIT_TEST_TRACE")
+        if path and hasattr(s, "tracer"):
+            def trace(event: dict) -> None:
+                with open(path, "a") as f:
+                    f.write(json.dumps(event) + "\n")
+            s.tracer = trace
+
+    hooks.on_trainer(on_trainer)
+
+
+if any(os.environ.get(n) for n in _NAMES):
+    try:
+        _install()
+    except ImportError:  # a Python without labkit (e.g. a tool's own interpreter)
+        pass
