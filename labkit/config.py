@@ -50,6 +50,11 @@ DEFAULT_VARIANTS = ("ddp", "allreduce", "ps", "ps-p2p")  # labkit bench
 class ConfigError(ValueError):
     """Bad input: shown to the user as one line, never as a traceback."""
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of the traceback in a notebook cell (JupyterLab, papermill):
+        # the frames of labkit's own checks would bury the one line that says what to change
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})

@@ -137,11 +137,12 @@ def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]
     styles = ("-", "--", ":", "-.")
     run_index = {r.name: i for i, r in enumerate(runs)}
     per_step = metric == "all_losses"
-    drawn = 0
+    drawn, epochs = 0, set()
     for run, m, doc in _select(runs, run_names, methods):
         x, y = series(doc, metric)
         if not y:
             continue
+        epochs.update(x)
         ax.plot(x, y, label=f"{run.name} / {doc.get('method', METHOD_NAMES.get(m, m))}",
                 color=report.COLORS.get(m),  # the report's colours, so figures read alike
                 linestyle=styles[run_index[run.name] % len(styles)],
@@ -150,7 +151,10 @@ def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]
     ax.set_xlabel("step (over all epochs)" if per_step else "epoch")
     ax.set_ylabel(metric_label(metric))
     ax.set_title(metric_label(metric))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 1.5"
+    if not per_step and 0 < len(epochs) <= 20:
+        ax.set_xticks(sorted(epochs))  # one tick per epoch (a 1-epoch run got ticks 0.95 .. 1.05)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 1.5"
     ax.grid(alpha=0.3)
     if drawn > 4:  # several runs: a legend inside would cover the curves
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -222,16 +226,30 @@ def comparison_table(runs: list[Run], run_names: Optional[Iterable[str]] = None,
     return report.html_table(rows, list(COLUMNS))
 
 
+def _png_output(fig) -> dict:
+    """A matplotlib figure as an Output widget's display_data (rendered here, in the kernel)."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(buf.getvalue()).decode(),
+                     "text/plain": f"<Figure: {fig.axes[0].get_title()}>"}}
+
+
 def explorer(runs: list[Run], newest: int = 3):
     """The widgets of explore.ipynb: pick runs, methods and a metric; the overlay and the table
-    are redrawn into an Output widget whenever a selection changes.
+    are drawn when the box is displayed and redrawn whenever a selection changes.
 
-    Nothing is drawn while the cell executes (only on a change), so a notebook run without a
-    live frontend (papermill) never captures output into the widget.
+    The figure and the table are set as the Output widget's outputs from the kernel (PNG bytes
+    and HTML) rather than captured with ``with out:``, whose capture is a hand-off by message
+    id to the widget in the browser; as widget state they need no hand-off and arrive after
+    the widget, with or without a frontend.  Nothing is drawn while the box is only built.
     """
     import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import HTML, display
+    from IPython.display import HTML
+    from matplotlib.figure import Figure
 
     metrics = available_metrics(runs)
     wide = {"description_width": "initial"}
@@ -246,14 +264,21 @@ def explorer(runs: list[Run], newest: int = 3):
     out = w.Output()
 
     def redraw(change=None):
-        with out:
-            out.clear_output(wait=True)
-            _, ax = plt.subplots(figsize=(9, 4.5))
-            plot_overlay(runs, metric_pick.value, run_pick.value, method_pick.value, ax=ax)
-            plt.show()  # inside the Output widget: each redraw replaces the last figure
-            display(HTML(comparison_table(runs, run_pick.value, method_pick.value)))
+        # a Figure, not pyplot: no global figure left open for the inline backend to show later
+        fig = Figure(figsize=(9, 4.5))
+        plot_overlay(runs, metric_pick.value, run_pick.value, method_pick.value, ax=fig.subplots())
+        table = comparison_table(runs, run_pick.value, method_pick.value)
+        out.outputs = (_png_output(fig), {"output_type": "display_data", "metadata": {},
+                                          "data": {"text/html": table, "text/plain": repr(HTML(table))}})
 
     for pick in (run_pick, method_pick, metric_pick):
         pick.observe(redraw, names="value")
-    hint = w.HTML("<i>Change a selection to draw; the overview below shows the newest runs.</i>")
-    return w.VBox([w.HBox([run_pick, method_pick, metric_pick]), hint, out])
+    hint = w.HTML("<i>Hold Ctrl or Shift to pick several runs or methods; the overview below "
+                  "shows the newest runs.</i>")
+
+    class ExplorerBox(w.VBox):
+        def _repr_mimebundle_(self, **kwargs):
+            redraw()  # the default selection, drawn as the box is shown: no click needed
+            return super()._repr_mimebundle_(**kwargs)
+
+    return ExplorerBox([w.HBox([run_pick, method_pick, metric_pick]), hint, out])

@@ -42,6 +42,9 @@ class LaunchError(RuntimeError):
     """A launch that failed: the message names the method, the rank, its exit code and the
     last lines of that rank's log."""
 
+    # in a notebook cell, the message (with the rank's log lines) rather than launch.py's frames
+    _render_traceback_ = ConfigError._render_traceback_
+
 
 @dataclass
 class LaunchResult:

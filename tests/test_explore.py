@@ -195,3 +195,17 @@ def test_explorer_widgets_redraw_on_a_change(fake_runs, monkeypatch):
     assert drawn == []  # nothing drawn until a selection changes
     metric_pick.value = "val_accuracy"
     assert drawn == ["val_accuracy"]
+
+
+def test_explorer_draws_the_default_selection_when_shown(fake_runs):
+    """Displayed in a notebook, the explorer shows the default selection at once, no click."""
+    import base64
+
+    runs = explore.load_runs(explore.find_runs(fake_runs))
+    box = explore.explorer(runs)
+    out = box.children[2]
+    assert out.outputs == ()  # building the box draws nothing
+    assert "application/vnd.jupyter.widget-view+json" in box._repr_mimebundle_()
+    png, table = out.outputs
+    assert base64.b64decode(png["data"]["image/png"]).startswith(b"\x89PNG")
+    assert NEW in table["data"]["text/html"] and OLD in table["data"]["text/html"]

@@ -1,0 +1,209 @@
+"""The notebooks as a person uses them: JupyterLab in a real (headless) Chromium, driven with
+Playwright as JupyterLab's own Galata tests do.
+
+One JupyterLab server (127.0.0.1, random port, token) serves a temporary copy of notebooks/ and a
+runs/ folder made of real tiny runs (the equivalence runs of conftest.py: this module shares
+their xdist group, so in `make test` they are built once for both). Each test opens a notebook,
+runs it from the Run menu and looks at what the page shows; a full-page screenshot of each
+notebook lands in the test's tmp folder (its path is printed: pytest -s shows it).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from browser_lab import LabServer, kernel_idle, prompts, run_all, screenshot, wait_all_ran
+from conftest import ROOT
+
+pytestmark = pytest.mark.xdist_group("equivalence_runs")
+playwright = pytest.importorskip("playwright", reason="pip install -e '.[test]' installs playwright")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+NEW, OLD = "2026-11-23_10-00-00_tiny", "2026-11-22_09-00-00_p2p"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """pytest-playwright's browser, on the system Chromium (Playwright cannot download its own)."""
+    if CHROMIUM is None:
+        pytest.skip("no Chromium found: install it with `make system-deps` (apt-get install chromium)")
+    return {**browser_type_launch_args, "executable_path": CHROMIUM}
+
+
+@pytest.fixture(scope="session")
+def browser_context_args(browser_context_args):
+    return {**browser_context_args, "viewport": {"width": 1280, "height": 900}}
+
+
+def set_parameters(src, dst, **values) -> None:
+    """A copy of a notebook whose parameters cell sets ``values`` (as a person edits it)."""
+    nb = json.loads(src.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    lines = "".join(cell["source"]).splitlines()
+    for name, v in values.items():
+        i = next(i for i, l in enumerate(lines) if re.match(rf"{name}\s*=", l))
+        lines[i] = f"{name} = {v!r}"
+    cell["source"] = "\n".join(lines)
+    dst.write_text(json.dumps(nb, indent=1))
+
+
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory, equivalence_runs):
+    """notebooks/ and runs/ as in a checkout after `make experiment`: two real run folders,
+    the newest with all three methods (and runs/latest pointing at it), an older PS-only one."""
+    root = tmp_path_factory.mktemp("lab")
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    no_models = shutil.ignore_patterns("*.pt")
+    for run, methods in ((NEW, {"ddp": "ddp", "allreduce": "allreduce", "ps": "ps_collective"}),
+                         (OLD, {"ps": "ps_p2p"})):
+        for method, name in methods.items():
+            shutil.copytree(equivalence_runs[name][0], root / "runs" / run / method, ignore=no_models)
+    (root / "runs" / "latest").symlink_to(NEW)
+    nb = root / "notebooks"
+    set_parameters(nb / "run_method.ipynb", nb / "run_tiny.ipynb", dataset="digits",
+                   model="resnet10_small", nproc=2, epochs=1, batch_size=8, max_steps_per_epoch=10,
+                   max_val_steps=2, lr=0.01, timeout=120.0, out=str(root / "runs" / "single_ddp"))
+    set_parameters(nb / "run_method.ipynb", nb / "run_bad.ipynb", epochs="three")
+    return root
+
+
+@pytest.fixture(scope="module")
+def lab_server(lab_root, tmp_path_factory):
+    server = LabServer(lab_root, tmp_path_factory.mktemp("lab_state"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def lab(lab_server):
+    yield lab_server
+    lab_server.shutdown_kernels()
+
+
+def open_and_run(lab, page, name: str, timeout: float = 120) -> list[str]:
+    lab.open(page, f"notebooks/{name}")
+    # the project's kernel, found by the UI (not a "Select Kernel" dialog, not plain python3)
+    assert page.locator(".jp-KernelName").first.inner_text() == "Python (labkit)"
+    run_all(page)
+    return wait_all_ran(page, timeout)
+
+
+def label(text: str) -> str:
+    """An option's label as ipywidgets renders it (spaces made non-breaking)."""
+    return text.replace(" ", "\xa0")
+
+
+def outputs_text(page) -> str:
+    """What the cells printed and displayed (not their code), hidden or on screen."""
+    return "\n".join(page.locator(".jp-OutputArea").all_text_contents())
+
+
+def widget_problems(page) -> list[str]:
+    text = outputs_text(page)
+    return [s for s in ("Error displaying widget", "Loading widget", "Traceback") if s in text]
+
+
+def test_explorer_draws_at_once_and_follows_the_widgets(lab, page, tmp_path):
+    open_and_run(lab, page, "explore.ipynb")
+    box = page.locator(".widget-vbox").first
+    box.wait_for()
+    page.wait_for_timeout(1000)  # give a slow widget a chance to show "Loading widget..."
+    assert widget_problems(page) == []
+    runs_pick, methods_pick = page.locator(".widget-select-multiple select").all()
+    metric_pick = page.locator(".widget-dropdown select")
+    assert runs_pick.locator("option").all_inner_texts() == [NEW, OLD]
+    assert metric_pick.locator("option:checked").inner_text() == label("training loss (per step)")
+
+    # the default selection is drawn without a click (issue 15, item 3)
+    plot = box.locator(".widget-output img")
+    table = box.locator(".widget-output table")
+    plot.wait_for(timeout=20_000)
+    before = plot.get_attribute("src"), plot.screenshot(), table.text_content()
+    assert NEW in before[2] and OLD in before[2]
+
+    metric_pick.select_option(label=label("validation accuracy (%)"))
+    page.wait_for_function("src => document.querySelector('.widget-output img').src !== src",
+                           arg=before[0], timeout=20_000)
+    after_metric = plot.get_attribute("src"), plot.screenshot(), table.text_content()
+    assert after_metric[1] != before[1]
+
+    runs_pick.select_option(label=[OLD])
+    page.wait_for_function("src => document.querySelector('.widget-output img').src !== src",
+                           arg=after_metric[0], timeout=20_000)
+    after_runs = plot.screenshot(), table.text_content()
+    assert after_runs[0] != after_metric[1]
+    assert OLD in after_runs[1] and NEW not in after_runs[1]  # the table follows the runs
+    methods_pick.select_option(label=[label("Baseline DDP (PyTorch)")])  # OLD has no DDP: an explanation, no lines
+    page.wait_for_function("() => !document.querySelector('.widget-output table') || "
+                           "!document.querySelector('.widget-output table').innerText.includes('Parameter')",
+                           timeout=20_000)
+    assert widget_problems(page) == []
+
+    # below the widgets: the static overview (three figures and a table), outside the widget
+    static = page.locator(".jp-Cell:not(:has(.widget-vbox)) .jp-OutputArea-output img")
+    assert static.count() == 3
+    assert all(img.evaluate("i => i.naturalWidth") > 100 for img in static.all())
+    screenshot(page, tmp_path, "explore")
+
+
+def test_run_method_from_the_ui_streams_progress(lab, page, tmp_path):
+    lab.open(page, "notebooks/run_tiny.ipynb")
+    run_all(page)
+    launch = page.locator(".jp-CodeCell").filter(has_text="result = launch(")
+    # the training's own output appears in the cell while the cell is still running
+    live = launch.locator(".jp-OutputArea-output")
+    page.wait_for_function(
+        """() => { const c = [...document.querySelectorAll('.jp-CodeCell')]
+                     .find(c => c.innerText.includes('result = launch('));
+                   return c && c.querySelector('.jp-InputPrompt').innerText.includes('*')
+                     && /step|it\\/s|\\d+%/.test(c.querySelector('.jp-OutputArea').innerText); }""",
+        timeout=90_000, polling=100)
+    assert not any("finished in" in t for t in live.all_text_contents())
+    wait_all_ran(page, 180)
+    out = outputs_text(page)
+    assert "finished in" in out and "Traceback" not in out
+    table = page.locator(".jp-OutputArea-output table")
+    assert table.count() == 1 and "epoch" in table.text_content()
+    loss = page.locator(".jp-Cell").last.locator(".jp-OutputArea-output img")
+    assert loss.count() == 1 and loss.evaluate("i => i.naturalWidth") > 100
+    screenshot(page, tmp_path, "run_method")
+
+
+def test_a_bad_parameter_is_one_line_in_the_cell(lab, page, tmp_path):
+    lab.open(page, "notebooks/run_bad.ipynb")
+    run_all(page)
+    err = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    err.first.wait_for(timeout=60_000)
+    kernel_idle(page)
+    text = err.first.inner_text()
+    lines = [l for l in text.splitlines() if l.strip()]
+    assert len(lines) == 1 and "epochs='three'" in lines[0], text
+    assert "Traceback" not in text and ".py" not in text
+    assert err.count() == 1
+    # Run All stops at the error: the launch cell never ran
+    assert any(p.strip() == "[ ]:" for p in prompts(page))
+    screenshot(page, tmp_path, "run_method_bad_parameter")
+
+
+def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
+    open_and_run(lab, page, "report.ipynb")
+    text = outputs_text(page)
+    assert "Traceback" not in text and "Error" not in text
+    t1 = page.locator(".jp-Cell", has_text="Table 1. Performance comparison")
+    table = t1.locator("xpath=following-sibling::div[contains(@class,'jp-CodeCell')][1]").locator("table")
+    assert all(m in table.text_content() for m in ("Baseline DDP", "All-Reduce", "Parameter Server"))
+    figures = page.locator(".jp-OutputArea-output figure")
+    assert figures.locator("figcaption").all_text_contents()[:5] == [
+        f"Figure {i}." + c for i, c in enumerate(
+            (" Training throughput (images/s, all trainers).", " Training time per epoch (s).",
+             " Loss convergence: training loss per step, averaged over trainers.",
+             " Train (dashed) and validation (solid) accuracy per epoch.",
+             " Where a trainer's step goes: PS vs All-Reduce."), 1)]
+    assert all(img.evaluate("i => i.complete && i.naturalWidth > 100")
+               for img in figures.locator("img").all()[:5])
+    screenshot(page, tmp_path, "report")
