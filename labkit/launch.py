@@ -129,10 +129,22 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
         cmd += ["--standalone", "--local-addr=127.0.0.1"]
     if nodes.max_restarts:
         cmd.append(f"--max-restarts={nodes.max_restarts}")
-    cmd += [f"--log-dir={log_dir}", "--tee=3", "--log-line-prefix-template=[rank${rank}]: ",
-            f"--local-ranks-filter={','.join(map(str, show_ranks))}",
+    cmd += [f"--log-dir={log_dir}", "--tee=3"]
+    if torchrun_knows("--log-line-prefix-template"):
+        cmd.append("--log-line-prefix-template=[rank${rank}]: ")
+    cmd += [f"--local-ranks-filter={','.join(map(str, show_ranks))}",
             "-m", module, *config_flags(cfg), *extra]
     return cmd
+
+
+def torchrun_knows(flag: str) -> bool:
+    """Whether this torch's torchrun has ``flag``. An older torchrun (2.11, the image of the
+    H100 machine labkit was measured on) takes an unknown option for the script to run, and
+    every rank then dies in ``python --log-line-prefix-template=...``; without the prefix its
+    lines read ``[default0]:`` instead of ``[rank0]:``."""
+    from torch.distributed.run import get_args_parser
+
+    return any(flag in a.option_strings for a in get_args_parser()._actions)
 
 
 def rank_logs(log_dir: str, local_rank: int) -> list[str]:
@@ -308,7 +320,7 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
         for raw in proc.stdout:
             captured.append(raw)
             for piece in raw.rstrip("\n").split("\r"):
-                if not re.sub(r"^\[rank\d+\]:", "", piece).strip() or _torchrun_noise(piece):
+                if not re.sub(r"^\[(?:rank|default)\d+\]:", "", piece).strip() or _torchrun_noise(piece):
                     continue
                 out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
         proc.wait()
@@ -354,7 +366,7 @@ def settle_results(out_dir: str, result_file: str, status: str, why: str) -> Non
 
 
 # the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
-_KINETO = re.compile(r"^(\[rank\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
+_KINETO = re.compile(r"^(\[(?:rank|default)\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
 
 
 def _torchrun_noise(line: str) -> bool:

@@ -71,3 +71,18 @@ def test_launch_streams_the_reporting_rank(tmp_path):
     logs = sorted(p.parent.name for p in (tmp_path / "ar").glob("logs/**/attempt_0/*/stdout.log"))
     assert logs == ["0", "1"]
     assert load_json(tmp_path / "ar" / "results_all_reduce.json")["status"] == "completed"
+
+
+def test_rank_prefix_only_where_torchrun_has_the_option(tmp_path, monkeypatch):
+    """torch 2.11's torchrun has no --log-line-prefix-template: passed anyway, it became the
+    script to run and every rank died (seen on an H100 box, 2026-11-23)."""
+    from labkit import launch as launch_mod
+
+    assert launch_mod.torchrun_knows("--tee") and not launch_mod.torchrun_knows("--no-such-option")
+    with_prefix = torchrun_command(TrainConfig(**TINY_CFG), 2, str(tmp_path))
+    assert ("--log-line-prefix-template=[rank${rank}]: " in with_prefix) == launch_mod.torchrun_knows(
+        "--log-line-prefix-template")
+    monkeypatch.setattr(launch_mod, "torchrun_knows", lambda flag: False)
+    cmd = torchrun_command(TrainConfig(**TINY_CFG), 2, str(tmp_path))
+    assert not any(a.startswith("--log-line-prefix-template") for a in cmd)
+    assert cmd[cmd.index("-m", 3) + 1] == "labkit.train" and "--tee=3" in cmd
