@@ -67,8 +67,9 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     return cfg
 
 
-def default_out(method: str) -> str:
-    base = os.path.join("runs", folder_stamp() + f"_{method}")
+def default_out(method: str, runs_dir: str = "runs") -> str:
+    """A new folder under ``runs_dir`` for a run started without --out (never an existing one)."""
+    base = os.path.join(runs_dir, folder_stamp() + f"_{method}")
     out, i = base, 1
     while os.path.exists(out):
         i += 1
