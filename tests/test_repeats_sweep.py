@@ -24,9 +24,9 @@ FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.js
 NAMES = {"ddp": "Baseline DDP (PyTorch)", "allreduce": "Manual All-Reduce", "ps": "Parameter Server (PS)"}
 
 
-def labkit(args, cwd, timeout=500):
+def labkit(args, cwd, timeout=500, env=None):
     return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 # ------------------------------------------------------------------ bad input
@@ -229,7 +229,7 @@ def test_sweep_chart_and_table_from_constructed_runs(tmp_path):
 # ------------------------------------------------------------------ sweep, for real
 def test_a_small_real_sweep_renders_its_report(tmp_path):
     p = labkit(["sweep", "nproc=1,2", "--methods", "ddp", "--no-report", *TINY, "--runs-dir", "runs"],
-               cwd=tmp_path)
+               cwd=tmp_path, env={"LABKIT_CHROMIUM": "/nonexistent/chromium"})  # HTML only: quicker
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     root = (tmp_path / "runs" / "latest").resolve()
     assert root.name.endswith("_sweep")
@@ -245,3 +245,4 @@ def test_a_small_real_sweep_renders_its_report(tmp_path):
     assert "ideal" in html and "CPU cores" in html
     assert (root / "report" / "scaling.png").stat().st_size > 10_000
     assert "import matplotlib" not in html and "rs.load_sweep" not in html  # no code cells
+    assert "PDF skipped" in p.stdout and f"sweep report: {root / 'report' / 'sweep.html'}" in p.stdout

@@ -140,6 +140,7 @@ def plot_scaling(sw: Sweep, ax) -> None:
     ax.set_title("Throughput vs processes (error bars: 95% CI; dashed: ideal linear;\n"
                  "numbers: scaling efficiency)", fontsize=10)
     ax.grid(alpha=0.3)
+    ax.margins(x=0.1)  # room for the efficiency labels at the last point
     ax.set_ylim(bottom=0)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -166,6 +167,10 @@ def limits(sw: Sweep) -> list[str]:
             "communication (gloo over loopback) competes with compute instead of overlapping it. "
             "Read a CPU sweep as a check of the machinery; GPU runs, one process per GPU, are "
             "where the ideal line is a reachable bound.")
+    no_ci = {iv.note for pts in series(sw).values() for _, docs in pts
+             for iv in [stats.throughput(docs)] if not iv.available and iv.note}
+    for note in sorted(no_ci):
+        lines.append(f"Some points have no confidence interval: {note}.")
     if "ps" in {k[0] for k in series(sw)}:
         lines.append("Parameter Server: rank 0 serves and trains nothing, so n processes are n-1 "
                      "trainers (column Trainers); its ideal line is drawn per process, like the "
