@@ -59,6 +59,9 @@ CAPTIONS: dict[str, Caption] = {
     "projection": Caption(
         "Figure 7", "Projected scaling efficiency, 8 to 1024 GPUs, per interconnect and method",
         "", ""),
+    "variants_figure": Caption(
+        "Figure 8", "Variants (dashed) against their synchronous method (solid): loss and "
+        "accuracy", "", ""),
     "repeats": Caption(
         "Table 6", "Repeats", "each method N times, rotated order, seed + i",
         "(`--repeats`): each method ran once per repeat, the order rotated by one each repeat "
@@ -78,9 +81,6 @@ CAPTIONS: dict[str, Caption] = {
     "scaling_figure": Caption(
         "Figure 9", "Throughput vs processes, per method, with the ideal linear line (dashed) "
         "and 95% CI error bars", "", ""),
-    "variants_figure": Caption(
-        "Figure 8", "Variants (dashed) against their synchronous method (solid): loss and "
-        "accuracy", "", ""),
 }
 
 
