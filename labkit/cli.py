@@ -1,4 +1,4 @@
-"""`labkit run | experiment` (also `python -m labkit ...`)."""
+"""`labkit run | experiment | sweep | bench | model | report` (also `python -m labkit ...`)."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +38,26 @@ def _add_nodes(p: argparse.ArgumentParser) -> None:
                         "resumes from the last epoch checkpoint (default 0)")
 
 
+def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """`labkit experiment`'s flags; `labkit sweep` takes them all, for every grid point."""
+    e.add_argument("-f", "--parameters-file", dest="parameters_file",
+                   help="papermill-style YAML file of parameters (flags override it)")
+    e.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    e.add_argument("--nproc", type=_nproc, help=NPROC_HELP + (" (a grid's nproc=... overrides it)"
+                                                              if sweep else ""))
+    e.add_argument("--repeats", type=int, help="run every method N times, in rotated order "
+                   "(ABC, BCA, CAB, ...), repeat i from seed + i - 1 (default 1)")
+    e.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: runs)")
+    e.add_argument("--tag", help="suffix of the run folder name" + (" (default: sweep)" if sweep else ""))
+    e.add_argument("--cell-timeout", dest="cell_timeout", type=int,
+                   help="seconds a notebook cell may run (default 3600)")
+    e.add_argument("--no-report", dest="report", action="store_false",
+                   help="results only: skip the report notebook, HTML and PDF"
+                        + (" of each grid point (the sweep report is always written)" if sweep else ""))
+    add_config_arguments(e, skip=("method", "out"), defaults=False)
+    _add_nodes(e)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description="Measure what data-parallel training costs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -52,16 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("experiment", help="all methods via papermill notebooks, then the report",
                        argument_default=argparse.SUPPRESS)
-    e.add_argument("-f", "--parameters-file", dest="parameters_file",
-                   help="papermill-style YAML file of parameters (flags override it)")
-    e.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
-    e.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
-    e.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: runs)")
-    e.add_argument("--tag", help="suffix of the run folder name")
-    e.add_argument("--cell-timeout", dest="cell_timeout", type=int,
-                   help="seconds a notebook cell may run (default 3600)")
-    add_config_arguments(e, skip=("method", "out"), defaults=False)
-    _add_nodes(e)
+    _add_experiment(e)
+    s = sub.add_parser("sweep", help="a scaling study: one experiment per grid point (e.g. "
+                       "nproc=2,4), then throughput vs processes and scaling efficiency",
+                       argument_default=argparse.SUPPRESS)
+    s.add_argument("grid", nargs="*", metavar="NAME=V1,V2",
+                   help="a parameter and its values, e.g. nproc=2,3,4 or batch_size=16,32 (any "
+                        "training parameter or nproc; several give their product; also "
+                        "`sweep: {nproc: [2, 4]}` in the -f file)")
+    _add_experiment(s, sweep=True)
 
     b = sub.add_parser("bench", help="time each method against DDP and the raw collectives "
                        "(compute-only steps, exposed communication, bandwidths)",
@@ -155,25 +174,54 @@ def cmd_run(params: dict) -> int:
     return 0
 
 
-def cmd_experiment(params: dict) -> int:
-    from .lab import Experiment, run_experiment
+def _experiment_params(params: dict):
+    """Flags and the -f file -> (TrainConfig, Experiment, what is left: e.g. a YAML sweep)."""
+    from .lab import Experiment
 
     if "parameters_file" in params:
         params = {**_load_yaml(params.pop("parameters_file")), **params}
     if params.get("nproc") == "auto":  # as in a parameters file; the flag gives None already
         params["nproc"] = None
-    exp_keys = ("methods", "runs_dir", "tag", "cell_timeout")
+    exp_keys = ("methods", "runs_dir", "tag", "cell_timeout", "repeats", "report")
     exp_kw = {k: params.pop(k) for k in exp_keys if k in params}
     if isinstance(exp_kw.get("methods"), str):
         exp_kw["methods"] = [m.strip() for m in exp_kw["methods"].split(",") if m.strip()]
+    extra = {k: params.pop(k) for k in ("sweep", "grid") if k in params}
     cfg, rest = _split(params)
-    exp = Experiment(**exp_kw, nproc=rest.get("nproc"), nodes=_nodes(rest))
+    return cfg, Experiment(**exp_kw, nproc=rest.get("nproc"), nodes=_nodes(rest)), extra
+
+
+def cmd_experiment(params: dict) -> int:
+    from .lab import run_experiment
+
+    cfg, exp, extra = _experiment_params(params)
+    if "sweep" in extra:
+        raise ConfigError("a sweep: in the parameters file belongs to labkit sweep, not experiment")
     run, status = run_experiment(cfg, exp)
     print(f"\nrun folder: {run}")
     for m, e in status["methods"].items():
         print(f"  {m:10s} {e['status']}" + (f"  ({e['error']})" if e.get("error") else ""))
     print(f"report: {status['report']}")
     return 0 if status["status"] == "completed" else 1
+
+
+def cmd_sweep(params: dict) -> int:
+    from .sweep import parse_grid, sweep
+
+    cfg, exp, extra = _experiment_params(params)
+    specs = extra.get("grid") or []
+    yaml_grid = extra.get("sweep") or {}
+    if not isinstance(yaml_grid, dict):
+        raise ConfigError("sweep: in the parameters file must map a parameter to its values")
+    grid = {**(parse_grid(yaml_grid) if yaml_grid else {}), **(parse_grid(specs) if specs else {})}
+    if not grid:
+        grid = parse_grid([])  # says what to give
+    root, doc = sweep(cfg, exp, grid)
+    print(f"\nsweep folder: {root}")
+    for p in doc["points"]:
+        print(f"  {p['name']:24s} {p['status']}")
+    print(f"sweep report: {doc.get('report')}")
+    return 0 if doc["status"] == "completed" else 1
 
 
 def cmd_bench(params: dict) -> int:
@@ -207,7 +255,16 @@ def cmd_report(params: dict) -> int:
             raise ConfigError(f"{p!r} does not exist")
     from .benchdoc import BenchError
     from .benchdoc import load as load_bench
+    from .report import sweep as rs
 
+    if len(paths) == 1 and rs.is_sweep(paths[0]):  # a `labkit sweep` folder: the scaling study
+        try:
+            sw = rs.load_sweep(paths[0])
+        except rs.SweepError as e:
+            raise ConfigError(str(e)) from None
+        files = rs.write_sweep_report(sw, params.get("out") or Path(paths[0]) / "report")
+        print(files["text"].read_text() + f"plot: {files['plot']}")
+        return 0 if sw.points and all(not p.res.problems for p in sw.points) else 1
     res = report.load_files(paths)
     single_run = len(paths) == 1 and Path(paths[0]).is_dir()
     try:
@@ -238,7 +295,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     try:
-        return {"run": cmd_run, "experiment": cmd_experiment, "bench": cmd_bench,
+        return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
                 "report": cmd_report}[command](args)
     except ConfigError as e:
         print(f"labkit {command}: error: {e}", file=sys.stderr)

@@ -53,7 +53,7 @@ def has_results(run_dir: str | os.PathLike) -> bool:
     """Whether report.load_run would find a result file: in a method subfolder or directly."""
     run = Path(run_dir)
     return any((run / m / RESULT_FILES[m]).is_file() or (run / RESULT_FILES[m]).is_file()
-               for m in report.METHOD_ORDER)
+               or (run / "repeat-1" / m / RESULT_FILES[m]).is_file() for m in report.METHOD_ORDER)
 
 
 def _started(run: Path) -> float:

@@ -23,6 +23,7 @@ from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
 from .metrics import atomic_write_json, folder_stamp, now_str
 from .record import portable, snapshot, write_record
+from .stats import rotated_order
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent  # a source checkout (its git commit goes into environment.json)
@@ -211,6 +212,8 @@ class Experiment:
     tag: Optional[str] = None
     cell_timeout: int = 3600
     nodes: Nodes = field(default_factory=Nodes)
+    repeats: int = 1      # every method this many times, in rotated order (stats.rotated_order)
+    report: bool = True   # False: results only, no report notebook (a sweep's points)
 
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
@@ -220,90 +223,155 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
         weights=os.path.abspath(cfg.weights) if cfg.weights else None)
 
 
-def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
-    """Run every method's notebook, then the report; return (run folder, status)."""
-    import papermill as pm
+@dataclass
+class Prepared:
+    """An experiment whose every input was checked: what run_experiment needs, no folder yet."""
+    cfg: TrainConfig
+    exp: Experiment
+    nproc: int
+    resolved: dict[str, TrainConfig]
+    snap: Any
 
-    stream = stream or sys.stdout
+
+def prepare(cfg: TrainConfig, exp: Experiment) -> Prepared:
+    """All bad input fails here, in seconds, before a folder or a process exists."""
     bad = [m for m in exp.methods if m not in METHODS and m not in VARIANTS]
     if bad or not exp.methods:
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
                           f"{', '.join(METHODS)} or a variant: {', '.join(v for v in VARIANTS if v not in METHODS)}")
+    if isinstance(exp.repeats, bool) or not isinstance(exp.repeats, int) or exp.repeats < 1:
+        raise ConfigError(f"--repeats must be a whole number, 1 or more (got {exp.repeats!r})")
     nproc = machine_defaults()["nproc"] if exp.nproc is None else exp.nproc  # 0 is bad input
     cfg = with_absolute_paths(cfg)
-    # all bad input fails here, in seconds, before a folder or a process exists
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
     resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
                             nproc, exp.nodes) for m in exp.methods}
     snap = snapshot(resolved, REPO_DIR)  # packages, code, data fingerprints: before any folder
+    return Prepared(cfg, exp, nproc, resolved, snap)
 
-    run = new_run_dir(exp.runs_dir, exp.tag).resolve()
+
+def repeat_plan(methods: list[str], repeats: int, seed: int) -> list[tuple[int, int, list[str]]]:
+    """[(repeat number from 1, its seed, its method order)]. Repeat i trains from seed + i - 1:
+    the first repeat is exactly the run without repeats, and different seeds make the accuracy
+    interval mean something (one seed cannot separate two methods) and keep the timed
+    computations from being bit-identical reruns. The order rotates (ABC, BCA, CAB) so a shared
+    machine's drift falls on every method alike."""
+    return [(i + 1, seed + i, order) for i, order in enumerate(rotated_order(methods, repeats))]
+
+
+def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] = None,
+                   prepared: Optional[Prepared] = None, run: Optional[Path] = None) -> tuple[Path, dict]:
+    """Run every method's notebook (``exp.repeats`` times each, in rotated order), then the
+    report; return (run folder, status). A sweep passes its checked ``prepared`` experiment and
+    the (new, empty) folder of one grid point as ``run``."""
+    import papermill as pm
+
+    stream = stream or sys.stdout
+    p = prepared or prepare(cfg, exp)
+    cfg, nproc, resolved = p.cfg, p.nproc, p.resolved
+    if run is None:
+        run = new_run_dir(exp.runs_dir, exp.tag).resolve()
+    else:
+        run.mkdir(parents=True)
 
     def write(name: str, doc: dict) -> None:
         # paths inside the run folder relative to it, so a copied or moved folder still works
         atomic_write_json(str(run / name), portable(doc, run))
 
+    plan = repeat_plan(exp.methods, exp.repeats, cfg.seed)
     write("config.json", {
         "experiment": {**dataclasses.asdict(exp), "nproc": nproc},
         "train": cfg.to_dict(),
         "resolved": {m: c.to_dict() for m, c in resolved.items()},
     })
-    env = {**environment(cfg.seed), **write_record(run, snap), "torchrun_commands": {},
+    env = {**environment(cfg.seed), **write_record(run, p.snap), "torchrun_commands": {},
            # torchrun_commands name paths relative to the run folder: run them from there
            "paths": "relative to the run folder unless absolute"}
     write("environment.json", env)
     status: dict[str, Any] = {"run_dir": str(run), "started": now_str(),
-                              "methods": {}, "status": "running"}
+                              "methods": {}, "status": "running", "repeats": exp.repeats,
+                              "order": [order for _, _, order in plan],
+                              "seeds": [seed for _, seed, _ in plan]}
     kernel = kernel_name()
     stream.write(f"experiment: {run}\n")
-    for m in exp.methods:
-        mdir = run / m
-        mdir.mkdir()
-        params = {k: v for k, v in resolved[m].to_dict().items()}
-        params.update(out=str(mdir), nproc=nproc, nnodes=exp.nodes.nnodes,
-                      node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint,
-                      max_restarts=exp.nodes.max_restarts)
-        stream.write(f"\n=== {m}: {nproc} processes ===\n")
-        stream.flush()
-        t0 = time.monotonic()
-        entry: dict[str, Any] = {"status": "running", "notebook": str(mdir / "run_method.ipynb")}
-        status["methods"][m] = entry
-        write("experiment.json", status)
-        try:
-            pm.execute_notebook(str(NOTEBOOKS / "run_method.ipynb"), str(mdir / "run_method.ipynb"),
-                                parameters=params, kernel_name=kernel, cwd=str(mdir),
-                                execution_timeout=exp.cell_timeout, progress_bar=False,
-                                stdout_file=stream, stderr_file=stream,
-                                kernel_manager_class=quiet_kernel_manager())
-            entry["status"] = "completed"
-        except pm.PapermillExecutionError as e:
-            entry.update(status="failed", error=f"{e.ename}: {e.evalue}".strip())
-            stream.write(f"\n{m} FAILED: {entry['error']}\n")
-        except KeyboardInterrupt:
-            # the kernel, and with it the launcher, is gone: mark the method's result file here
-            settle_results(str(mdir), resolved[m].result_file, "interrupted", "interrupted by the user")
-            entry["status"] = "interrupted"
-            status["status"] = "interrupted"
+    for i, seed, order in plan:
+        for m in order:
+            # one repeat: the guide's layout, runs/<run>/<method>/; several: repeat-<i>/<method>/
+            mdir = run / m if exp.repeats == 1 else run / f"repeat-{i}" / m
+            mdir.mkdir(parents=True)
+            entry: dict[str, Any] = {"status": "running", "notebook": str(mdir / "run_method.ipynb")}
+            if exp.repeats == 1:
+                status["methods"][m] = entry
+            else:  # one entry per method, its repeats inside; the first problem is the method's
+                agg = status["methods"].setdefault(m, {"status": "running", "repeats": []})
+                agg["repeats"].append({"repeat": i, "seed": seed, **entry})
+                entry = agg["repeats"][-1]
             write("experiment.json", status)
-            raise
-        entry["wall_time"] = time.monotonic() - t0
-        launch_file = mdir / "launch.json"
-        if launch_file.exists():
-            env["torchrun_commands"][m] = json.loads(launch_file.read_text())["command_line"]
-            write("environment.json", env)
-        write("experiment.json", status)
+            try:
+                _run_method(dataclasses.replace(resolved[m], seed=seed), mdir, nproc, exp, kernel,
+                            stream, entry, pm, m if exp.repeats == 1
+                            else f"{m}, repeat {i} of {exp.repeats} (seed {seed})")
+            except KeyboardInterrupt:
+                status["status"] = "interrupted"
+                if exp.repeats > 1:
+                    status["methods"][m]["status"] = "interrupted"
+                write("experiment.json", status)
+                raise
+            if exp.repeats > 1:
+                agg = status["methods"][m]
+                bad = [r for r in agg["repeats"] if r["status"] != "completed"]
+                agg["status"] = bad[0]["status"] if bad else ("completed" if len(agg["repeats"]) == exp.repeats else "running")
+                if bad:
+                    agg["error"] = f"repeat {bad[0]['repeat']}: {bad[0].get('error', '')}".strip()
+            launch_file = mdir / "launch.json"
+            if launch_file.exists():
+                key = m if exp.repeats == 1 else f"repeat-{i}/{m}"
+                env["torchrun_commands"][key] = json.loads(launch_file.read_text())["command_line"]
+                write("environment.json", env)
+            write("experiment.json", status)
 
     failed = [m for m, e in status["methods"].items() if e["status"] != "completed"]
     status["status"] = "failed" if failed else "completed"
-    try:
-        status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
-    except pm.PapermillExecutionError as e:  # the results are safe; say what broke the report
-        status["status"] = "failed"
-        status["report"] = f"report failed: {e.ename}: {e.evalue}"
-        stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: {run / 'report'})\n")
+    if exp.report:
+        try:
+            status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
+        except pm.PapermillExecutionError as e:  # the results are safe; say what broke the report
+            status["status"] = "failed"
+            status["report"] = f"report failed: {e.ename}: {e.evalue}"
+            stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: {run / 'report'})\n")
+    else:
+        status["report"] = "not made (--no-report)"
     status["finished"] = now_str()
     write("experiment.json", status)
     return run, status
+
+
+def _run_method(cfg: TrainConfig, mdir: Path, nproc: int, exp: Experiment, kernel: str,
+                stream: IO[str], entry: dict, pm, label: str) -> None:
+    """papermill runs run_method.ipynb for one method into ``mdir``; ``entry`` gets its status."""
+    params = cfg.to_dict()
+    params.update(out=str(mdir), nproc=nproc, nnodes=exp.nodes.nnodes,
+                  node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint,
+                  max_restarts=exp.nodes.max_restarts)
+    stream.write(f"\n=== {label}: {nproc} processes ===\n")
+    stream.flush()
+    t0 = time.monotonic()
+    try:
+        pm.execute_notebook(str(NOTEBOOKS / "run_method.ipynb"), str(mdir / "run_method.ipynb"),
+                            parameters=params, kernel_name=kernel, cwd=str(mdir),
+                            execution_timeout=exp.cell_timeout, progress_bar=False,
+                            stdout_file=stream, stderr_file=stream,
+                            kernel_manager_class=quiet_kernel_manager())
+        entry["status"] = "completed"
+    except pm.PapermillExecutionError as e:
+        entry.update(status="failed", error=f"{e.ename}: {e.evalue}".strip())
+        stream.write(f"\n{label} FAILED: {entry['error']}\n")
+    except KeyboardInterrupt:
+        # the kernel, and with it the launcher, is gone: mark the method's result file here
+        settle_results(str(mdir), cfg.result_file, "interrupted", "interrupted by the user")
+        entry["status"] = "interrupted"
+        raise
+    entry["wall_time"] = time.monotonic() - t0
 
 
 def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:

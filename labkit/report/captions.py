@@ -62,6 +62,25 @@ CAPTIONS: dict[str, Caption] = {
     "variants_figure": Caption(
         "Figure 8", "Variants (dashed) against their synchronous method (solid): loss and "
         "accuracy", "", ""),
+    "repeats": Caption(
+        "Table 6", "Repeats", "each method N times, rotated order, seed + i",
+        "(`--repeats`): each method ran once per repeat, the order rotated by one each repeat "
+        "(ABC, BCA, CAB, ...) so a shared machine's drift falls on every method alike; repeat "
+        "*i* trained from seed + *i* - 1. First table: each method over its repeats (the 95% CI "
+        "of the throughput is a t-interval over the repeats, which holds the run-to-run noise "
+        "one run cannot see; with 2 repeats it is wide, honestly). Second: every repeat. The "
+        "single-run tables and figures above show repeat 1; Figures 3-4 draw the other repeats "
+        "faintly."),
+    "scaling": Caption(
+        "Table 7", "Scaling efficiency", "labkit sweep",
+        "(`labkit sweep`): steady-state throughput per method and process count with its 95% CI, "
+        "the ideal linear throughput from the smallest process count n0 (n / n0 x T(n0)), and "
+        "the efficiency T(n) / (n / n0 x T(n0)); its 95% CI is that of the throughput ratio "
+        "T(n) / T(n0) (delta method on the log ratio over step blocks, or a t-interval over "
+        "repeats), times n0 / n."),
+    "scaling_figure": Caption(
+        "Figure 9", "Throughput vs processes, per method, with the ideal linear line (dashed) "
+        "and 95% CI error bars", "", ""),
 }
 
 

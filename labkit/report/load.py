@@ -59,6 +59,10 @@ class RunResults:
     docs: dict[str, dict] = field(default_factory=dict)          # method key -> result
     problems: dict[str, str] = field(default_factory=dict)       # method key or file -> problem
     run_dir: Optional[Path] = None
+    # method key -> one result per repeat (`labkit experiment --repeats N`, repeat 1 first);
+    # a run without repeats: a list of one, the same document as in ``docs``, which keeps the
+    # first repeat so every single-run table and figure reads as before
+    repeats: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def ok(self) -> dict[str, dict]:
@@ -66,8 +70,15 @@ class RunResults:
         return {m: d for m, d in self.docs.items() if d["epochs"]}
 
 
+def repeat_dirs(run: Path) -> list[Path]:
+    """repeat-1/, repeat-2/, ... of a run with --repeats, in order; [] without repeats."""
+    dirs = [d for d in run.glob("repeat-*") if d.is_dir() and d.name[7:].isdigit()]
+    return sorted(dirs, key=lambda d: int(d.name[7:]))
+
+
 def load_run(run_dir: str | os.PathLike) -> RunResults:
-    """A run folder (method subfolders) or a folder holding results_*.json directly."""
+    """A run folder (method subfolders, or repeat-<i>/ folders holding them) or a folder holding
+    results_*.json directly."""
     run = Path(run_dir)
     res = RunResults(run_dir=run)
     status = {}
@@ -76,14 +87,23 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
             status = json.loads((run / "experiment.json").read_text()).get("methods", {})
         except (OSError, json.JSONDecodeError):
             res.problems["experiment.json"] = f"{run / 'experiment.json'}: unreadable"
+    reps = repeat_dirs(run)
     for m in METHOD_ORDER:
-        candidates = [run / m / RESULT_FILES[m], run / RESULT_FILES[m]]
-        path = next((p for p in candidates if p.exists()), None)
-        if path is None:
-            if (run / m).is_dir() or m in status:
-                res.problems[m] = f"{candidates[0]}: missing"
+        if reps:
+            for i, rdir in enumerate(reps):
+                path = rdir / m / RESULT_FILES[m]
+                if path.exists():
+                    _add(res, path, m, first=i == 0)
+                elif (rdir / m).is_dir() or m in status:
+                    res.problems.setdefault(m, f"{path}: missing")
         else:
-            _add(res, path, m)
+            candidates = [run / m / RESULT_FILES[m], run / RESULT_FILES[m]]
+            path = next((p for p in candidates if p.exists()), None)
+            if path is None:
+                if (run / m).is_dir() or m in status:
+                    res.problems[m] = f"{candidates[0]}: missing"
+            else:
+                _add(res, path, m)
         st = status.get(m, {})
         if st.get("status") not in (None, "completed"):
             res.problems[m] = f"{st['status']}: {st.get('error', '').strip()}".strip(": ")
@@ -96,6 +116,7 @@ def load_files(paths: list[str | os.PathLike]) -> RunResults:
         if Path(p).is_dir():
             sub = load_run(p)
             res.docs.update(sub.docs)
+            res.repeats.update(sub.repeats)
             res.problems.update(sub.problems)
             res.run_dir = res.run_dir or sub.run_dir
         else:
@@ -103,16 +124,21 @@ def load_files(paths: list[str | os.PathLike]) -> RunResults:
     return res
 
 
-def _add(res: RunResults, path: Path, expected: Optional[str]) -> None:
+def _add(res: RunResults, path: Path, expected: Optional[str], first: bool = True) -> None:
+    """Load one result file; ``first`` False: a later repeat, kept in ``repeats`` only."""
     try:
         doc = load_result(path)
     except ResultError as e:
-        res.problems[expected or path.name] = str(e)
+        res.problems.setdefault(expected or path.name, str(e))
         return
     m = method_key(doc, path)
-    res.docs[m] = doc
+    if first or m not in res.docs:
+        res.docs[m] = doc
+        res.repeats[m] = [doc]
+    else:
+        res.repeats[m].append(doc)
     if doc.get("status", "completed") != "completed":
-        res.problems[m] = f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else "")
+        res.problems.setdefault(m, f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else ""))
 
 
 def _epochs(doc: dict) -> list[dict]:

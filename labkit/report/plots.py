@@ -5,6 +5,7 @@ import html
 import os
 from pathlib import Path
 from statistics import mean
+from typing import Optional
 
 from ..metrics import atomic_path
 from .load import METHOD_ORDER, SHORT, RunResults, _epochs, method_key, summary_value
@@ -48,8 +49,14 @@ def plot_training_time(res: RunResults, ax):
     _bar(ax, res, "avg_train_time_per_epoch", "seconds per epoch", "Training time per epoch")
 
 
-def plot_losses(docs: dict[str, dict], ax=None):
-    """Per-step training loss of each method, on one axis."""
+def _later_repeats(repeats: Optional[dict[str, list[dict]]], m: str) -> list[dict]:
+    """Repeats 2..N of method ``m`` (repeat 1 is the main document, drawn in full)."""
+    return [d for d in (repeats or {}).get(m, [])[1:] if d.get("epochs")]
+
+
+def plot_losses(docs: dict[str, dict], ax=None, repeats: Optional[dict[str, list[dict]]] = None):
+    """Per-step training loss of each method, on one axis; with ``repeats`` (RunResults.repeats)
+    every other repeat's curve is drawn faintly in the method's colour, so the spread shows."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -59,6 +66,9 @@ def plot_losses(docs: dict[str, dict], ax=None):
         k = method_key(d) or m
         ax.plot(range(1, len(losses) + 1), losses, label=d.get("method", m), lw=1.2,
                 color=COLORS.get(k))
+        for r in _later_repeats(repeats, m):
+            rl = r.get("all_losses") or []
+            ax.plot(range(1, len(rl) + 1), rl, lw=0.8, alpha=0.35, color=COLORS.get(k))
     ax.set_xlabel("training step")
     ax.set_ylabel("training loss (cross-entropy)")
     ax.set_title("Loss convergence")
@@ -77,6 +87,11 @@ def plot_accuracy(res: RunResults, ax):
         if all("val_accuracy" in e for e in ep):
             ax.plot(x, [e["val_accuracy"] for e in ep], "-s", color=COLORS[m], ms=4,
                     label=f"{SHORT[m]} (val)")
+        for r in _later_repeats(res.repeats, m):  # faint: the other repeats' curves
+            rx = [e["epoch"] for e in r["epochs"]]
+            ax.plot(rx, [e["train_accuracy"] for e in r["epochs"]], "--", color=COLORS[m], lw=0.8, alpha=0.35)
+            if all("val_accuracy" in e for e in r["epochs"]):
+                ax.plot(rx, [e["val_accuracy"] for e in r["epochs"]], "-", color=COLORS[m], lw=0.8, alpha=0.35)
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
@@ -129,7 +144,7 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     plots = Path(out_dir) / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     makers = {"throughput_comparison": plot_throughput, "training_time_comparison": plot_training_time,
-              "loss_curves": lambda r, ax: plot_losses(r.ok, ax), "accuracy_curves": plot_accuracy,
+              "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,
               "communication_overhead": plot_communication}
     paths = []
     for name in PLOTS:

@@ -11,6 +11,7 @@ from ..metrics import atomic_path
 from .captions import heading
 from .load import NAN, SHORT, RunResults, _epochs, summary_value
 from .plots import write_plots
+from .repeats import repeats_text
 from .tables import comparison_rows, communication_rows, epoch_rows, text_table
 
 
@@ -78,6 +79,7 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
               text_table(comparison_rows(res)), "",
               heading("communication"), "",
               text_table(communication_rows(res)), ""]
+    parts += repeats_text(res)  # nothing without --repeats
     for m, d in res.ok.items():
         parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
     parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]
