@@ -34,7 +34,9 @@ def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
             lo.append(v - v * iv.value / iv.high), hi.append(v * iv.value / iv.low - v)
     bars = ax.bar([SHORT[m] for m in ms], vals, color=[COLORS[m] for m in ms], yerr=[lo, hi],
                   capsize=6, ecolor="#333")
-    ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], padding=3)
+    # inside the bars: above them the labels would sit on the whiskers
+    ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], label_type="center", color="white",
+                 fontweight="bold")
     ax.set_ylabel(ylabel)
     none = [SHORT[m] for m in ms if not thr[m].available]
     ax.set_title(title + "\n(whiskers: 95% CI" + (f"; n/a for {', '.join(none)}" if none else "")
