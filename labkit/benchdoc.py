@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from . import stats
 from .metrics import atomic_path
 from .texttable import short_number
 from .texttable import text_table as _table
@@ -77,6 +78,44 @@ def compare_to_ddp(results: list[dict]) -> None:
                                    if d else None)
 
 
+def vs_ddp_interval(r: dict, results: list[dict]) -> Optional[stats.Interval]:
+    """Throughput relative to DDP at the same process count with its 95% CI over the two
+    jobs' trials (stats.ratio_over_trials on the step times, scaled by the global batches);
+    None without a DDP job, or for DDP itself."""
+    d = next((x for x in results if x["variant"] == "ddp" and x["nproc"] == r["nproc"]), None)
+    if d is None or d is r:
+        return None
+    iv = stats.ratio_over_trials(d["step_time"]["trials"], r["step_time"]["trials"])
+    k = r["global_batch"] / d["global_batch"]
+    return stats.Interval(iv.value * k if iv.value is not None else None,
+                          iv.low * k if iv.available else None, iv.high * k if iv.available else None,
+                          iv.n, iv.basis, iv.note, iv.confidence)
+
+
+def sync_raw_interval(r: dict) -> Optional[stats.Interval]:
+    """The method's blocked sync time per step over the raw collective moving the same bytes,
+    with its 95% CI over the sync time's trials and the collective's repetitions; None when
+    the method has no timed phases (DDP)."""
+    c = r.get("collectives") or {}
+    raw = c.get("reduce_broadcast") if r["method"] == "ps" else c.get("all_reduce")
+    if not r.get("phases") or not raw:
+        return None
+    if not r.get("sync_trials") or not raw.get("times"):  # a bench.json from before they were kept
+        return stats.Interval(None, note="per-trial times not recorded")
+    return stats.ratio_over_trials(r["sync_trials"], raw["times"])
+
+
+def verdicts(doc: dict) -> list[str]:
+    """Each variant against DDP at its process count: faster / slower only when the 95% CI
+    of the throughput ratio excludes 1.00 (stats.speedup_verdict)."""
+    out = []
+    for r in doc.get("results", []):
+        iv = vs_ddp_interval(r, doc["results"])
+        if iv is not None:
+            out.append(stats.speedup_verdict(f"{r['variant']} x{r['nproc']}", iv).sentence)
+    return out
+
+
 def summary_line(r: dict) -> str:
     st, ct = r["step_time"], r["compute_time"]
     return (f"{r['variant']} x{r['nproc']}: step {1000 * st['median']:.1f} ms "
@@ -107,11 +146,22 @@ def rows(doc: dict) -> list[dict]:
             "reduce+bcast ms": 1000 * rb["time"] if rb else None,
             "sync ms": 1000 * sync if sync is not None else None,
             "sync / raw": sync / raw["time"] if sync is not None and raw and raw["time"] else None,
+            "sync / raw 95% CI": _ci(sync_raw_interval(r)),
             "img/s": r["throughput"],
             "x DDP": r["throughput_vs_ddp"],
+            "x DDP 95% CI": _ci(vs_ddp_interval(r, doc["results"])),
             "x DDP/trainer": r.get("per_trainer_vs_ddp"),
         })
     return out
+
+
+def _ci(iv: Optional[stats.Interval]) -> Optional[str]:
+    return None if iv is None else iv.ci_text(digits=2, ref=1.0)
+
+
+CI_NOTE = ("95% CI: t-interval over the trials (delta method on the log of the ratio of mean "
+           "times, Welch degrees of freedom; sync / raw over the trials and the collective's "
+           "repetitions); a variant is faster or slower than DDP only when it excludes 1.00")
 
 
 def text_table(doc: dict) -> str:
@@ -120,8 +170,9 @@ def text_table(doc: dict) -> str:
         return "(no measurements)"
     head = (f"labkit bench: {doc['config'].get('model')} on {doc['config'].get('dataset')}, batch "
             f"{doc['config'].get('batch_size')}/trainer, {doc['backend']} on {doc['device']}; "
-            f"{doc['trials']} trials x {doc['steps']} steps after {doc['warmup']} warm-up steps")
-    return head + "\n" + _table(rs, short_number, right=True)
+            f"{doc['trials']} trials x {doc['steps']} steps after {doc['warmup']} warm-up steps\n"
+            f"{CI_NOTE}")
+    return "\n".join([head, _table(rs, short_number, right=True), "", *verdicts(doc)]).rstrip()
 
 
 def plot(doc: dict, path: str | os.PathLike) -> Optional[Path]:

@@ -62,8 +62,8 @@ def param_spread(model: torch.nn.Module, device: torch.device) -> float:
     return (hi - lo).max().item()
 
 
-def time_collective(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
-    """Median over ``reps`` of the slowest rank's time for ``fn`` (after one untimed call)."""
+def time_collective(fn: Callable[[], Any], device: torch.device, reps: int) -> list[float]:
+    """The slowest rank's time for ``fn``, ``reps`` times (after one untimed call)."""
     clock = Stopwatch(device)
     fn()
     times = []
@@ -72,12 +72,14 @@ def time_collective(fn: Callable[[], Any], device: torch.device, reps: int) -> f
         clock.start()
         fn()
         times.append(_slowest(clock.stop(), device))
-    return statistics.median(times)
+    return times
 
 
-def _bw(nbytes: int, t: float, factor: float) -> dict:
+def _bw(nbytes: int, times: list[float], factor: float) -> dict:
+    """Median time and bandwidths; ``times`` kept, for the intervals of ratios to it."""
+    t = statistics.median(times)
     alg = nbytes / t if t > 0 else float("nan")
-    return {"bytes": nbytes, "time": t, "algbw": alg, "busbw": alg * factor}
+    return {"bytes": nbytes, "time": t, "algbw": alg, "busbw": alg * factor, "times": times}
 
 
 def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
@@ -94,15 +96,17 @@ def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
     size = 4096
     while size < push_bytes:
         buf = torch.zeros(size // esize, dtype=dtype, device=device)
-        sweep.append({"bytes": size, "time": time_collective(lambda: dist.all_reduce(buf), device,
-                                                             reps + 2)})
+        sweep.append({"bytes": size, "time": statistics.median(
+            time_collective(lambda: dist.all_reduce(buf), device, reps + 2))})
         size *= 8
-    sweep.append({"bytes": push.numel() * esize, "time": t_ar})
+    sweep.append({"bytes": push.numel() * esize, "time": statistics.median(t_ar)})
+    red, bc = _bw(push.numel() * esize, t_red, 1.0), _bw(pull.numel() * 4, t_bc, 1.0)
     return {
         "all_reduce": _bw(push.numel() * esize, t_ar, 2 * (n - 1) / n),
-        "reduce": _bw(push.numel() * esize, t_red, 1.0),
-        "broadcast": _bw(pull.numel() * 4, t_bc, 1.0),
-        "reduce_broadcast": {"bytes": push.numel() * esize + pull.numel() * 4, "time": t_red + t_bc},
+        "reduce": red, "broadcast": bc,
+        # one reduce + broadcast sample per repetition: the i-th reduce with the i-th broadcast
+        "reduce_broadcast": {"bytes": red["bytes"] + bc["bytes"], "time": red["time"] + bc["time"],
+                             "times": [r + b for r, b in zip(t_red, t_bc)]},
         "all_reduce_sweep": sweep,
     }
 
@@ -160,8 +164,10 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
 
         run(warmup, True)
         s.timer.pop()
-        step_times = [trial(True) for _ in range(trials)]
-        phase_sums = s.timer.pop()
+        step_times, trial_phases = [], []
+        for _ in range(trials):  # the phases per trial, for the interval of sync / raw
+            step_times.append(trial(True))
+            trial_phases.append(s.timer.pop())
         s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
         spread_sync = param_spread(tr.model, dev)
         run(warmup, False)
@@ -170,12 +176,15 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
         if bar is not None:
             bar.close()
 
-        # phases: mean over the trainers of each one's time per step (servers count as 0)
-        vec = torch.tensor([phase_sums.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases],
-                           dtype=torch.float64, device=dev)
-        if ctx.distributed and len(vec):
+        # phases: mean over the trainers of each one's time per step (servers count as 0),
+        # per trial (rows) and phase (columns)
+        vec = torch.tensor([[t.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
+                            for t in trial_phases], dtype=torch.float64, device=dev)
+        if ctx.distributed and vec.numel():
             dist.all_reduce(vec)
-        phases = {p: vec[i].item() / s.trainers / (trials * steps) for i, p in enumerate(s.phases)}
+        per_trial = (vec / (s.trainers * steps)).cpu()
+        phases = {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)}
+        sync_trials = per_trial.sum(dim=1).tolist() if len(s.phases) else []
 
         params = [p for p in tr.model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -193,7 +202,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
             "servers": ctx.world_size - s.trainers, "batch_size": cfg.batch_size,
             "global_batch": cfg.batch_size * s.trainers, "device": dev.type, "backend": cfg.backend,
             "step_time": _stats(step_times), "compute_time": _stats(compute_times),
-            "phases": phases, "grad_bytes": grad_bytes, "bytes_per_step": push + pull,
+            "phases": phases, "sync_trials": sync_trials, "grad_bytes": grad_bytes, "bytes_per_step": push + pull,
             "bucket_mb": cfg.bucket_mb, "collectives": collectives,
             "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
         }

@@ -202,6 +202,8 @@ def cmd_experiment(params: dict) -> int:
     for m, e in status["methods"].items():
         print(f"  {m:10s} {e['status']}" + (f"  ({e['error']})" if e.get("error") else ""))
     print(f"report: {status['report']}")
+    from .report import load_run, terminal_summary
+    print("\n" + terminal_summary(load_run(run)))  # Table 1 with its CIs and the verdicts
     return 0 if status["status"] == "completed" else 1
 
 
@@ -279,6 +281,8 @@ def cmd_report(params: dict) -> int:
     files = report.write_report(res, out, report.load_env(res.run_dir))
     print(report.text_report(res, report.load_env(res.run_dir)))
     print(f"plots: {Path(out) / 'plots'}/ ({len(files['plots'])} files)\nreport: {files['text']}")
+    if res.ok:  # end with what a reader looks for: the verdicts, which respect the noise
+        print("\n" + "\n".join(report.verdict_lines(res)))
     return 1 if res.problems else 0
 
 

@@ -211,10 +211,36 @@ def speedup(runs: Runs, baseline: Runs, *, confidence: float = CONFIDENCE) -> In
     n = min(sum(len(x) for x in ea), sum(len(x) for x in eb))
     if min(na, nb) < MIN_BLOCKS:
         return Interval(value, n=n, note=_too_few(min(na, nb), n))
+    return _welch_log_ratio(value, va, na, vb, nb, n, "steps", confidence)
+
+
+def _welch_log_ratio(value: float, va: float, na: int, vb: float, nb: int, n: int, basis: str,
+                     confidence: float) -> Interval:
+    """``value`` (a ratio of two independent means) with the CI of its logarithm: variances
+    ``va``, ``vb`` of the two log means from ``na``, ``nb`` units, Welch-Satterthwaite df."""
     df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if va + vb > 0 else math.inf
     h = stats.t.ppf((1 + confidence) / 2, df) * math.sqrt(va + vb)
-    return Interval(value, value * math.exp(-h), value * math.exp(h), n=n, basis="steps",
+    return Interval(value, value * math.exp(-h), value * math.exp(h), n=n, basis=basis,
                     confidence=confidence)
+
+
+def ratio_over_trials(num: Sequence[float], den: Sequence[float], *,
+                      confidence: float = CONFIDENCE) -> Interval:
+    """mean(num) / mean(den) for two independent sets of timed trials (``labkit bench``: the
+    trials of one job, the trials of another, or a collective's repetitions), each trial one
+    independent unit: the same delta-method interval on the log ratio as ``speedup``, with
+    the trials in place of blocks. For a throughput ratio pass (DDP's step times, the
+    method's step times). Needs 2 trials on each side."""
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if len(a) == 0 or len(b) == 0 or a.mean() <= 0 or b.mean() <= 0:
+        return Interval(None, note="no trials")
+    value = float(a.mean() / b.mean())
+    n = min(len(a), len(b))
+    if n < 2:
+        return Interval(value, n=n, note="one trial: no interval (run more --trials)")
+    va = a.var(ddof=1) / len(a) / a.mean() ** 2
+    vb = b.var(ddof=1) / len(b) / b.mean() ** 2
+    return _welch_log_ratio(value, va, len(a), vb, len(b), n, "trials", confidence)
 
 
 # ------------------------------------------------------------------ (c) the verdict
@@ -233,6 +259,8 @@ def speedup_verdict(name: str, iv: Interval, baseline_name: str = "DDP") -> Verd
         return Verdict("slower", f"{head}, {pct} {ci}", iv)
     if iv.basis == "repeats":
         noise, fix = f"the run-to-run noise of {iv.n} repeats", "more --repeats would resolve it"
+    elif iv.basis == "trials":
+        noise, fix = f"the trial-to-trial noise of {iv.n} trials", "more --trials or --steps would resolve it"
     else:
         noise, fix = "the measurement noise of this run", "more steps or --repeats would resolve it"
     return Verdict("within noise", f"{head}, within {noise} ({pct} {ci}); {fix}", iv)

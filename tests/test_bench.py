@@ -43,6 +43,10 @@ def test_bench_writes_every_field(bench_run):
         for k in ("median", "min", "max", "iqr"):
             assert r["step_time"][k] > 0 and r["compute_time"][k] > 0
         assert len(r["step_time"]["trials"]) == 2 == len(r["compute_time"]["trials"])
+        # per-repetition collective times, for the CI of sync / raw
+        assert len(r["collectives"]["all_reduce"]["times"]) == 5
+        assert r["collectives"]["all_reduce"]["time"] == pytest.approx(
+            sorted(r["collectives"]["all_reduce"]["times"])[2])
         assert r["step_time"]["min"] <= r["step_time"]["median"] <= r["step_time"]["max"]
         assert r["exposed_comm"] == pytest.approx(r["step_time"]["median"] - r["compute_time"]["median"])
         c = r["collectives"]
@@ -67,6 +71,10 @@ def test_bench_writes_every_field(bench_run):
 
     by = {r["variant"]: r for r in rows(doc)}
     ps_sync = sum(ps["phases"].values())
+    # per-trial sync times average to the phases' per-step total
+    assert len(ps["sync_trials"]) == 2 and sum(ps["sync_trials"]) / 2 == pytest.approx(ps_sync)
+    assert by["allreduce"]["sync / raw 95% CI"] not in (None, "n/a")
+    assert by["ddp"]["sync / raw 95% CI"] is None and by["ddp"]["x DDP 95% CI"] is None
     assert by["ps"]["sync ms"] == pytest.approx(1000 * ps_sync)
     assert by["ps"]["sync / raw"] == pytest.approx(
         ps_sync / ps["collectives"]["reduce_broadcast"]["time"])
@@ -143,3 +151,81 @@ def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
     (tmp_path / "empty").mkdir()
     only = report.bench_section(tmp_path / "empty", tmp_path / "empty")
     assert len(only) == 1 and "labkit bench" in only[0][1]
+
+
+def constructed_bench(ddp_trials, ar_trials, ar_sync=None, raw=None, ps_batch=False):
+    """A bench document holding known trials (only the fields the table reads)."""
+    def result(variant, method, trials, trainers, phases=None, sync=None, raw_times=None):
+        med = sorted(trials)[len(trials) // 2]
+        r = {"variant": variant, "method": method, "nproc": 4, "trainers": trainers,
+             "global_batch": 32 * trainers, "bytes_per_step": 4e6, "phases": phases or {},
+             "step_time": {"median": med, "min": min(trials), "max": max(trials), "trials": trials},
+             "compute_time": {"median": 0.3, "min": 0.3, "max": 0.3, "trials": [0.3] * len(trials)},
+             "grad_bytes": 4e6, "collectives": {"all_reduce": {"time": 0.02, "busbw": 1e9,
+                                                               **({"times": raw_times} if raw_times else {})}}}
+        if sync is not None:
+            r["sync_trials"] = sync
+        return r
+    from labkit import benchdoc
+    results = [result("ddp", "ddp", ddp_trials, 4),
+               result("allreduce", "allreduce", ar_trials, 3 if ps_batch else 4,
+                      {"comm": sum(ar_sync) / len(ar_sync)} if ar_sync else {"comm": 0.03},
+                      ar_sync, raw)]
+    for r in results:
+        benchdoc.derive(r)
+    benchdoc.compare_to_ddp(results)
+    return {"kind": "labkit.bench", "config": {"model": "m", "dataset": "d", "batch_size": 32},
+            "backend": "gloo", "device": "cpu", "trials": len(ddp_trials), "steps": 5, "warmup": 2,
+            "results": results}
+
+
+def test_bench_ci_columns_against_an_independent_computation():
+    """x DDP 95% CI over trials: the ratio of mean step times with a Welch interval on its
+    log (delta method), computed here independently; sync / raw likewise against the
+    collective's repetitions; the verdict follows the interval."""
+    import math
+
+    import numpy as np
+    from scipy import stats as sps
+
+    from labkit import benchdoc
+
+    ddp, ar = [0.50, 0.52, 0.49, 0.51], [0.40, 0.41, 0.42, 0.40]
+    sync, raw = [0.030, 0.034, 0.031, 0.033], [0.020, 0.021, 0.019, 0.022, 0.020]
+    doc = constructed_bench(ddp, ar, sync, raw)
+    by = {r["variant"]: r for r in benchdoc.rows(doc)}
+
+    def welch(num, den):
+        a, b = np.asarray(num), np.asarray(den)
+        va, vb = a.var(ddof=1) / len(a) / a.mean() ** 2, b.var(ddof=1) / len(b) / b.mean() ** 2
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+        r, h = a.mean() / b.mean(), sps.t.ppf(0.975, df) * math.sqrt(va + vb)
+        return r * math.exp(-h), r * math.exp(h)
+
+    lo, hi = welch(ddp, ar)  # throughput ratio = DDP's step / the variant's (same batch)
+    assert by["allreduce"]["x DDP 95% CI"] == f"{lo:.2f}-{hi:.2f}"
+    lo, hi = welch(sync, raw)
+    assert by["allreduce"]["sync / raw 95% CI"] == f"{lo:.2f}-{hi:.2f}"
+    table = benchdoc.text_table(doc)
+    assert "x DDP 95% CI" in table and "t-interval over the trials" in table
+    assert "allreduce x4: " in table and f"95% CI {by['allreduce']['x DDP 95% CI']}" in table
+    assert "within the" not in table  # a 25% win over 4 trials is clear
+
+    # a tie: the same trials in another order, and a PS-like variant with 3 trainers of 4
+    tie = constructed_bench(ddp, ddp[::-1])
+    assert "within the trial-to-trial noise of 4 trials" in benchdoc.text_table(tie)
+    scaled = constructed_bench(ddp, ar, ps_batch=True)
+    lo, hi = welch(ddp, ar)
+    row = {r["variant"]: r for r in benchdoc.rows(scaled)}["allreduce"]
+    assert row["x DDP 95% CI"] == f"{0.75 * lo:.2f}-{0.75 * hi:.2f}"
+
+
+def test_bench_files_without_trial_times_say_na():
+    """A bench.json from before sync_trials and the collectives' times were kept, or with one
+    trial: n/a, not a failure."""
+    from labkit import benchdoc
+
+    doc = constructed_bench([0.5], [0.4])
+    by = {r["variant"]: r for r in benchdoc.rows(doc)}
+    assert by["allreduce"]["x DDP 95% CI"] == "n/a" and by["allreduce"]["sync / raw 95% CI"] == "n/a"
+    assert "no confidence interval: one trial" in benchdoc.text_table(doc)

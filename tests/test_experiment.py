@@ -33,6 +33,10 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
     run = runs[0]
     assert (tmp_path / "runs" / "latest").resolve() == run.resolve()
     assert f"report: {run / 'report' / 'report.html'}" in p.stdout
+    # the terminal ends with Table 1 (with its CI columns) and the verdicts
+    tail = p.stdout.rsplit("report: ", 1)[1]
+    assert "Table 1. Performance comparison" in tail and "Speedup 95% CI" in tail
+    assert "Manual All-Reduce: " in tail and "x DDP" in tail
     assert "without encryption" not in p.stdout + p.stderr  # no kernel start-up noise
 
     cfg = load_json(run / "config.json")
@@ -93,8 +97,11 @@ def check_report(run):
 
     rep = run / "report"
     html = (rep / "report.html").read_text()
-    for header in ("Avg throughput (img/s)", "Speedup vs DDP", "Param pull (ms)", "Total comm time (ms)"):
+    for header in ("Avg throughput (img/s)", "Speedup vs DDP", "Param pull (ms)", "Total comm time (ms)",
+                   "Throughput 95% CI", "Speedup 95% CI"):
         assert header in html, header
+    assert "error bars: the 95% confidence interval" in html  # Figures 1-2 say what they draw
+    assert "a single seed cannot separate them" in html        # the accuracy verdict
     assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 5
     for code in ("report.write_report(", "display(HTML(", "import matplotlib"):  # no code cells
         assert code not in html, code

@@ -91,7 +91,8 @@ def test_report_from_guide_only_files(guide_dir, tmp_path):
     check_pngs(out / "plots")
     text = (out / "performance_report.txt").read_text()
     assert "Performance comparison" in text and "Communication time per training step" in text
-    assert "Baseline DDP was fastest" in text
+    # no step times, so no CI: the discussion names the measured leader but calls no winner
+    assert "Baseline DDP had the highest measured throughput" in text
     assert digests(guide_dir) == before  # results are only read
 
 
@@ -167,3 +168,201 @@ def test_captions_are_numbered_once():
     assert [n for n in numbers if n.startswith("Table")] == [f"Table {i}" for i in range(1, 8)]
     assert [n for n in numbers if n.startswith("Figure")] == [f"Figure {i}" for i in range(1, 10)]
     assert all(p in report.CAPTIONS for p in report.PLOTS)  # every plot has its caption
+
+
+# ------------------------------------------------------------------ intervals and verdicts
+def lab_doc(method, steps, *, trainers=4, world=4, epochs=3, acc=97.0, seed=0):
+    """A lab result file whose steady-state step times are ``steps`` (split over ``epochs``)."""
+    import numpy as np
+
+    per = np.array_split(np.asarray(steps, dtype=float), epochs)
+    names = {"ddp": "Baseline DDP (PyTorch)", "allreduce": "Manual All-Reduce",
+             "ps": "Parameter Server (PS)"}
+    eps = [{"epoch": i + 1, "train_loss": 1.0 / (i + 1), "train_accuracy": 90.0 + i,
+            "train_time": float(p.sum()) * 1.1, "train_throughput": 32 * trainers / p.mean(),
+            "avg_batch_time": float(p.mean()), "val_loss": 0.5, "val_accuracy": acc - 2 + i,
+            "step_times": p.tolist()} for i, p in enumerate(per)]
+    d = {"method": names[method], "method_key": method, "world_size": world, "batch_size": 32,
+         "trainers": trainers, "epochs": eps, "status": "completed", "config": {"seed": seed},
+         "summary": {"avg_train_throughput": sum(e["train_throughput"] for e in eps) / len(eps),
+                     "avg_train_time_per_epoch": sum(e["train_time"] for e in eps) / len(eps),
+                     "best_val_accuracy": acc}}
+    if method == "ps":
+        d["num_workers"] = trainers
+    return d
+
+
+def write_run(d, docs):
+    d.mkdir(parents=True, exist_ok=True)
+    files = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.json",
+             "ps": "results_ps.json"}
+    for m, doc in docs.items():
+        (d / files[m]).write_text(json.dumps(doc))
+    return d
+
+
+def constructed(seed, win=0.90, sd=0.02, n=27):
+    """DDP; allreduce a clear win (step time x ``win``); PS (3 trainers) the same throughput
+    as DDP: its step is 3/4 of DDP's. Steps iid normal around 0.5 s, sd ``sd`` relative."""
+    import numpy as np
+
+    g = np.random.default_rng(seed)
+    noise = lambda: 0.5 * (1 + sd * g.standard_normal(n))  # noqa: E731
+    return {"ddp": lab_doc("ddp", noise()),
+            "allreduce": lab_doc("allreduce", win * noise()),
+            "ps": lab_doc("ps", 0.75 * noise(), trainers=3)}
+
+
+def blocks_of(steps, epochs=3):
+    """Independent batch means: each epoch's steps in blocks of round(sqrt(n)) steps."""
+    import numpy as np
+
+    out = []
+    for p in np.array_split(np.asarray(steps, dtype=float), epochs):
+        b = round(len(p) ** 0.5)
+        out += [c.mean() for c in np.array_split(p, len(p) // b)]
+    return np.asarray(out)
+
+
+def test_table1_interval_and_verdicts_from_known_step_times(tmp_path):
+    """9 steps per epoch -> 3 equal blocks of 3 per epoch, 9 blocks: the throughput CI is the
+    t-interval of the block means (scipy), mapped through images/step / mean step; the
+    speedup's, the log-ratio interval with Welch df. The clear win is called faster, the
+    tie within the noise, and the sentences say so."""
+    import numpy as np
+    from scipy import stats as sps
+
+    docs = constructed(1)
+    res = report.load_run(write_run(tmp_path / "run", docs))
+    rows = {r["Method"]: r for r in report.comparison_rows(res)}
+    for m in ("ddp", "allreduce"):
+        steps = np.concatenate([e["step_times"] for e in docs[m]["epochs"]])
+        bm = blocks_of(steps)
+        lo_t, hi_t = sps.ttest_1samp(bm, 0).confidence_interval(0.95)
+        k = 32 * 4
+        row = rows[report.SHORT[m]]
+        assert row["Avg throughput (img/s)"] == pytest.approx(k / steps.mean(), rel=1e-9)
+        lo, hi = map(float, row["Throughput 95% CI"].split("-"))
+        assert lo == pytest.approx(k / hi_t, rel=2e-3) and hi == pytest.approx(k / lo_t, rel=2e-3)
+    # speedup of allreduce: independent log-ratio interval
+    a = np.concatenate([e["step_times"] for e in docs["allreduce"]["epochs"]])
+    b = np.concatenate([e["step_times"] for e in docs["ddp"]["epochs"]])
+    ba, bb = blocks_of(a), blocks_of(b)
+    va, vb = ba.var(ddof=1) / 9 / ba.mean() ** 2, bb.var(ddof=1) / 9 / bb.mean() ** 2
+    df = (va + vb) ** 2 / (va ** 2 / 8 + vb ** 2 / 8)
+    r = b.mean() / a.mean()
+    h = sps.t.ppf(0.975, df) * (va + vb) ** 0.5
+    row = rows["Manual All-Reduce"]
+    assert row["Speedup vs DDP"] == f"{r:.2f}x"
+    lo, hi = map(float, row["Speedup 95% CI"].split("-"))
+    assert lo == pytest.approx(r * np.exp(-h), abs=0.006) and hi == pytest.approx(r * np.exp(h), abs=0.006)
+    assert lo > 1.0  # the constructed win is clear
+    assert rows["Baseline DDP"]["Speedup 95% CI"] == "-"
+    # the verdicts
+    text = "\n".join(report.discussion(res))
+    assert f"Manual All-Reduce: {r:.2f}x DDP, 95% CI {row['Speedup 95% CI']}, faster than DDP." in text
+    ps_line = next(l for l in text.splitlines() if l.startswith("Parameter Server: 1.00x DDP"))
+    assert "within the measurement noise of this run" in ps_line
+    assert "more steps or --repeats would resolve it" in ps_line
+    assert "faster" not in ps_line and "slower" not in ps_line
+    assert "was fastest" not in text
+    # accuracy: one seed each, so no accuracy verdict
+    assert "a single seed cannot separate them" in text
+
+
+def verdict_labels(lines):
+    out = {}
+    for name in ("Manual All-Reduce", "Parameter Server"):
+        line = next(l for l in lines if l.startswith(name + ":") and "x DDP" in l)
+        out[name] = ("faster" if "faster than DDP" in line else
+                     "slower" if "slower than DDP" in line else
+                     "noise" if "within the measurement noise" in line else "?")
+    return out
+
+
+@pytest.mark.parametrize("win", [1.0, 0.98, 0.95, 0.90])
+def test_two_runs_of_one_distribution_never_contradict(tmp_path, win):
+    """Pairs of constructed runs drawn from the same distributions (a tie, small and clear
+    wins): one run may call a method faster while the other says within the noise, never
+    faster in one and slower in the other."""
+    for pair in range(12):
+        labels = []
+        for k in range(2):
+            res = report.load_run(write_run(tmp_path / f"{win}_{pair}_{k}",
+                                            constructed(1000 * pair + k, win=win, sd=0.04)))
+            labels.append(verdict_labels(report.discussion(res)))
+        for name in labels[0]:
+            got = {labels[0][name], labels[1][name]}
+            assert "?" not in got, labels
+            assert got != {"faster", "slower"}, (win, pair, labels)
+    if win == 0.90:  # a 10% win with 4% noise is always seen
+        assert labels[0]["Manual All-Reduce"] == "faster" == labels[1]["Manual All-Reduce"]
+
+
+def test_guide_files_without_step_times_show_na(guide_dir, tmp_path):
+    """Files from the original scripts have no step_times: the CI columns say n/a, the
+    speedup is still computed from the summaries, the verdict says why there is none, and
+    everything renders."""
+    res = report.load_run(guide_dir)
+    rows = report.comparison_rows(res)
+    assert [r["Throughput 95% CI"] for r in rows] == ["n/a"] * 3
+    assert [r["Speedup 95% CI"] for r in rows] == ["-", "n/a", "n/a"]
+    assert rows[1]["Speedup vs DDP"] == f"{459.18 / 510.2:.2f}x"
+    text = "\n".join(report.discussion(res))
+    assert "no confidence interval: no per-step times in the result file" in text
+    assert "faster than DDP" not in text and "slower than DDP" not in text
+    out = tmp_path / "analysis"
+    p = labkit_report([str(guide_dir), "--out", str(out)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Throughput 95% CI" in p.stdout and "Speedup 95% CI" in p.stdout and "n/a" in p.stdout
+    check_pngs(out / "plots")
+
+
+def test_too_few_steps_is_na_with_the_reason(tmp_path):
+    docs = {m: lab_doc(m, [0.5, 0.51], epochs=1) for m in ("ddp", "allreduce")}
+    res = report.load_run(write_run(tmp_path / "run", docs))
+    rows = {r["Method"]: r for r in report.comparison_rows(res)}
+    assert rows["Manual All-Reduce"]["Speedup 95% CI"] == "n/a"
+    assert rows["Baseline DDP"]["Throughput 95% CI"] == "n/a"
+    assert "too few steady-state steps for an interval" in "\n".join(report.discussion(res))
+
+
+def test_figures_1_2_whiskers_are_the_table_ci(tmp_path):
+    """Figure 1's error bars span Table 1's throughput CI; Figure 2's the same relative
+    interval on the time per epoch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = constructed(3)
+    res = report.load_run(write_run(tmp_path / "run", docs))
+    ivs = report.intervals(res)
+    for plot, key in ((report.plot_throughput, "thr"), (report.plot_training_time, "time")):
+        fig, ax = plt.subplots()
+        plot(res, ax)
+        from matplotlib.container import ErrorbarContainer
+        eb = next(c for c in ax.containers if isinstance(c, ErrorbarContainer))
+        segs = eb.lines[2][0].get_segments()
+        for m, seg in zip(("ddp", "allreduce", "ps"), segs):
+            iv = ivs[m]["throughput"]
+            lo, hi = sorted(y for _, y in seg)
+            if key == "thr":
+                assert (lo, hi) == pytest.approx((iv.low, iv.high), rel=1e-9)
+            else:
+                t = docs[m]["summary"]["avg_train_time_per_epoch"]
+                assert (lo, hi) == pytest.approx((t * iv.value / iv.high, t * iv.value / iv.low), rel=1e-9)
+        assert "95% CI" in ax.get_title()
+        plt.close(fig)
+    assert "95% confidence interval" in report.figure_caption("throughput_comparison")
+    assert "95% confidence interval" in report.figure_caption("training_time_comparison")
+
+
+def test_terminal_summary_ends_with_the_verdicts(tmp_path):
+    res = report.load_run(write_run(tmp_path / "run", constructed(2)))
+    s = report.terminal_summary(res)
+    assert s.startswith("Table 1. Performance comparison")
+    assert "Speedup 95% CI" in s and "faster than DDP" in s and "within the measurement noise" in s
+    p = labkit_report([str(tmp_path / "run"), "--out", str(tmp_path / "a")], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    tail = p.stdout.rsplit("report: ", 1)[1]
+    assert "faster than DDP" in tail and "a single seed cannot separate them" in tail

@@ -15,10 +15,16 @@ class Caption(NamedTuple):
 
 CAPTIONS: dict[str, Caption] = {
     "comparison": Caption(
-        "Table 1", "Performance comparison", "steady-state throughput; warm-up steps left out",
+        "Table 1", "Performance comparison",
+        "steady-state throughput, warm-up steps left out; 95% CIs from the step times",
         "Steady-state throughput of all trainers (the first warm-up steps of each epoch are left "
-        "out), mean training time per epoch, best validation accuracy, and throughput relative to "
-        "Baseline DDP."),
+        "out; from the recorded step times, all steps pooled), mean training time per epoch, best "
+        "validation accuracy, and throughput relative to Baseline DDP. *95% CI*: the 95% "
+        "confidence interval from the recorded step times (batch means over blocks of about "
+        "sqrt(n) steps, Student t; the speedup's on its logarithm, Welch degrees of freedom), or "
+        "a t-interval over repeats when the run has several; *n/a* where the result file holds no "
+        "step times (the original guide's scripts) or too few steps. A method is called faster "
+        "or slower than DDP only when its speedup's interval excludes 1.00."),
     "communication": Caption(
         "Table 2", "Communication time per training step",
         "time a trainer is blocked in synchronisation",
@@ -34,7 +40,9 @@ CAPTIONS: dict[str, Caption] = {
         "compute-only. *All-reduce* and *reduce+bcast*: the raw collectives on the same bytes in "
         "the same process group, bus bandwidth as nccl-tests defines it. *x DDP/trainer*: "
         "throughput per training process relative to DDP's (fair to a PS, whose servers do not "
-        "train)."),
+        "train). *95% CI* of x DDP and of sync / raw: a t-interval over the trials (and the raw "
+        "collective's repetitions) on the log of the ratio of mean times; a variant is called "
+        "faster or slower than DDP only when it excludes 1.00."),
     "costmodel": Caption(
         "Table 4", "Cost model against the bench", "",
         "Each row predicts the step from that process count's measured compute-only time and the "
@@ -45,8 +53,11 @@ CAPTIONS: dict[str, Caption] = {
         "against the synchronous, uncompressed run of the same method. *max staleness seen*: the "
         "largest number of steps a PS worker ran ahead of the slowest (asynchronous PS)."),
     "throughput_comparison": Caption(
-        "Figure 1", "Training throughput (images/s, all trainers)", "", ""),
-    "training_time_comparison": Caption("Figure 2", "Training time per epoch (s)", "", ""),
+        "Figure 1", "Training throughput (images/s, all trainers); error bars: the 95% confidence "
+        "interval of Table 1 (none where it is n/a)", "", ""),
+    "training_time_comparison": Caption(
+        "Figure 2", "Training time per epoch (s); error bars: the 95% confidence interval of the "
+        "throughput (Table 1) carried over to the time per epoch", "", ""),
     "loss_curves": Caption(
         "Figure 3", "Loss convergence: training loss per step, averaged over trainers", "", ""),
     "accuracy_curves": Caption(

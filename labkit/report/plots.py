@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..metrics import atomic_path
 from .load import METHOD_ORDER, SHORT, RunResults, _epochs, method_key, summary_value
-from .tables import comm_ms
+from .tables import comm_ms, intervals
 
 COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
 PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
@@ -17,18 +17,31 @@ PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "ac
 
 
 def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
-    docs = res.ok
+    """Bars with the 95% CI as whiskers (Table 1's interval; time per epoch ~ 1 / throughput,
+    so its whiskers are the throughput's relative interval); none where no CI is available."""
+    docs, ivs = res.ok, intervals(res)
     ms = [m for m in METHOD_ORDER if m in docs]
-    vals = [summary_value(docs[m], key) for m in ms]
-    per_epoch = {"avg_train_throughput": "train_throughput", "avg_train_time_per_epoch": "train_time"}[key]
-    # a file's own summary may lie outside its epochs' range (the guide's example does)
-    lo = [max(0.0, v - min(e[per_epoch] for e in _epochs(docs[m]))) for m, v in zip(ms, vals)]
-    hi = [max(0.0, max(e[per_epoch] for e in _epochs(docs[m])) - v) for m, v in zip(ms, vals)]
+    thr = {m: ivs[m]["throughput"] for m in ms}
+    vals = [thr[m].value if key == "avg_train_throughput" and thr[m].value is not None
+            else summary_value(docs[m], key) for m in ms]
+    lo, hi = [], []
+    for m, v in zip(ms, vals):
+        iv = thr[m]
+        if not iv.available:
+            lo.append(0.0), hi.append(0.0)
+        elif key == "avg_train_throughput":
+            lo.append(v - iv.low), hi.append(iv.high - v)
+        else:  # epoch time = steps x step time: the same relative interval, mirrored
+            lo.append(v - v * iv.value / iv.high), hi.append(v * iv.value / iv.low - v)
     bars = ax.bar([SHORT[m] for m in ms], vals, color=[COLORS[m] for m in ms], yerr=[lo, hi],
                   capsize=6, ecolor="#333")
-    ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], padding=3)
+    # inside the bars: above them the labels would sit on the whiskers
+    ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], label_type="center", color="white",
+                 fontweight="bold")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + "\n(bars: mean over epochs; whiskers: min-max)", fontsize=10)
+    none = [SHORT[m] for m in ms if not thr[m].available]
+    ax.set_title(title + "\n(whiskers: 95% CI" + (f"; n/a for {', '.join(none)}" if none else "")
+                 + ")", fontsize=10)
     ax.margins(y=0.2)
     _note_missing(ax, res)
 

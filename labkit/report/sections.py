@@ -31,6 +31,8 @@ def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
                              steps=doc["steps"], warmup=doc["warmup"]))]
     if doc.get("results"):
         blocks.append(("html", html_table(benchdoc.rows(doc))))
+        if benchdoc.verdicts(doc):
+            blocks.append(("md", "\n".join(f"- {v}" for v in benchdoc.verdicts(doc))))
         png = benchdoc.plot(doc, plots / "bench.png")
         blocks.append(("html", figure_html(png, figure_caption("bench_figure"))))
     for s in doc.get("skipped", []) + doc.get("failed", []):

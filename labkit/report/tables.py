@@ -6,29 +6,59 @@ from typing import Optional
 
 from ..texttable import text_table as _text_table
 from ..texttable import two_decimals
+from .. import stats
 from .load import METHOD_ORDER, SHORT, RunResults, _epochs, summary_value
+
+THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
+
+
+def method_runs(res: RunResults, m: str) -> list[dict]:
+    """Method ``m``'s result documents: one per repeat (``res.repeats``, when the run folder
+    has repeats), else its one result file."""
+    reps = [d for d in res.repeats.get(m) or [] if d.get("epochs")]
+    return reps or [res.ok[m]]
+
+
+def intervals(res: RunResults) -> dict[str, dict]:
+    """Per method with results: its throughput and, against DDP, its speedup, each a
+    ``stats.Interval`` (95% CI over steps, or over repeats)."""
+    docs = res.ok
+    base = method_runs(res, "ddp") if "ddp" in docs else None
+    out = {}
+    for m in METHOD_ORDER:
+        if m in docs:
+            runs = method_runs(res, m)
+            out[m] = {"throughput": stats.throughput(runs),
+                      "speedup": stats.speedup(runs, base) if base and m != "ddp" else None}
+    return out
 
 
 def comparison_rows(res: RunResults) -> list[dict]:
-    """Section 4.2, table 1: throughput, time per epoch, best accuracy, speedup vs DDP."""
-    docs = res.ok
-    base = summary_value(docs["ddp"], "avg_train_throughput") if "ddp" in docs else None
+    """Section 4.2, table 1: throughput with its 95% CI, time per epoch, best accuracy,
+    speedup vs DDP with its 95% CI ("n/a" where the files hold no step times)."""
+    docs, ivs = res.ok, intervals(res)
     rows = []
     for m in METHOD_ORDER:
         if m not in docs:
-            rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-",
+            rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-", THR_CI: "-",
                          "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
-                         "Speedup vs DDP": "not available: " + res.problems.get(m, "no result")})
+                         "Speedup vs DDP": "not available: " + res.problems.get(m, "no result"),
+                         SPEED_CI: "-"})
             continue
-        thr = summary_value(docs[m], "avg_train_throughput")
+        thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
         if m == "ddp":
-            speed = "1.00x (baseline)"
+            speed, speed_ci = "1.00x (baseline)", "-"
+        elif sp is None or sp.value is None:
+            speed, speed_ci = "n/a (no DDP result)", "n/a"
         else:
-            speed = f"{thr / base:.2f}x" if base else "n/a (no DDP result)"
-        rows.append({"Method": SHORT[m], "Avg throughput (img/s)": thr,
+            speed, speed_ci = f"{sp.value:.2f}x", sp.ci_text(ref=1.0)
+        rows.append({"Method": SHORT[m],
+                     "Avg throughput (img/s)": thr.value if thr.value is not None
+                     else summary_value(docs[m], "avg_train_throughput"),
+                     THR_CI: thr.ci_text(digits=1),
                      "Avg train time/epoch (s)": summary_value(docs[m], "avg_train_time_per_epoch"),
                      "Best accuracy (%)": summary_value(docs[m], "best_val_accuracy"),
-                     "Speedup vs DDP": speed})
+                     "Speedup vs DDP": speed, SPEED_CI: speed_ci})
     return rows
 
 

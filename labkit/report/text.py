@@ -6,28 +6,66 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Optional
 
-from .. import benchdoc
+from .. import benchdoc, stats
 from ..metrics import atomic_path
 from .captions import heading
-from .load import NAN, SHORT, RunResults, _epochs, summary_value
+from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, summary_value
 from .plots import write_plots
 from .repeats import repeats_text
-from .tables import comparison_rows, communication_rows, epoch_rows, text_table
+from .tables import comparison_rows, communication_rows, epoch_rows, method_runs, text_table
+
+
+RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
+        "slower only when the CI excludes 1.00")
+
+
+def _against_ddp(res: RunResults, judge) -> list[stats.Verdict]:
+    docs = res.ok
+    if "ddp" not in docs:
+        return []
+    base = method_runs(res, "ddp")
+    return [judge(SHORT[m], method_runs(res, m), base) for m in METHOD_ORDER
+            if m in docs and m != "ddp"]
+
+
+def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
+    """Each method against DDP (stats.compare_speed): faster / slower only when the 95% CI of
+    its speedup excludes 1.00, else within the noise, or not available (no step times)."""
+    return _against_ddp(res, stats.compare_speed)
+
+
+def accuracy_verdicts(res: RunResults) -> list[stats.Verdict]:
+    """Each method's best validation accuracy against DDP's (stats.accuracy_verdict)."""
+    return _against_ddp(res, stats.accuracy_verdict)
+
+
+def verdict_lines(res: RunResults) -> list[str]:
+    """The speed and accuracy verdicts as sentences: the discussion's and the terminal's."""
+    docs = res.ok
+    if len(docs) < 2:
+        return []
+    if "ddp" not in docs:
+        return ["No Baseline DDP result, so no speedup or accuracy verdicts."]
+    lines = [f"Speed ({RULE}):"]
+    speed = speed_verdicts(res)
+    for v in speed:
+        lines.append(v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
+                     .get(v.label, "") + ".")
+    if speed and all(v.label == "not available" for v in speed):
+        thr = {m: summary_value(d, "avg_train_throughput") for m, d in docs.items()}
+        top = max(thr, key=thr.get)
+        lines.append(f"{SHORT[top]} had the highest measured throughput ({thr[top]:.1f} img/s), "
+                     f"but without confidence intervals these files cannot say whether the "
+                     f"differences exceed the measurement noise.")
+    lines.append("Accuracy (best validation accuracy against DDP):")
+    lines += [v.sentence + "." for v in accuracy_verdicts(res)]
+    return lines
 
 
 def discussion(res: RunResults) -> list[str]:
     """Short findings computed from the measured numbers (no claims the numbers don't make)."""
     docs = res.ok
-    lines = []
-    thr = {m: summary_value(d, "avg_train_throughput") for m, d in docs.items()}
-    if len(thr) >= 2:
-        order = sorted(thr, key=thr.get, reverse=True)
-        fast, slow = order[0], order[-1]
-        ratio = thr[fast] / thr[slow]
-        lines.append(f"{SHORT[fast]} was fastest at {thr[fast]:.1f} img/s, "
-                     f"{ratio:.2f}x the slowest ({SHORT[slow]}, {thr[slow]:.1f} img/s)."
-                     + (" A gap under 5% is within the epoch-to-epoch spread of such runs; the "
-                        "whiskers in the throughput chart show it." if ratio < 1.05 else ""))
+    lines = verdict_lines(res)
     for m, d in docs.items():
         ep = _epochs(d)
         step = mean(e["avg_batch_time"] for e in ep if "avg_batch_time" in e) if ep else NAN
@@ -50,13 +88,22 @@ def discussion(res: RunResults) -> list[str]:
         lo, hi = min(acc.values()), max(acc.values())
         lines.append(f"Best validation accuracy ranged from {lo:.2f}% to {hi:.2f}%: the methods apply the same "
                      f"averaged SGD step, so differences come from float summation order and, for PS, "
-                     f"a different number of trainers.")
+                     f"a different number of trainers; repeats with different seeds (--repeats) measure "
+                     f"whether they exceed the seed-to-seed noise.")
     if any(d.get("world", {}).get("device") == "cpu" for d in docs.values()):
         lines.append("These are CPU (gloo) figures: processes share the CPU cores, so communication and "
                      "computation compete; GPU/NCCL runs separate them.")
     for k, p in res.problems.items():
         lines.append(f"Problem: {p}")
     return lines
+
+
+def terminal_summary(res: RunResults) -> str:
+    """What `labkit experiment` and `labkit report` end with: Table 1 and the verdicts."""
+    if not res.ok:
+        return ""
+    return "\n".join([heading("comparison"), "", text_table(comparison_rows(res)), "",
+                      *verdict_lines(res)])
 
 
 def text_report(res: RunResults, env: Optional[dict] = None) -> str:
