@@ -154,13 +154,15 @@ def _point(doc: dict) -> Optional[float]:
 
 def throughput(runs: Runs, *, confidence: float = CONFIDENCE) -> Interval:
     """Steady-state throughput (images/s) with its CI: batch means over the steps of one run,
-    or a t-interval over repeats when ``runs`` holds several."""
+    or a t-interval over repeats when ``runs`` holds several. Over repeats the interval is
+    taken on log throughput (value = geometric mean), as the speedup's is: with 2-3 repeats a
+    t-interval on raw throughput reaches below zero, which no throughput can."""
     docs = _listed(runs)
     if len(docs) > 1:
         vals = [_point(d) for d in docs]
-        if None in vals:
+        if None in vals or min(vals) <= 0:
             return Interval(None, note="a repeat has no throughput")
-        return _t_interval(np.asarray(vals), confidence, lambda x: x)
+        return _t_interval(np.log(np.asarray(vals)), confidence, np.exp)
     doc = docs[0]
     epochs = step_times(doc)
     value = _point(doc)
@@ -321,10 +323,16 @@ def aggregate(runs: Sequence[dict], **kw) -> dict:
         "repeats": len(docs),
         "throughput": throughput(docs, **kw),
         "throughput_per_repeat": [_point(d) for d in docs],
-        "best_val_accuracy": float(np.mean([_acc(d, "best_val_accuracy") for d in docs])),
-        "final_val_accuracy": float(np.mean([_acc(d, "final_val_accuracy") for d in docs])),
+        "best_val_accuracy": _mean_of(_acc(d, "best_val_accuracy") for d in docs),
+        "final_val_accuracy": _mean_of(_acc(d, "final_val_accuracy") for d in docs),
         "seeds": [d.get("config", {}).get("seed") for d in docs],
     }
+
+
+def _mean_of(values) -> Optional[float]:
+    """Mean of the values, None when any is missing (a repeat without validation)."""
+    vals = list(values)
+    return None if not vals or any(v is None for v in vals) else float(np.mean(vals))
 
 
 def rotated_order(methods: Sequence[str], repeats: int) -> list[list[str]]:

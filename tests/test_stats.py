@@ -94,9 +94,10 @@ def test_repeats_give_a_t_interval_over_repeats():
     base = [doc(g.normal(m, 0.02, 30)) for m in (0.32, 0.33, 0.31, 0.33)]
     thr = np.array([128 * 30 / sum(sum(e["step_times"]) for e in d["epochs"]) for d in meth])
     iv = S.throughput(meth)
-    h = sps.t.ppf(0.975, 3) * thr.std(ddof=1) / 2
+    lt = np.log(thr)  # on log throughput: the geometric mean and bounds that stay positive
+    h = sps.t.ppf(0.975, 3) * lt.std(ddof=1) / 2
     assert iv.basis == "repeats" and iv.n == 4
-    assert (iv.value, iv.low, iv.high) == pytest.approx((thr.mean(), thr.mean() - h, thr.mean() + h))
+    assert (iv.value, iv.low, iv.high) == pytest.approx(tuple(np.exp([lt.mean(), lt.mean() - h, lt.mean() + h])))
     thb = np.array([128 * 30 / sum(sum(e["step_times"]) for e in d["epochs"]) for d in base])
     lr = np.log(thr / thb)
     h = sps.t.ppf(0.975, 3) * lr.std(ddof=1) / 2
@@ -105,6 +106,25 @@ def test_repeats_give_a_t_interval_over_repeats():
     agg = S.aggregate(meth)
     assert agg["repeats"] == 4 and agg["throughput_per_repeat"] == pytest.approx(thr.tolist())
     assert "CI" in S.speedup_verdict("M", S.speedup(meth[:2], base[:2])).sentence
+
+
+def test_two_wildly_different_repeats_keep_a_positive_interval():
+    """With 2 repeats the t quantile is 12.7: a raw-scale interval went below zero."""
+    g = np.random.default_rng(5)
+    reps = [doc(g.normal(m, 0.005, 30)) for m in (0.2, 0.6)]
+    iv = S.throughput(reps)
+    assert iv.available and 0 < iv.low < iv.value < iv.high
+
+
+def test_aggregate_tolerates_a_repeat_without_validation():
+    g = np.random.default_rng(6)
+    reps = [doc(g.normal(0.3, 0.01, 30)) for _ in range(2)]
+    reps[1]["summary"].pop("best_val_accuracy")
+    for e in reps[1]["epochs"]:
+        e.pop("val_accuracy")
+    agg = S.aggregate(reps)
+    assert agg["repeats"] == 2 and agg["throughput"].available
+    assert agg["best_val_accuracy"] is None and agg["final_val_accuracy"] is None
 
 
 def test_percentile_bootstrap_agrees_for_independent_steps():
