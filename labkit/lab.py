@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 
 from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
@@ -220,21 +220,33 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
         weights=os.path.abspath(cfg.weights) if cfg.weights else None)
 
 
-def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
-    """Run every method's notebook, then the report; return (run folder, status)."""
+def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] = None, *,
+                   resolved: Optional[dict[str, TrainConfig]] = None,
+                   before_report: Optional[Callable[[Path, dict], None]] = None) -> tuple[Path, dict]:
+    """Run every method's notebook, then the report; return (run folder, status).
+
+    ``resolved`` ({method: config}, labkit reproduce): run exactly these recorded configs
+    (checked again here) instead of deriving one per method from ``cfg``, so a reproduction
+    does not re-decide what "auto" means on this machine. ``before_report(run, status)`` is
+    called after the methods ran, before the report is made (reproduce writes its comparison
+    there, so the report shows it)."""
     import papermill as pm
 
     stream = stream or sys.stdout
-    bad = [m for m in exp.methods if m not in METHODS and m not in VARIANTS]
-    if bad or not exp.methods:
+    methods = list(resolved) if resolved is not None else exp.methods
+    bad = [m for m in methods if m not in METHODS and m not in VARIANTS]
+    if bad or not methods:
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
                           f"{', '.join(METHODS)} or a variant: {', '.join(v for v in VARIANTS if v not in METHODS)}")
+    exp = dataclasses.replace(exp, methods=methods)
     nproc = machine_defaults()["nproc"] if exp.nproc is None else exp.nproc  # 0 is bad input
     cfg = with_absolute_paths(cfg)
     # all bad input fails here, in seconds, before a folder or a process exists
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
-    resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
-                            nproc, exp.nodes) for m in exp.methods}
+    if resolved is None:
+        resolved = {m: dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m]))
+                    for m in methods}
+    resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
     snap = snapshot(resolved, REPO_DIR)  # packages, code, data fingerprints: before any folder
 
     run = new_run_dir(exp.runs_dir, exp.tag).resolve()
@@ -249,8 +261,10 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         "resolved": {m: c.to_dict() for m, c in resolved.items()},
     })
     env = {**environment(cfg.seed), **write_record(run, snap), "torchrun_commands": {},
-           # torchrun_commands name paths relative to the run folder: run them from there
-           "paths": "relative to the run folder unless absolute"}
+           # the record's paths are relative to the run folder; each torchrun command names
+           # paths relative to its method's folder (its --out), where it ran
+           "paths": "relative to the run folder unless absolute; torchrun_commands run from "
+                    "the method's folder"}
     write("environment.json", env)
     status: dict[str, Any] = {"run_dir": str(run), "started": now_str(),
                               "methods": {}, "status": "running"}
@@ -260,7 +274,10 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         mdir = run / m
         mdir.mkdir()
         params = {k: v for k, v in resolved[m].to_dict().items()}
-        params.update(out=str(mdir), nproc=nproc, nnodes=exp.nodes.nnodes,
+        # the kernel runs in mdir, so "." is the method's folder: the executed notebook, the
+        # torchrun command line (launch.json) and the result file's config.out name no absolute
+        # path, and a copied run folder still describes itself
+        params.update(out=".", nproc=nproc, nnodes=exp.nodes.nnodes,
                       node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint,
                       max_restarts=exp.nodes.max_restarts)
         stream.write(f"\n=== {m}: {nproc} processes ===\n")
@@ -295,6 +312,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
 
     failed = [m for m, e in status["methods"].items() if e["status"] != "completed"]
     status["status"] = "failed" if failed else "completed"
+    if before_report is not None:
+        before_report(run, status)
     try:
         status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
     except pm.PapermillExecutionError as e:  # the results are safe; say what broke the report
@@ -316,7 +335,8 @@ def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
     rdir.mkdir(exist_ok=True)
     nb_out = rdir / "report.ipynb"
     pm.execute_notebook(str(NOTEBOOKS / "report.ipynb"), str(nb_out),
-                        parameters={"run_dir": str(run)}, kernel_name=kernel, cwd=str(rdir),
+                        # the kernel runs in rdir: ".." is the run folder, wherever it is moved
+                        parameters={"run_dir": ".."}, kernel_name=kernel, cwd=str(rdir),
                         execution_timeout=timeout, progress_bar=False,
                         kernel_manager_class=quiet_kernel_manager())
     html = export_html(nb_out, rdir / "report.html")
