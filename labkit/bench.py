@@ -20,6 +20,7 @@ from typing import IO, Any, Optional
 from .benchdoc import KIND, RESULT, compare_to_ddp, derive, summary_line, write_outputs
 from .config import VARIANTS, ConfigError, TrainConfig
 from .metrics import atomic_write_json, now_str
+from .record import portable
 
 
 @dataclasses.dataclass
@@ -75,7 +76,7 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
                                                          f"{s['reason']}" for s in skipped))
     run = new_run_dir(plan.runs_dir, plan.tag or "bench").resolve()
     env = environment(cfg.seed)
-    atomic_write_json(str(run / "environment.json"), env)
+    atomic_write_json(str(run / "environment.json"), portable(env, run))  # as labkit experiment's
     doc: dict[str, Any] = {
         "kind": KIND, "version": 1, "created": now_str(),
         "status": "running", "device": "cuda" if jobs[0][2].backend == "nccl" else "cpu",

@@ -1,4 +1,4 @@
-"""`labkit run | experiment | sweep | bench | model | report` (also `python -m labkit ...`)."""
+"""`labkit run | experiment | sweep | bench | model | report | reproduce` (also `python -m labkit ...`)."""
 from __future__ import annotations
 
 import argparse
@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a run folder, a folder with results_*.json, or result files")
     rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: <run>/report "
                     "for a run folder, else the current folder, as the guide's analyze_results.py)")
+    rr = sub.add_parser("reproduce", help="run a recorded experiment again into a new run folder "
+                        "and compare: identical, equal within tolerance, or different")
+    rr.add_argument("run_dir", metavar="RUN_DIR", help="a run folder made by labkit experiment")
+    rr.add_argument("--methods", help="comma-separated subset of the run's methods (default: all)")
+    rr.add_argument("--out", help="folder the new run folder goes in (default: the folder "
+                    "holding RUN_DIR, e.g. runs/)")
+    rr.add_argument("--tolerance", type=float, help="largest absolute difference of a loss, "
+                    "metric or parameter that still counts as reproduced (default: bit for bit)")
     return p
 
 
@@ -286,6 +294,18 @@ def cmd_report(params: dict) -> int:
     return 1 if res.problems else 0
 
 
+def cmd_reproduce(params: dict) -> int:
+    from . import rerun
+
+    methods = params.get("methods")
+    if methods is not None:
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    plan = rerun.plan(params["run_dir"], methods, params.get("out"), params.get("tolerance"))
+    new_run, doc, status = rerun.run(plan, params.get("tolerance"))
+    print("\n".join(rerun.report_lines(new_run, doc, status)))
+    return 0 if doc["reproduced"] and status["status"] == "completed" else 1
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
@@ -300,7 +320,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = args.pop("command")
     try:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
-                "report": cmd_report}[command](args)
+                "report": cmd_report, "reproduce": cmd_reproduce}[command](args)
     except ConfigError as e:
         print(f"labkit {command}: error: {e}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 
 from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
@@ -233,8 +233,15 @@ class Prepared:
     snap: Any
 
 
-def prepare(cfg: TrainConfig, exp: Experiment) -> Prepared:
-    """All bad input fails here, in seconds, before a folder or a process exists."""
+def prepare(cfg: TrainConfig, exp: Experiment,
+            resolved: Optional[dict[str, TrainConfig]] = None) -> Prepared:
+    """All bad input fails here, in seconds, before a folder or a process exists.
+
+    ``resolved`` ({method: config}, labkit reproduce): run exactly these recorded configs
+    (checked again here) instead of deriving one per method from ``cfg``, so a reproduction
+    does not re-decide what "auto" means on this machine."""
+    if resolved is not None:
+        exp = dataclasses.replace(exp, methods=list(resolved))
     bad = [m for m in exp.methods if m not in METHODS and m not in VARIANTS]
     if bad or not exp.methods:
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
@@ -244,8 +251,10 @@ def prepare(cfg: TrainConfig, exp: Experiment) -> Prepared:
     nproc = machine_defaults()["nproc"] if exp.nproc is None else exp.nproc  # 0 is bad input
     cfg = with_absolute_paths(cfg)
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
-    resolved = {m: validate(dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m])),
-                            nproc, exp.nodes) for m in exp.methods}
+    if resolved is None:
+        resolved = {m: dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m]))
+                    for m in exp.methods}
+    resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
     snap = snapshot(resolved, REPO_DIR)  # packages, code, data fingerprints: before any folder
     return Prepared(cfg, exp, nproc, resolved, snap)
 
@@ -260,15 +269,19 @@ def repeat_plan(methods: list[str], repeats: int, seed: int) -> list[tuple[int, 
 
 
 def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] = None,
-                   prepared: Optional[Prepared] = None, run: Optional[Path] = None) -> tuple[Path, dict]:
+                   prepared: Optional[Prepared] = None, run: Optional[Path] = None, *,
+                   before_report: Optional[Callable[[Path, dict], None]] = None) -> tuple[Path, dict]:
     """Run every method's notebook (``exp.repeats`` times each, in rotated order), then the
     report; return (run folder, status). A sweep passes its checked ``prepared`` experiment and
-    the (new, empty) folder of one grid point as ``run``."""
+    the (new, empty) folder of one grid point as ``run``; labkit reproduce a ``prepared`` one
+    made from the recorded configs. ``before_report(run, status)`` is called after the methods
+    ran, before the report is made (reproduce writes its comparison there, so the report
+    shows it)."""
     import papermill as pm
 
     stream = stream or sys.stdout
     p = prepared or prepare(cfg, exp)
-    cfg, nproc, resolved = p.cfg, p.nproc, p.resolved
+    cfg, exp, nproc, resolved = p.cfg, p.exp, p.nproc, p.resolved
     if run is None:
         run = new_run_dir(exp.runs_dir, exp.tag).resolve()
     else:
@@ -285,8 +298,10 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         "resolved": {m: c.to_dict() for m, c in resolved.items()},
     })
     env = {**environment(cfg.seed), **write_record(run, p.snap), "torchrun_commands": {},
-           # torchrun_commands name paths relative to the run folder: run them from there
-           "paths": "relative to the run folder unless absolute"}
+           # the record's paths are relative to the run folder; each torchrun command names
+           # paths relative to its method's folder (its --out), where it ran
+           "paths": "relative to the run folder unless absolute; torchrun_commands run from "
+                    "the method's folder"}
     write("environment.json", env)
     status: dict[str, Any] = {"run_dir": str(run), "started": now_str(),
                               "methods": {}, "status": "running", "repeats": exp.repeats,
@@ -332,6 +347,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
 
     failed = [m for m, e in status["methods"].items() if e["status"] != "completed"]
     status["status"] = "failed" if failed else "completed"
+    if before_report is not None:
+        before_report(run, status)
     if exp.report:
         try:
             status["report"] = str(make_report(run, kernel, exp.cell_timeout, stream))
@@ -350,7 +367,10 @@ def _run_method(cfg: TrainConfig, mdir: Path, nproc: int, exp: Experiment, kerne
                 stream: IO[str], entry: dict, pm, label: str) -> None:
     """papermill runs run_method.ipynb for one method into ``mdir``; ``entry`` gets its status."""
     params = cfg.to_dict()
-    params.update(out=str(mdir), nproc=nproc, nnodes=exp.nodes.nnodes,
+    # the kernel runs in mdir, so "." is the method's folder: the executed notebook, the
+    # torchrun command line (launch.json) and the result file's config.out name no absolute
+    # path, and a copied run folder still describes itself
+    params.update(out=".", nproc=nproc, nnodes=exp.nodes.nnodes,
                   node_rank=exp.nodes.node_rank, rdzv_endpoint=exp.nodes.rdzv_endpoint,
                   max_restarts=exp.nodes.max_restarts)
     stream.write(f"\n=== {label}: {nproc} processes ===\n")

@@ -23,6 +23,7 @@ from typing import IO, Optional
 
 from .config import ConfigError, TrainConfig
 from .metrics import atomic_write_json, now_str
+from .record import portable
 
 @dataclass(frozen=True)
 class Nodes:
@@ -337,10 +338,12 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
         res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
                                                                      text, log_dir, nodes.multi)
         settle_results(out_dir, cfg.result_file, "failed", res.message.splitlines()[0])
-    atomic_write_json(os.path.join(out_dir, launch_file(nodes)), {
+    # paths inside out_dir relative to it (the command runs from there), so a run folder that
+    # is copied or moved does not point back at where it ran
+    atomic_write_json(os.path.join(out_dir, launch_file(nodes)), portable({
         "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
         "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
-        "message": res.message})
+        "message": res.message}, out_dir))
     return res
 
 

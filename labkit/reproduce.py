@@ -20,7 +20,6 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean, stdev
 from typing import Any, Iterable, Optional
 
 from .config import METHODS, RESULT_FILES, ConfigError
@@ -270,49 +269,31 @@ def describe_divergence(first: dict) -> str:
 
 
 # ------------------------------------------------------------------ timings
-def _step_times(doc: dict) -> list[float]:
-    """Per-step times after warm-up when the result file has them ("step_times" per epoch),
-    else one average step time per epoch."""
-    out: list[float] = []
-    for e in doc.get("epochs", []):
-        times = e.get("step_times")
-        if times:
-            out += times[e.get("throughput_warmup_steps", 0):]
-        elif "avg_batch_time" in e:
-            out.append(e["avg_batch_time"])
-    return out
-
-
 def compare_timings(a: dict, b: dict) -> dict:
-    """Speed of the reproduction relative to the recording: the ratio of mean step times
-    (> 1: the reproduction was faster) with a 95% interval, never a pass/fail.
+    """Speed of the reproduction relative to the recording, never a pass/fail: labkit.stats'
+    speedup (throughput of ``b`` / throughput of ``a``, > 1: the reproduction was faster) with
+    its 95% interval (batch means over each run's steady-state step times, Welch degrees of
+    freedom). Two runs of one experiment differ only by noise and machine load, so the
+    interval says how large that was; a ratio near 1 is not evidence that the speeds agree."""
+    from . import stats
 
-    TODO(lead, issue 14 + labkit.stats): replace the delta-method interval below with
-    labkit.stats' ratio CI once that module lands (same inputs: the two samples of step times).
-    """
-    ta, tb = _step_times(a), _step_times(b)
-    out: dict[str, Any] = {"samples": [len(ta), len(tb)], "speed_ratio": None, "ci95": None}
-    if not ta or not tb:
-        out["note"] = "no step times to compare"
-        return out
-    ma, mb = mean(ta), mean(tb)
-    out["speed_ratio"] = ma / mb
-    if len(ta) > 1 and len(tb) > 1:
-        # delta method for a ratio of two independent means
-        r = ma / mb
-        se = r * math.sqrt((stdev(ta) / ma) ** 2 / len(ta) + (stdev(tb) / mb) ** 2 / len(tb))
-        try:
-            from scipy.stats import t as student
-            q = float(student.ppf(0.975, min(len(ta), len(tb)) - 1))
-        except ImportError:
-            q = 1.96
-        out["ci95"] = [r - q * se, r + q * se]
-        lo, hi = out["ci95"]
-        out["note"] = ("within this run's noise" if lo <= 1.0 <= hi else
-                       "reproduction faster" if lo > 1.0 else "reproduction slower")
+    iv = stats.speedup(b, a)
+    ci = [iv.low, iv.high] if iv.available else None
+    out: dict[str, Any] = {"speed_ratio": iv.value, "ci95": ci, "steps": iv.n, "basis": iv.basis}
+    if iv.value is None:
+        out["note"] = f"no throughput to compare ({iv.note})" if iv.note else "no throughput to compare"
+    elif ci is None:
+        out["note"] = f"{iv.value:.2f}x the recorded throughput; no interval: {iv.note}"
     else:
-        out["note"] = "one sample each: no interval"
+        out["note"] = (f"{iv.value:.2f}x the recorded throughput (95% CI {iv.ci_text(ref=1.0)}, "
+                       f"{iv.n} steady-state steps)")
     return out
+
+
+def timing_lines(doc: dict) -> list[str]:
+    """One line per method: the reproduction's speed relative to the recording."""
+    return [f"{m}: {(v.get('timing') or {}).get('note', 'no result files to compare')}"
+            for m, v in doc["methods"].items()]
 
 
 # ------------------------------------------------------------------ environments

@@ -17,7 +17,7 @@ from . import __version__, lifecycle
 from .config import METHOD_NAMES, TrainConfig
 from .dist import DistContext
 from .metrics import atomic_write_json, now_str
-from .record import determinism
+from .record import determinism, portable
 
 SCHEMA = "labkit.results/1"
 # the guide's per-epoch keys, common to every method
@@ -64,7 +64,9 @@ class Results:
             "status": "running",
             "method_key": cfg.method,
             "trainers": trainers,
-            "config": cfg.to_dict(),
+            # config.out relative to this file's folder ("."): the file stays right when its
+            # run folder is copied or moved (data_dir and weights, elsewhere, stay absolute)
+            "config": portable(cfg.to_dict(), out),
             "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device)},
             # this rank's threads and deterministic settings: what a bit-for-bit rerun needs
             "determinism": determinism(cfg.seed, ctx.backend),

@@ -4,6 +4,7 @@ environment record installs (format) and a copied run folder still works."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -265,3 +266,109 @@ def test_data_fingerprints(tmp_path):
     assert record.data_fingerprint(syn)["image_size"] == 224
     assert (record.data_fingerprint(syn)["sha256"]
             != record.data_fingerprint(resolve(TrainConfig(dataset="synthetic", num_classes=10), False, 2))["sha256"])
+
+
+# ------------------------------------------------------------------ the command, end to end
+def labkit_cli(*args, cwd) -> subprocess.CompletedProcess:
+    # one thread per rank as the recorded runs had (launch keeps a given OMP_NUM_THREADS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "labkit", *map(str, args)], capture_output=True,
+                          text=True, timeout=400, cwd=cwd, env=env)
+
+
+def snapshot_tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
+
+
+def test_labkit_reproduce_runs_latest_identical_and_relocatable(runs, tmp_path):
+    """A copied run folder (cp -r), reached through runs/latest: the reproduction lands in a
+    new folder beside it, is identical, exit 0; the report says so; the new folder names no
+    absolute path of its own and still reports after it is copied elsewhere."""
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    orig = copy_run(runs[0], runs_dir / "orig")
+    (runs_dir / "latest").symlink_to("orig")
+    before = snapshot_tree(orig)
+    p = labkit_cli("reproduce", runs_dir / "latest", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout
+    # the environment is compared before anything runs
+    assert out.index("environment now vs recorded:") < out.index("=== ddp: 2 processes ===")
+    assert "verdict per method:\n  ddp: identical\n" in out and "REPRODUCED: 1 of 1 methods" in out
+    new = next(runs_dir.glob("*_repro"))
+    assert os.readlink(runs_dir / "latest") == new.name  # the link moved; the original did not
+    assert snapshot_tree(orig) == before  # never written to
+    doc = json.loads((new / reproduce.REPRODUCTION_FILE).read_text())
+    # compared with the original, not with itself through the moved link
+    assert doc["original"] == str(orig.resolve()) and doc["reproduction"] == "."
+    assert doc["methods"]["ddp"]["verdict"] == IDENTICAL and doc["methods"]["ddp"]["compared"]["steps"] == 5
+    assert doc["methods"]["ddp"]["timing"]["speed_ratio"] > 0
+    html = (new / "report" / "report.html").read_text()
+    assert "Reproduction of orig: reproduced (1 identical)" in html
+    assert "<details><summary>" in html and "Python packages installed" in html
+    # relocatable: nothing the run wrote about itself names its absolute place
+    for f in ("config.json", "environment.json", "experiment.json", "reproduction.json",
+              "ddp/launch.json", "ddp/results_baseline_ddp.json"):
+        assert str(new) not in (new / f).read_text(), f
+    assert json.loads((new / "ddp" / "results_baseline_ddp.json").read_text())["config"]["out"] == "."
+    nb = json.loads((new / "ddp" / "run_method.ipynb").read_text())
+    injected = next(c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", []))
+    assert 'out = "."\n' in injected["source"]
+    moved = copy_run(new, tmp_path / "moved")
+    r = labkit_cli("report", moved, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = (moved / "report" / "performance_report.txt").read_text()
+    assert "Reproduction of orig: reproduced (1 identical)" in text
+
+
+def test_labkit_reproduce_names_an_edited_loss_and_exits_1(runs, tmp_path):
+    """The issue's check: a recorded loss edited by 1e-3 at step 3 makes the method different,
+    named at that step, with a non-zero exit; the reproduction goes where --out says."""
+    rec = copy_run(runs[0], tmp_path / "rec")
+    edit_json(rec / "ddp" / "results_baseline_ddp.json", lambda d: d["epochs"][0]["all_losses"].__setitem__(
+        2, d["epochs"][0]["all_losses"][2] + 1e-3))
+    p = labkit_cli("reproduce", rec, "--out", tmp_path / "elsewhere", cwd=tmp_path)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "  ddp: different\n    first differs at step 3 (epoch 1, step 3): loss" in p.stdout
+    assert "NOT REPRODUCED: 0 of 1 methods" in p.stdout
+    (new,) = (tmp_path / "elsewhere").glob("*_repro")
+    v = json.loads((new / reproduce.REPRODUCTION_FILE).read_text())["methods"]["ddp"]
+    assert v["verdict"] == DIFFERENT and v["first_divergence"]["step"] == 3
+    assert not list(tmp_path.glob("*_repro"))  # not beside the recorded run
+
+
+def fake_run(root: Path, name: str, config) -> Path:
+    """A run folder's files without training: enough for the checks made before a run."""
+    run = root / name
+    run.mkdir()
+    (run / "experiment.json").write_text("{}")
+    if config is not None:
+        (run / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return run
+
+
+def test_labkit_reproduce_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    from labkit import cli
+    from labkit.config import TrainConfig
+
+    good = {"experiment": {"methods": ["ddp"], "nproc": 2},
+            "resolved": {"ddp": TrainConfig(method="ddp", dataset="digits").to_dict()}}
+    (tmp_path / "plain").mkdir()
+    cases = [
+        ([str(tmp_path / "plain")], "is not a run folder (no config.json"),
+        ([str(fake_run(tmp_path, "noconfig", None))], "has no config.json"),
+        ([str(fake_run(tmp_path, "corrupt", '{"experiment": {"me'))], "config.json' is not valid JSON (line 1"),
+        ([str(fake_run(tmp_path, "good", good)), "--methods", "ddp,ps"], "has no method ps (it ran: ddp)"),
+        ([str(tmp_path / "good"), "--out", str(tmp_path / "good" / "sub")], "is inside the run folder"),
+        ([str(tmp_path / "good"), "--tolerance", "-1"], "--tolerance must be 0 or more"),
+    ]
+    before = snapshot_tree(tmp_path)
+    for argv, needle in cases:
+        code = cli.main(["reproduce", *argv])
+        captured = capsys.readouterr()
+        lines = [l for l in captured.err.splitlines() if l.strip()]
+        assert code == 2, (argv, captured.err)
+        assert len(lines) == 1 and lines[0].startswith("labkit reproduce: error: "), captured.err
+        assert needle in lines[0], (needle, lines[0])
+        assert captured.out == ""  # nothing printed before the check: nothing ran
+    assert snapshot_tree(tmp_path) == before  # nothing created

@@ -175,6 +175,15 @@ def load_env(run_dir: Optional[Path]) -> Optional[dict]:
     return None
 
 
+def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
+    """reproduction.json of a run made by ``labkit reproduce``, or None (none, or unreadable)."""
+    try:
+        doc = json.loads((Path(run_dir) / "reproduction.json").read_text()) if run_dir else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("methods"), dict) else None
+
+
 def load_variants(run: Path) -> dict[str, dict]:
     """Results of the variants an experiment ran besides the three methods (``labkit
     experiment --methods ps,ps-async,...``): {variant: result document}."""

@@ -1,17 +1,20 @@
 """The report's optional parts as ("md" | "html", content) blocks: the benchmark with the cost
-model, and the method variants."""
+model, the method variants, a reproduction's verdicts, and the installed packages."""
 from __future__ import annotations
 
+import html
 from pathlib import Path
+from typing import Optional
 
 from .. import benchdoc, costmodel
 from ..config import VARIANTS
 from ..metrics import atomic_path
+from ..record import parse_lock, resolve_in_run
 from .captions import caption, figure_caption
-from .load import SHORT, RunResults, _epochs, load_variants
+from .load import SHORT, RunResults, _epochs, load_reproduction, load_variants
 from .plots import figure_html
-from .tables import html_table, variant_rows
-from .text import load_bench
+from .tables import html_table, reproduction_rows, variant_rows
+from .text import load_bench, reproduction_summary
 
 
 def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
@@ -98,3 +101,38 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[tuple[str, s
     plt.close(fig)
     blocks.append(("html", figure_html(png, figure_caption("variants_figure"))))
     return blocks
+
+
+def reproduction_section(run: Path) -> list[tuple[str, str]]:
+    """A run made by ``labkit reproduce``: its verdicts against the recorded run, and what
+    differed in the environment. No blocks for any other run."""
+    doc = load_reproduction(run)
+    if doc is None:
+        return []
+    ok = sum(v["verdict"] != "different" for v in doc["methods"].values())
+    tol = doc.get("tolerance")
+    blocks = [("md", f"## {reproduction_summary(doc)}"),
+              ("md", caption("reproduction", original=doc["original"], ok=ok, total=len(doc["methods"]),
+                             tolerance=f" (tolerance {tol:g})" if tol is not None else "")),
+              ("html", html_table(reproduction_rows(doc)))]
+    env = doc.get("environment_before") or doc.get("environment") or []
+    blocks.append(("md", "**Environment, this run against the recorded one:** "
+                         + ("no difference that matters." if not env else
+                            "\n\n" + "\n".join(f"- {l}" for l in env))))
+    return blocks
+
+
+def packages_html(env: dict, run: Optional[Path]) -> str:
+    """Every installed package of the run's requirements.lock as a collapsed <details> table
+    (the HTML report opens it on a click); "" when the run has no lock file."""
+    lock = resolve_in_run(run, (env.get("packages") or {}).get("file")) if run else None
+    if lock is None or not lock.exists():
+        return ""
+    pkgs = sorted(parse_lock(lock.read_text()).items())
+    per_column = -(-len(pkgs) // 4)  # 4 name/version columns: ~150 packages in ~40 short rows
+    rows = [pkgs[i::per_column] for i in range(per_column)]  # read down each column
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(n)}</td><td>{html.escape(v)}</td>" for n, v in r)
+                   + "</tr>" for r in rows)
+    return (f"<details><summary>{len(pkgs)} Python packages installed "
+            f"({html.escape(lock.name)}; click to show)</summary>"
+            f"<table><tbody>{body}</tbody></table></details>")

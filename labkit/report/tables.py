@@ -133,7 +133,61 @@ def environment_rows(env: dict) -> list[dict]:
              ("cuDNN", env.get("cudnn") or "-"), ("NCCL", env.get("nccl") or "-"),
              ("git commit", f"{git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''}"),
              ("seed", env.get("seed")), ("recorded", env.get("time"))]
+    items += _record_items(env)
     return [{"": k, "value": v} for k, v in items]
+
+
+def _record_items(env: dict) -> list[tuple[str, str]]:
+    """The environment record's rows (labkit.record), each one readable line; absent parts of
+    older run folders are left out."""
+    items = []
+    git, pk = env.get("git") or {}, env.get("packages") or {}
+    if git.get("diff_file"):
+        items.append(("uncommitted diff", f"{git['diff_file']} (sha256 {str(git.get('diff_sha256'))[:12]}); "
+                                          f"git apply it on the commit above"))
+    if git.get("untracked"):
+        shown = ", ".join(git["untracked"][:5])
+        items.append(("untracked files", f"{len(git['untracked'])}: {shown}"
+                                         + (", ..." if len(git["untracked"]) > 5 else "")))
+    if pk:
+        items.append(("Python packages", f"{pk.get('count')} installed, every version in "
+                                         f"{pk.get('file')} (pip install -r accepts it)"))
+    if env.get("debian"):
+        items.append(("Debian packages", ", ".join(f"{n} {v or '(not installed)'}"
+                                                   for n, v in env["debian"].items())))
+    d = env.get("determinism") or {}
+    if d:
+        items.append(("determinism", f"seed {d.get('seed')}, backend {d.get('backend')} on "
+                                     f"{d.get('device')}, {d.get('torch_num_threads')} torch threads "
+                                     f"(OMP_NUM_THREADS={d.get('omp_num_threads_env')}), deterministic "
+                                     f"algorithms {'on' if d.get('deterministic_algorithms') else 'off'}, "
+                                     f"cuDNN benchmark {'on' if d.get('cudnn_benchmark') else 'off'}"))
+    by_fp: dict[str, list[str]] = {}
+    for m, fp in (env.get("data") or {}).items():
+        extra = {k: v for k, v in fp.items() if k not in ("dataset", "sha256", "layout_sha256")}
+        text = (f"{fp.get('dataset')} sha256 {str(fp.get('sha256'))[:16]}"
+                + (" (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")" if extra else ""))
+        by_fp.setdefault(text, []).append(m)
+    for text, ms in by_fp.items():
+        items.append((f"data ({', '.join(ms)})", text))
+    return items
+
+
+def reproduction_rows(doc: dict) -> list[dict]:
+    """labkit reproduce's verdict per method, and the speed of the rerun (not a verdict)."""
+    rows = []
+    for m, v in doc["methods"].items():
+        why = "; ".join(v.get("reasons") or []) or "-"
+        t = v.get("timing") or {}
+        speed = "-"
+        if t.get("speed_ratio") is not None:
+            ci = t.get("ci95")
+            speed = f"{t['speed_ratio']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else " (no CI)")
+        mad = v.get("max_abs_diff")
+        rows.append({"Method": SHORT.get(m, m), "Verdict": v["verdict"],
+                     "Max abs difference": "-" if mad is None else f"{mad:.3g}",
+                     "Where it differs": why, "Speed vs recorded (95% CI)": speed})
+    return rows
 
 
 def config_rows(res: RunResults) -> list[dict]:

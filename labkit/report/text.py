@@ -9,7 +9,7 @@ from typing import Any, Optional
 from .. import benchdoc, stats
 from ..metrics import atomic_path
 from .captions import heading
-from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, summary_value
+from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
 from .repeats import repeats_text
 from .tables import comparison_rows, communication_rows, epoch_rows, method_runs, text_table
@@ -106,6 +106,15 @@ def terminal_summary(res: RunResults) -> str:
                       *verdict_lines(res)])
 
 
+def reproduction_summary(doc: dict) -> str:
+    """"Reproduction of <run>: ..." in one sentence (doc: reproduction.json)."""
+    verdicts = [v["verdict"] for v in doc["methods"].values()]
+    counts = ", ".join(f"{n} {label}" for label in ("identical", "equal within tolerance", "different")
+                       if (n := verdicts.count(label)))
+    return (f"Reproduction of {Path(str(doc['original'])).name}: "
+            f"{'reproduced' if doc.get('reproduced') else 'NOT reproduced'} ({counts})")
+
+
 def text_report(res: RunResults, env: Optional[dict] = None) -> str:
     parts = ["labkit performance report", "=" * 25, ""]
     if res.run_dir:
@@ -122,6 +131,11 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
         parts.append(f"{SHORT[m]}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
                      + (f", {cfg.get('model')} on {cfg.get('dataset')}, backend {cfg.get('backend')}" if cfg else "")
                      + f", {len(d['epochs'])} epoch(s), {d.get('start_time')} -> {d.get('end_time')}")
+    rep = load_reproduction(res.run_dir) if res.run_dir else None
+    if rep:
+        parts += ["", reproduction_summary(rep) + f" ({rep['original']})"]
+        parts += [f"  {SHORT.get(m, m)}: {v['verdict']}" + "".join(f"; {r}" for r in v.get("reasons") or [])
+                  for m, v in rep["methods"].items()]
     parts += ["", heading("comparison"), "",
               text_table(comparison_rows(res)), "",
               heading("communication"), "",
