@@ -394,20 +394,28 @@ def _run_method(cfg: TrainConfig, mdir: Path, nproc: int, exp: Experiment, kerne
     entry["wall_time"] = time.monotonic() - t0
 
 
-def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
-    """Execute notebooks/report.ipynb for ``run``; export it as one HTML file and a PDF."""
+def render_notebook(name: str, folder: Path, parameters: dict, kernel: str, timeout: int,
+                    stream: IO[str], label: str = "report") -> Path:
+    """Execute notebooks/<name>.ipynb into ``folder``/report/ (its kernel runs there) and export
+    it as one HTML file and a PDF; return the HTML's path."""
     import papermill as pm
 
     from .export import export_html, export_pdf
 
-    rdir = run / "report"
+    rdir = folder / "report"
     rdir.mkdir(exist_ok=True)
-    nb_out = rdir / "report.ipynb"
-    pm.execute_notebook(str(NOTEBOOKS / "report.ipynb"), str(nb_out),
-                        parameters={"run_dir": str(run)}, kernel_name=kernel, cwd=str(rdir),
+    nb_out = rdir / f"{name}.ipynb"
+    pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(nb_out),
+                        parameters=parameters, kernel_name=kernel, cwd=str(rdir),
                         execution_timeout=timeout, progress_bar=False,
                         kernel_manager_class=quiet_kernel_manager())
-    html = export_html(nb_out, rdir / "report.html")
-    pdf, msg = export_pdf(html, rdir / "report.pdf")
-    stream.write(f"report: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
+    html = export_html(nb_out, rdir / f"{name}.html")
+    pdf, msg = export_pdf(html, rdir / f"{name}.pdf")
+    stream.write(f"{label}: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
     return html
+
+
+def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
+    """Execute notebooks/report.ipynb for ``run``; export it as one HTML file and a PDF."""
+    # the kernel runs in run/report: ".." is the run folder, wherever it is moved
+    return render_notebook("report", run, {"run_dir": ".."}, kernel, timeout, stream)

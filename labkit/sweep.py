@@ -143,19 +143,8 @@ def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
 
 def make_sweep_report(root: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
     """Execute notebooks/sweep.ipynb for the sweep folder; export HTML and PDF."""
-    import papermill as pm
+    from .lab import render_notebook
 
-    from .export import export_html, export_pdf
-    from .lab import NOTEBOOKS, quiet_kernel_manager
-
-    rdir = root / "report"
-    rdir.mkdir(exist_ok=True)
-    nb_out = rdir / "sweep.ipynb"
-    pm.execute_notebook(str(NOTEBOOKS / "sweep.ipynb"), str(nb_out),
-                        parameters={"sweep_dir": str(root)}, kernel_name=kernel, cwd=str(rdir),
-                        execution_timeout=timeout, progress_bar=False,
-                        kernel_manager_class=quiet_kernel_manager())
-    html = export_html(nb_out, rdir / "sweep.html")
-    pdf, msg = export_pdf(html, rdir / "sweep.pdf")
-    stream.write(f"sweep report: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
-    return html
+    # the kernel runs in root/report: ".." is the sweep folder, wherever it is moved
+    return render_notebook("sweep", root, {"sweep_dir": ".."}, kernel, timeout, stream,
+                           "sweep report")

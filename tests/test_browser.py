@@ -198,12 +198,11 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     table = t1.locator("xpath=following-sibling::div[contains(@class,'jp-CodeCell')][1]").locator("table")
     assert all(m in table.text_content() for m in ("Baseline DDP", "All-Reduce", "Parameter Server"))
     figures = page.locator(".jp-OutputArea-output figure")
-    assert figures.locator("figcaption").all_text_contents()[:5] == [
-        f"Figure {i}." + c for i, c in enumerate(
-            (" Training throughput (images/s, all trainers).", " Training time per epoch (s).",
-             " Loss convergence: training loss per step, averaged over trainers.",
-             " Train (dashed) and validation (solid) accuracy per epoch.",
-             " Where a trainer's step goes: PS vs All-Reduce."), 1)]
+    # the five figures in order, each with its caption from the one captions table
+    from labkit import report
+    expected = [report.figure_caption(k) for k in report.PLOTS[:5]]
+    assert [c.split(".")[0] for c in expected] == [f"Figure {i}" for i in range(1, 6)]
+    assert figures.locator("figcaption").all_text_contents()[:5] == expected
     assert all(img.evaluate("i => i.complete && i.naturalWidth > 100")
                for img in figures.locator("img").all()[:5])
     screenshot(page, tmp_path, "report")

@@ -17,9 +17,13 @@ from conftest import ROOT
 
 def lab_command(port: int) -> str:
     """The lab recipe as make would run it (make -n prints it after the setup prerequisites)."""
-    p = subprocess.run(["make", "-n", "lab", f"LAB_ARGS=--port={port} --no-browser "
+    # under `make test` MAKELEVEL/MAKEFLAGS are set and a nested make prints "Leaving
+    # directory" lines: run it as a user would, from a plain shell
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    p = subprocess.run(["make", "--no-print-directory", "-n", "lab",
+                        f"LAB_ARGS=--port={port} --no-browser "
                         "--ServerApp.port_retries=0 --IdentityProvider.token="],
-                       cwd=ROOT, capture_output=True, text=True, check=True)
+                       cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     return [l for l in p.stdout.splitlines() if l.strip()][-1]
 
 

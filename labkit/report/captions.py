@@ -52,15 +52,6 @@ CAPTIONS: dict[str, Caption] = {
         "Table 5", "Method variants", "",
         "against the synchronous, uncompressed run of the same method. *max staleness seen*: the "
         "largest number of steps a PS worker ran ahead of the slowest (asynchronous PS)."),
-    "reproduction": Caption(
-        "Table 8", "Reproduction", "labkit reproduce",
-        "of `{original}`: this run re-ran its recorded configs with `labkit reproduce` (same "
-        "seed, process count and data); {ok} of {total} methods reproduced{tolerance}. "
-        "*identical*: every per-step loss, per-epoch metric and final parameter equal bit for "
-        "bit; *equal within tolerance*: none differs by more than the tolerance (the largest "
-        "difference is shown); *different*: where the runs first part. *Speed*: this run's "
-        "throughput over the recorded run's, with its 95% CI; machine load moves it, so it is "
-        "not part of the verdict."),
     "throughput_comparison": Caption(
         "Figure 1", "Training throughput (images/s, all trainers); error bars: the 95% confidence "
         "interval of Table 1 (none where it is n/a)", "", ""),
@@ -101,6 +92,15 @@ CAPTIONS: dict[str, Caption] = {
     "scaling_figure": Caption(
         "Figure 9", "Throughput vs processes, per method, with the ideal linear line (dashed) "
         "and 95% CI error bars", "", ""),
+    "reproduction": Caption(
+        "Table 8", "Reproduction", "labkit reproduce",
+        "of `{original}`: this run re-ran its recorded configs with `labkit reproduce` (same "
+        "seed, process count and data); {ok} of {total} methods reproduced{tolerance}. "
+        "*identical*: every per-step loss, per-epoch metric and final parameter equal bit for "
+        "bit; *equal within tolerance*: none differs by more than the tolerance (the largest "
+        "difference is shown); *different*: where the runs first part. *Speed*: this run's "
+        "throughput over the recorded run's, with its 95% CI; machine load moves it, so it is "
+        "not part of the verdict."),
 }
 
 
