@@ -100,6 +100,59 @@ class StepClock:
         return [b - a for a, b in zip(m, m[1:])]
 
 
+class MachineLoad:
+    """What the rest of the machine did while a stretch of steps was timed.
+
+    A within-run confidence interval cannot tell a method's own speed from a machine that was
+    busier while that method ran (labkit runs the methods one after another), so rank 0 notes,
+    per epoch, the share of the machine's CPU time that went elsewhere: ``background``, used by
+    processes outside this run (this run: the torchrun agent that started this rank and all
+    its descendants, i.e. every local rank and its data-loader workers), and ``steal``, taken
+    by the hypervisor on a virtual machine. Both are fractions of all CPU time the kernel
+    accounted over the window (``cpus`` CPUs x wall time), from psutil. Only this node is seen.
+    """
+
+    def __init__(self):
+        import psutil
+        self.psutil = psutil
+        me = psutil.Process()
+        # under torchrun the parent is the elastic agent, whose tree is the whole local run
+        self.root = me.parent() if "TORCHELASTIC_RUN_ID" in os.environ and me.parent() else me
+        self.start()
+
+    def _ours(self) -> float:
+        total = 0.0
+        procs = [self.root]
+        try:
+            procs += self.root.children(recursive=True)
+        except self.psutil.Error:
+            pass
+        for p in procs:
+            try:
+                t = p.cpu_times()  # its own CPU and that of children it has reaped
+                total += t.user + t.system + t.children_user + t.children_system
+            except self.psutil.Error:  # exited (or became a zombie) meanwhile
+                pass
+        return total
+
+    def start(self) -> None:
+        self.cpu0, self.ours0 = self.psutil.cpu_times(), self._ours()
+
+    def stop(self) -> dict:
+        """Shares of the machine's CPU time since start(): {"run": this run's, "background":
+        other processes', "steal": the hypervisor's, "cpus": n}."""
+        c1, ours = self.psutil.cpu_times(), self._ours() - self.ours0
+        d = {f: getattr(c1, f) - getattr(self.cpu0, f) for f in c1._fields}
+        # guest time is already counted in user time (Linux)
+        total = sum(v for f, v in d.items() if f not in ("guest", "guest_nice"))
+        busy = total - d["idle"] - d.get("iowait", 0.0) - d.get("steal", 0.0)
+        total = max(total, 1e-9)
+        return {"run": round(min(ours, busy) / total, 4),
+                "background": round(max(0.0, busy - ours) / total, 4),
+                "steal": round(d.get("steal", 0.0) / total, 4),
+                "cpus": self.psutil.cpu_count()}
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temp path beside ``path``; on success fsync it and rename it over ``path``.

@@ -31,7 +31,7 @@ from .config import ConfigError, TrainConfig, build_parser, config_from_args, re
 from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
                    steps_per_epoch, train_sampler)
 from .dist import DistContext, all_reduce_sum, env_world, init, sync_device, teardown
-from .metrics import Lines, StepClock, atomic_torch_save, folder_stamp
+from .metrics import Lines, MachineLoad, StepClock, atomic_torch_save, folder_stamp
 from .models import build_model
 from .results import Results, comm_key, comm_times_key
 from .sync import make_strategy
@@ -238,6 +238,8 @@ class Trainer:
         # rank 0's steady-state steps, one mark per step boundary: the same clock and window as
         # train_throughput, so mean(step_times) is avg_batch_time (labkit.stats works from them)
         clock = StepClock(dev)
+        # rank 0 (the one that writes the file): how busy the rest of the machine was meanwhile
+        load = MachineLoad() if self.ctx.is_main else None
         step_comm: list[list[float]] = []  # per steady-state step, seconds in each timed phase
         seen = [0.0] * len(s.phases)
         sync_device(dev)
@@ -246,6 +248,8 @@ class Trainer:
             if step == warmup:
                 if warmup:
                     sync_device(dev)
+                if load is not None:
+                    load.start()
                 t_window = clock.mark()
             elif step > warmup:
                 clock.mark()
@@ -276,6 +280,7 @@ class Trainer:
         clock.mark()
         sync_device(dev)
         t_end = time.perf_counter()
+        machine = load.stop() if load is not None else None
         if bar is not None:
             bar.close()
 
@@ -304,6 +309,8 @@ class Trainer:
             "avg_data_time": vec[0].item() / s.trainers / self.steps,
             "step_times": clock.durations(),
         }
+        if machine is not None:
+            m["machine_load"] = machine
         n = len(s.phases)
         comm_steps = (vec[1 + n:] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
         for i, p in enumerate(s.phases):
