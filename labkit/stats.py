@@ -7,17 +7,22 @@ Choices, and why (Hoefler and Belli, SC'15: a mean with its confidence interval,
 difference claimed only when it is larger than the noise):
 
 * **One run: batch means over the steady-state steps, with t quantiles.** Step times of one
-  run are not independent (a shared machine drifts and stalls for several steps at a time), so
-  each epoch's steps are cut into contiguous blocks of about sqrt(n) steps and the blocks are
-  the units: the mean step time is all time over all steps (so the point is exactly
+  run are not independent (a shared machine drifts and stalls for many steps at a time), so
+  the steps are grouped into units and the units are what is counted: the epochs when the run
+  has 3 or more (the embedded default has 3), else contiguous blocks of about sqrt(n) steps
+  within each epoch. The mean step time is all time over all steps (so the point is exactly
   ``train_throughput``'s definition, images per step / mean step time), its variance comes
-  from the blocks (delta method for the ratio estimator), and the interval uses Student t
-  with blocks - 1 degrees of freedom. Not a bootstrap: labkit's runs hold few steps (the
-  embedded default about 24 per method, i.e. 6 blocks), and simulated ties showed
+  from the units (delta method for the ratio estimator), and the interval uses Student t with
+  units - 1 degrees of freedom. Epochs rather than blocks because the machine's speed wanders
+  over tens of seconds (see ``units``); with 3 epochs the t quantile is 4.3, and that width
+  is the honest price of one short run. Not a bootstrap: simulated ties showed
   ``scipy.stats.bootstrap`` (BCa, blocks of n**(1/3)) calling a false winner in 6-10% of
   runs at a nominal 5% even for independent steps, 13-19% for correlated ones (AR(1),
-  phi 0.5); this interval made 3.5-5.8% and 7.5-12% (2000 simulated ties per case, 24
-  to 300 steps in 3 epochs; tests/test_stats.py checks the calibration). No within-run interval sees run-to-run variation: that is what repeats are for.
+  phi 0.5), where blocks made 3.5-5.8% and 7.5-12% (2000 simulated ties per case, 24 to 300
+  steps in 3 epochs); tests/test_stats.py checks the calibration. No interval from one run
+  sees a load that came and went between the methods (they run one after another), so the
+  result file records how busy the rest of the machine was (``machine_load``) and one run is
+  not judged above ``LOAD_LIMIT``; repeats in rotated order are the cure.
 * **Several repeats: a t-interval over the repeats.** The repeat is then the independent unit:
   its spread holds what a single run cannot see (machine state, the order of methods), and
   pooling all repeats' steps would hide it. With 2 repeats the t-interval is wide (1 degree of
@@ -48,6 +53,9 @@ from scipy import stats
 
 CONFIDENCE = 0.95
 MIN_BLOCKS = 3  # fewer blocks than this (under 2 degrees of freedom): no interval
+# one run is not judged when other work took more of the machine's CPU time than this while a
+# compared method ran (labkit.metrics.MachineLoad; see compare_speed)
+LOAD_LIMIT = 0.10
 
 Runs = Union[dict, Sequence[dict]]  # one result document, or one per repeat
 
@@ -59,7 +67,7 @@ class Interval:
     low: Optional[float] = None
     high: Optional[float] = None
     n: int = 0             # what it rests on: steady-state steps, or repeats
-    basis: str = ""        # "steps" or "repeats" ("" when no interval)
+    basis: str = ""        # its units: "epochs", "steps" (blocks of), "repeats" or "trials"
     note: str = ""         # why there is no interval
     confidence: float = CONFIDENCE
 
@@ -77,7 +85,7 @@ class Interval:
 
 @dataclass(frozen=True)
 class Verdict:
-    label: str      # speedup: faster | slower | within noise | not available
+    label: str      # speedup: faster | slower | within noise | busy machine | not available
                     # accuracy: higher | lower | within noise | single seed | not available
     sentence: str
     interval: Interval = field(repr=False, default=None)
@@ -124,11 +132,29 @@ def blocks(epochs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(sums), np.asarray(counts, dtype=float)
 
 
+def units(epochs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
+    """(unit sums, unit step counts, basis): the epochs themselves when there are
+    ``MIN_BLOCKS`` or more ("epochs"), else blocks of steps within them ("steps").
+
+    Why epochs: a shared machine's speed wanders on a scale of tens of seconds (measured on the
+    embedded default: one epoch's steps ran 2.1 s, then 1.4 s, for several steps each, and the
+    epochs' throughputs differed by up to 15%), longer than a block of a few steps, so blocks
+    of one epoch look independent when they are not and the interval comes out too narrow;
+    epochs, a validation pass apart, are the longest units one run has and carry that
+    wander into the interval. Fewer than 3 epochs cannot give an interval from epochs, so
+    blocks are used and the interval sees only the noise within epochs."""
+    if len(epochs) >= MIN_BLOCKS:
+        return (np.asarray([x.sum() for x in epochs]),
+                np.asarray([len(x) for x in epochs], dtype=float), "epochs")
+    return (*blocks(epochs), "steps")
+
+
 def log_mean(epochs: Sequence[np.ndarray]) -> tuple[float, float, int]:
-    """(log of the mean step time, its variance, number of blocks) by batch means: the mean is
-    all time over all steps (a ratio estimator over blocks), its variance from the blocks'
-    linearised residuals (delta method), so blocks of unequal length are weighted right."""
-    sums, counts = blocks(epochs)
+    """(log of the mean step time, its variance, number of units) by batch means over
+    ``units``: the mean is all time over all steps (a ratio estimator over the units), its
+    variance from the units' linearised residuals (delta method), so units of unequal length
+    are weighted right."""
+    sums, counts, _ = units(epochs)
     m = sums.sum() / counts.sum()
     z = (sums - m * counts) / counts.mean()
     var = z.var(ddof=1) / len(z) / (m * m) if len(z) > 1 else math.inf
@@ -175,8 +201,8 @@ def throughput(runs: Runs, *, confidence: float = CONFIDENCE) -> Interval:
     h = stats.t.ppf((1 + confidence) / 2, nb - 1) * math.sqrt(var)
     # throughput = k / mean step time: the interval of log(mean), mapped through k / exp
     k = images_per_step(doc)
-    return Interval(value, k * math.exp(-lm - h), k * math.exp(-lm + h), n=n, basis="steps",
-                    confidence=confidence)
+    return Interval(value, k * math.exp(-lm - h), k * math.exp(-lm + h), n=n,
+                    basis=units(epochs)[2], confidence=confidence)
 
 
 def _t_interval(x: np.ndarray, confidence: float, back) -> Interval:
@@ -213,7 +239,8 @@ def speedup(runs: Runs, baseline: Runs, *, confidence: float = CONFIDENCE) -> In
     n = min(sum(len(x) for x in ea), sum(len(x) for x in eb))
     if min(na, nb) < MIN_BLOCKS:
         return Interval(value, n=n, note=_too_few(min(na, nb), n))
-    return _welch_log_ratio(value, va, na, vb, nb, n, "steps", confidence)
+    basis = "epochs" if units(ea)[2] == units(eb)[2] == "epochs" else "steps"
+    return _welch_log_ratio(value, va, na, vb, nb, n, basis, confidence)
 
 
 def _welch_log_ratio(value: float, va: float, na: int, vb: float, nb: int, n: int, basis: str,
@@ -268,10 +295,41 @@ def speedup_verdict(name: str, iv: Interval, baseline_name: str = "DDP") -> Verd
     return Verdict("within noise", f"{head}, within {noise} ({pct} {ci}); {fix}", iv)
 
 
+def machine_load(doc: dict) -> Optional[float]:
+    """The largest share of the machine's CPU time that went to other work (other processes,
+    and the hypervisor's steal) in any timed epoch of this run; None when not recorded (files
+    from before labkit recorded ``machine_load``, or the original guide's)."""
+    loads = [e["machine_load"] for e in doc.get("epochs") or [] if isinstance(e.get("machine_load"), dict)]
+    if not loads:
+        return None
+    return max(float(x.get("background", 0.0)) + float(x.get("steal", 0.0)) for x in loads)
+
+
 def compare_speed(name: str, runs: Runs, baseline: Runs, baseline_name: str = "DDP",
                   **kw) -> Verdict:
-    """speedup() and speedup_verdict() in one call."""
-    return speedup_verdict(name, speedup(runs, baseline, **kw), baseline_name)
+    """speedup() and speedup_verdict() in one call, and the load rule: one run of each method
+    is not judged when other work took more than ``LOAD_LIMIT`` of the machine's CPU time while
+    either ran. Its methods ran one after another, so a load that came and went falls on one
+    method and not the other, and the run's own interval cannot see it (two runs of the
+    embedded default, one beside other jobs, one on an idle machine, called Parameter Server
+    1.23x (CI 1.06-1.42) and 0.76x (CI 0.68-0.85) DDP). Repeats in rotated order spread such
+    load over all methods and their interval holds it: they are judged as usual."""
+    iv = speedup(runs, baseline, **kw)
+    verdict = speedup_verdict(name, iv, baseline_name)
+    a, b = _listed(runs), _listed(baseline)
+    if len(a) > 1 or len(b) > 1 or not iv.available:
+        return verdict
+    over = [(who, x) for who, x in ((name, machine_load(a[0])), (baseline_name, machine_load(b[0])))
+            if x is not None and x > LOAD_LIMIT]
+    if not over:
+        return verdict
+    where = " and ".join(f"{100 * x:.0f}% while {who} ran" for who, x in over)
+    return Verdict("busy machine",
+                   f"{name}: {iv.value:.2f}x {baseline_name} ({100 * iv.confidence:.0f}% CI "
+                   f"{iv.ci_text(ref=1.0)}), not judged: other work took {where} (of the "
+                   f"machine's CPU time; the limit for judging one run is "
+                   f"{100 * LOAD_LIMIT:.0f}%), which one run cannot tell apart from the methods' "
+                   f"own speed; rerun on an idle machine or with --repeats", iv)
 
 
 # ------------------------------------------------------------------ (d) accuracy

@@ -39,6 +39,22 @@ def accuracy_verdicts(res: RunResults) -> list[stats.Verdict]:
     return _against_ddp(res, stats.accuracy_verdict)
 
 
+def load_line(res: RunResults) -> Optional[str]:
+    """How busy the rest of the machine was while each method's steps were timed (its busiest
+    epoch; stats.machine_load), or None when no result file records it."""
+    loads = {}
+    for m in METHOD_ORDER:
+        if m in res.ok:
+            vals = [x for x in map(stats.machine_load, method_runs(res, m)) if x is not None]
+            if vals:
+                loads[SHORT[m]] = max(vals)
+    if not loads:
+        return None
+    return ("Machine load (share of the CPU time that other work took in the busiest timed epoch; "
+            f"one run is judged only under {100 * stats.LOAD_LIMIT:.0f}%): "
+            + ", ".join(f"{k} {100 * v:.0f}%" for k, v in loads.items()) + ".")
+
+
 def verdict_lines(res: RunResults) -> list[str]:
     """The speed and accuracy verdicts as sentences: the discussion's and the terminal's."""
     docs = res.ok
@@ -51,6 +67,9 @@ def verdict_lines(res: RunResults) -> list[str]:
     for v in speed:
         lines.append(v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
                      .get(v.label, "") + ".")
+    load = load_line(res)
+    if load:
+        lines.append(load)
     if speed and all(v.label == "not available" for v in speed):
         thr = {m: summary_value(d, "avg_train_throughput") for m, d in docs.items()}
         top = max(thr, key=thr.get)
