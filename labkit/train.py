@@ -321,9 +321,12 @@ class Trainer:
 
     def _bar_text(self, losses, counts, step, t_start) -> str:
         s = self.strategy
-        if not s.is_trainer:  # the server: its own communication statistics
+        if not s.is_trainer:  # the server: its own side of each phase, per step
             t = {k: 1000 * v / (step + 1) for k, v in s.timer.totals.items()}
-            return " ".join(f"{k}={v:.1f}ms" for k, v in t.items())
+            # the server's "push" starts when it is ready for gradients, so it holds the workers'
+            # forward and backward; the epoch line's push (the workers' side) does not
+            names = {"pull": "params", "push": "grads+compute"}
+            return " ".join(f"{names.get(k, k)}={v:.0f}ms" for k, v in t.items())
         elapsed = time.perf_counter() - t_start
         ips = self.cfg.batch_size * s.trainers * (step + 1) / max(elapsed, 1e-9)
         acc = 100.0 * counts[0].item() / max(1.0, counts[1].item())
