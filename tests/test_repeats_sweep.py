@@ -195,7 +195,7 @@ def test_sweep_chart_and_table_from_constructed_runs(tmp_path):
 
     rng = np.random.default_rng(0)
 
-    def steps(mean):  # 3 epochs of 30 noisy steps: a CI over step blocks
+    def steps(mean):  # 3 epochs of 30 noisy steps: a CI over the epochs
         return [list(rng.normal(mean, 0.03 * mean, 30)) for _ in range(3)]
 
     pts = {2: {"ddp": [_doc("ddp", 2, steps(0.5))], "allreduce": [_doc("allreduce", 2, steps(0.45))]},
@@ -210,7 +210,7 @@ def test_sweep_chart_and_table_from_constructed_runs(tmp_path):
         ("Baseline DDP", 2), ("Baseline DDP", 3), ("Manual All-Reduce", 2), ("Manual All-Reduce", 3)]
     r = rows[1]
     lo, hi = map(float, r["Efficiency 95% CI"].split("-"))
-    assert lo <= float(r["Efficiency"]) <= hi and hi - lo < 0.05 and r["CI over"] == "steps"
+    assert lo <= float(r["Efficiency"]) <= hi and hi - lo < 0.05 and r["CI over"] == "epochs"
     assert rows[0]["Efficiency"] == "1.00" and rows[0]["Efficiency 95% CI"] == "-"  # the reference
     assert 0.5 < float(r["Efficiency"]) < 0.65  # 3/2 the work at 0.9/0.5 the step time: 0.56
     assert "Efficiency 95% CI" in txt and "2 CPU cores" in txt

@@ -20,11 +20,13 @@ CAPTIONS: dict[str, Caption] = {
         "Steady-state throughput of all trainers (the first warm-up steps of each epoch are left "
         "out; from the recorded step times, all steps pooled), mean training time per epoch, best "
         "validation accuracy, and throughput relative to Baseline DDP. *95% CI*: the 95% "
-        "confidence interval from the recorded step times (batch means over blocks of about "
-        "sqrt(n) steps, Student t; the speedup's on its logarithm, Welch degrees of freedom), or "
-        "a t-interval over repeats when the run has several; *n/a* where the result file holds no "
-        "step times (the original guide's scripts) or too few steps. A method is called faster "
-        "or slower than DDP only when its speedup's interval excludes 1.00."),
+        "confidence interval from the recorded step times (batch means with the epochs as units, "
+        "or blocks of about sqrt(n) steps in runs of under 3 epochs, Student t; the speedup's on "
+        "its logarithm, Welch degrees of freedom), or a t-interval over repeats when the run has "
+        "several; *n/a* where the result file holds no step times (the original guide's scripts) "
+        "or too few steps. A method is called faster or slower than DDP only when its speedup's "
+        "interval excludes 1.00, and one run is not judged when other work took over 10% of the "
+        "machine's CPU time while a compared method ran (the discussion lists the load)."),
     "communication": Caption(
         "Table 2", "Communication time per training step",
         "time a trainer is blocked in synchronisation",
@@ -87,7 +89,7 @@ CAPTIONS: dict[str, Caption] = {
         "(`labkit sweep`): steady-state throughput per method and process count with its 95% CI, "
         "the ideal linear throughput from the smallest process count n0 (n / n0 x T(n0)), and "
         "the efficiency T(n) / (n / n0 x T(n0)); its 95% CI is that of the throughput ratio "
-        "T(n) / T(n0) (delta method on the log ratio over step blocks, or a t-interval over "
+        "T(n) / T(n0) (delta method on the log ratio over epochs or step blocks, or a t-interval over "
         "repeats), times n0 / n."),
     "scaling_figure": Caption(
         "Figure 9", "Throughput vs processes, per method, with the ideal linear line (dashed) "
