@@ -270,8 +270,10 @@ def test_data_fingerprints(tmp_path):
 
 # ------------------------------------------------------------------ the command, end to end
 def labkit_cli(*args, cwd) -> subprocess.CompletedProcess:
-    # one thread per rank as the recorded runs had (launch keeps a given OMP_NUM_THREADS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # one thread per rank as the recorded runs had (launch keeps a given OMP_NUM_THREADS); no
+    # Chromium: the report is written as HTML only, a few seconds quicker (these tests read the
+    # HTML; test_experiment's complete run folder checks the PDF)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LABKIT_CHROMIUM": "/nonexistent/chromium"}
     return subprocess.run([sys.executable, "-m", "labkit", *map(str, args)], capture_output=True,
                           text=True, timeout=400, cwd=cwd, env=env)
 
