@@ -1,8 +1,10 @@
 """Shared helpers: tiny settings and a real torchrun launcher for multi-process tests."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,8 +90,49 @@ def image_tree(tmp_path_factory) -> Path:
     return make_image_tree(tmp_path_factory.mktemp("imagenet"))
 
 
+def shared_dir(tmp_path_factory, name: str, build) -> Path:
+    """The folder ``build(folder)`` makes, built once per test session: under xdist by whichever
+    worker asks first, while any other worker asking waits for it (a file lock) and then reads
+    the same folder. For finished runs that tests in several xdist groups only read; a test
+    that changes one works on a copy (shutil.copytree to its tmp_path)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: a plain session fixture
+        folder = tmp_path_factory.mktemp(name) / name
+        build(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent / "shared"  # this session's, all workers'
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+            build(folder)
+            done.touch()
+    return folder
+
+
+def _ddp_tiny(out: Path) -> None:
+    check_ok(torchrun(2, TINY + ["--method", "ddp", "--out", str(out)], cwd=out.parent))
+
+
+# TINY ddp on 2 gloo ranks is what the equivalence, result-file, reproduce and multi-node tests
+# all start from: two real runs for the whole session (two, so that the tests of determinism
+# compare two trainings), not one per test module (2026-11-23: five).
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory) -> Path:
+    """The output folder of one real TINY ddp run on 2 gloo ranks (read-only)."""
+    return shared_dir(tmp_path_factory, "ddp_run", _ddp_tiny)
+
+
+@pytest.fixture(scope="session")
+def ddp_rerun(tmp_path_factory) -> Path:
+    """A second, independent TINY ddp run from the same seed (read-only)."""
+    return shared_dir(tmp_path_factory, "ddp_rerun", _ddp_tiny)
+
+
 # Every method once, from one seed, 5 steps (PS with 3 processes = 2 trainers, like the others).
-# Shared by the equivalence tests and the result-file tests: one run each for the whole session.
+# Shared by the equivalence tests and the result-file tests: one run each for the whole session
+# (ddp's is ddp_run).
 EQUIVALENCE_RUNS = {
     "ddp": (2, ["--method", "ddp"]),
     "allreduce": (2, ["--method", "allreduce", "--bucket-mb", "1"]),  # many buckets, overlapped
@@ -99,11 +142,14 @@ EQUIVALENCE_RUNS = {
 
 
 @pytest.fixture(scope="session")
-def equivalence_runs(tmp_path_factory):
-    """{name: (out_dir, completed process)} for EQUIVALENCE_RUNS, run for real under torchrun."""
+def equivalence_runs(tmp_path_factory, ddp_run):
+    """{name: (out_dir, completed process)} for EQUIVALENCE_RUNS, run for real under torchrun
+    (ddp's process is None: it is ddp_run, which may have run on another xdist worker)."""
     base = tmp_path_factory.mktemp("equiv")
-    out = {}
+    out = {"ddp": (ddp_run, None)}
     for name, (nproc, args) in EQUIVALENCE_RUNS.items():
+        if name in out:
+            continue
         d = base / name
         proc = torchrun(nproc, TINY + args + ["--out", str(d)], cwd=base)
         check_ok(proc)

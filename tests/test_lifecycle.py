@@ -17,9 +17,11 @@ from labkit import lifecycle, report
 
 pytestmark = pytest.mark.xdist_group("lifecycle")
 
-# 40 steps an epoch: epoch 2 is still running seconds after epoch 1 is written
+# 16 steps an epoch: epoch 2 is still running seconds after epoch 1 is written (measured on
+# 2 CPU cores: 0.48 s a step with 3 ranks, 0.32 s with 2, so epoch 2 lasts 5-8 s), while the
+# tests act on it within a poll of 0.2 s. (40 steps cost both tests 19 s more, waiting for epoch 1.)
 ARGS = ["--method", "allreduce", "--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8",
-        "--epochs", "4", "--max-steps-per-epoch", "40", "--max-val-steps", "1", "--lr", "0.01",
+        "--epochs", "4", "--max-steps-per-epoch", "16", "--max-val-steps", "1", "--lr", "0.01",
         "--no-progress", "--timeout", "120"]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, check_ok, load_json, torchrun
+from conftest import ROOT, TINY, load_json
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("multinode")
@@ -71,11 +71,10 @@ def final(d: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def one_node(tmp_path_factory):
-    """The reference: one node, 2 processes, same settings (plain torchrun --standalone)."""
-    base = tmp_path_factory.mktemp("one_node")
-    check_ok(torchrun(2, TINY + ["--method", "ddp", "--out", str(base / "ddp")], cwd=base))
-    return base / "ddp"
+def one_node(ddp_run):
+    """The reference: one node, 2 processes, same settings (plain torchrun --standalone): the
+    session's TINY ddp run (conftest), read only."""
+    return ddp_run
 
 
 def test_two_nodes_train_exactly_like_one_node(tmp_path, one_node):

@@ -21,6 +21,9 @@ TINY = ["--model", "resnet10_small", "--batch-size", "8", "--max-val-steps", "1"
         "--no-progress", "--timeout", "60", "--epochs", "1", "--max-steps-per-epoch", "4"]
 FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.json",
          "ps": "results_ps.json"}
+# no Chromium: the reports are written as HTML only, a few seconds quicker each (these tests
+# read the HTML; test_experiment's complete run folder checks the PDF)
+HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
 NAMES = {"ddp": "Baseline DDP (PyTorch)", "allreduce": "Manual All-Reduce", "ps": "Parameter Server (PS)"}
 
 
@@ -83,7 +86,7 @@ def test_grid_parsing_types_values():
 # ------------------------------------------------------------------ repeats, for real
 def test_repeats_run_rotated_and_the_report_aggregates_them(tmp_path):
     p = labkit(["experiment", "--repeats", "2", "--nproc", "2", *TINY, "--runs-dir", "runs"],
-               cwd=tmp_path)
+               cwd=tmp_path, env=HTML_ONLY)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (tmp_path / "runs" / "latest").resolve()
     status = load_json(run / "experiment.json")
@@ -229,7 +232,7 @@ def test_sweep_chart_and_table_from_constructed_runs(tmp_path):
 # ------------------------------------------------------------------ sweep, for real
 def test_a_small_real_sweep_renders_its_report(tmp_path):
     p = labkit(["sweep", "nproc=1,2", "--methods", "ddp", "--no-report", *TINY, "--runs-dir", "runs"],
-               cwd=tmp_path, env={"LABKIT_CHROMIUM": "/nonexistent/chromium"})  # HTML only: quicker
+               cwd=tmp_path, env=HTML_ONLY)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     root = (tmp_path / "runs" / "latest").resolve()
     assert root.name.endswith("_sweep")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, check_ok, torchrun
+from conftest import ROOT, TINY
 from labkit import record, reproduce
 from labkit.config import ConfigError, build_parser, config_from_args
 from labkit.lab import environment
@@ -23,9 +23,11 @@ from labkit.train import preflight
 pytestmark = pytest.mark.xdist_group("reproduce")
 
 
-def make_run(root: Path, name: str) -> Path:
+def make_run(root: Path, name: str, trained: Path) -> Path:
     """A run folder as labkit experiment writes it (config.json, environment.json with the
-    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real."""
+    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real: a copy
+    of ``trained``, the output of torchrun with exactly this config (conftest's ddp_run or
+    ddp_rerun)."""
     run = root / name
     run.mkdir()
     cfg = preflight(config_from_args(build_parser().parse_args(TINY + ["--method", "ddp"])),
@@ -39,14 +41,15 @@ def make_run(root: Path, name: str) -> Path:
     atomic_write_json(str(run / "experiment.json"), record.portable(
         {"run_dir": str(run), "methods": {"ddp": {"status": "completed",
                                                   "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
-    check_ok(torchrun(2, TINY + ["--method", "ddp", "--out", str(run / "ddp")], cwd=root))
+    shutil.copytree(trained, run / "ddp")
     return run
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, ddp_run, ddp_rerun):
+    """Two runs of one config from one seed, each trained on its own."""
     base = tmp_path_factory.mktemp("repro")
-    return make_run(base, "a"), make_run(base, "b")
+    return make_run(base, "a", ddp_run), make_run(base, "b", ddp_rerun)
 
 
 def copy_run(src: Path, dst: Path) -> Path:
@@ -270,8 +273,10 @@ def test_data_fingerprints(tmp_path):
 
 # ------------------------------------------------------------------ the command, end to end
 def labkit_cli(*args, cwd) -> subprocess.CompletedProcess:
-    # one thread per rank as the recorded runs had (launch keeps a given OMP_NUM_THREADS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # one thread per rank as the recorded runs had (launch keeps a given OMP_NUM_THREADS); no
+    # Chromium: the report is written as HTML only, a few seconds quicker (these tests read the
+    # HTML; test_experiment's complete run folder checks the PDF)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LABKIT_CHROMIUM": "/nonexistent/chromium"}
     return subprocess.run([sys.executable, "-m", "labkit", *map(str, args)], capture_output=True,
                           text=True, timeout=400, cwd=cwd, env=env)
 
