@@ -155,3 +155,31 @@ def equivalence_runs(tmp_path_factory, ddp_run):
         check_ok(proc)
         out[name] = (d, proc)
     return out
+
+
+# `make test` runs two xdist workers with --dist loadgroup: each xdist group's tests go to one
+# worker together (the groups with the most tests first), every other test on its own, in
+# collection order. On 2 cores the suite is CPU-bound, so what a good order saves is the end:
+# one worker still on a minute-long test while the other has nothing left. These tests (seconds
+# each, measured alone on 2 cores, 2026-11-23) go first, longest first; the many short ones fill
+# in behind them. (Not in a group: a group's tests keep their order.)
+LONGEST_FIRST = {
+    "test_repeats_sweep.py::test_repeats_run_rotated_and_the_report_aggregates_them": 131,
+    "test_experiment.py::test_experiment_makes_a_complete_run_folder": 96,
+    "test_experiment.py::test_a_failed_method_is_recorded_and_the_others_kept": 57,
+    "test_repeats_sweep.py::test_a_small_real_sweep_renders_its_report": 56,
+    "test_ps_variants.py::test_sharded_ps_resumes_to_the_same_parameters": 34,
+    "test_experiment.py::test_ctrl_c_on_the_experiment_stops_everything": 23,
+    "test_ps_variants.py::test_async_staleness_bound_is_reached_and_never_exceeded": 17,
+    "test_ps_variants.py::test_async_lockstep_is_synchronous_sgd": 15,
+    "test_data_checks.py::test_torchrun_with_skip_bad_images_warns_once": 14,
+    "test_launch.py::test_failed_rank_is_named_with_its_log": 13,
+    "test_launch.py::test_launch_streams_the_reporting_rank": 12,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    def seconds(item) -> float:
+        return LONGEST_FIRST.get(f"{item.path.name}::{item.name}", 0)
+
+    items.sort(key=lambda item: -seconds(item))  # stable: the others keep their order
