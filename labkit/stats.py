@@ -19,7 +19,8 @@ difference claimed only when it is larger than the noise):
   ``scipy.stats.bootstrap`` (BCa, blocks of n**(1/3)) calling a false winner in 6-10% of
   runs at a nominal 5% even for independent steps, 13-19% for correlated ones (AR(1),
   phi 0.5), where blocks made 3.5-5.8% and 7.5-12% (2000 simulated ties per case, 24 to 300
-  steps in 3 epochs); tests/test_stats.py checks the calibration. No interval from one run
+  steps in 3 epochs, measured before the epochs became the units); tests/test_stats.py checks
+  the calibration of the intervals as they are now. No interval from one run
   sees a load that came and went between the methods (they run one after another), so the
   result file records how busy the rest of the machine was (``machine_load``) and one run is
   not judged above ``LOAD_LIMIT``; repeats in rotated order are the cure.
