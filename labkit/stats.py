@@ -150,16 +150,16 @@ def units(epochs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
     return (*blocks(epochs), "steps")
 
 
-def log_mean(epochs: Sequence[np.ndarray]) -> tuple[float, float, int]:
-    """(log of the mean step time, its variance, number of units) by batch means over
+def log_mean(epochs: Sequence[np.ndarray]) -> tuple[float, float, int, str]:
+    """(log of the mean step time, its variance, number of units, their basis) by batch means over
     ``units``: the mean is all time over all steps (a ratio estimator over the units), its
     variance from the units' linearised residuals (delta method), so units of unequal length
     are weighted right."""
-    sums, counts, _ = units(epochs)
+    sums, counts, basis = units(epochs)
     m = sums.sum() / counts.sum()
     z = (sums - m * counts) / counts.mean()
     var = z.var(ddof=1) / len(z) / (m * m) if len(z) > 1 else math.inf
-    return math.log(m), var, len(z)
+    return math.log(m), var, len(z), basis
 
 
 def _too_few(n_blocks: int, n_steps: int) -> str:
@@ -196,14 +196,14 @@ def throughput(runs: Runs, *, confidence: float = CONFIDENCE) -> Interval:
     if epochs is None:
         return Interval(value, note=NO_STEPS)
     n = sum(len(x) for x in epochs)
-    lm, var, nb = log_mean(epochs)
+    lm, var, nb, basis = log_mean(epochs)
     if nb < MIN_BLOCKS:
         return Interval(value, n=n, note=_too_few(nb, n))
     h = stats.t.ppf((1 + confidence) / 2, nb - 1) * math.sqrt(var)
     # throughput = k / mean step time: the interval of log(mean), mapped through k / exp
     k = images_per_step(doc)
     return Interval(value, k * math.exp(-lm - h), k * math.exp(-lm + h), n=n,
-                    basis=units(epochs)[2], confidence=confidence)
+                    basis=basis, confidence=confidence)
 
 
 def _t_interval(x: np.ndarray, confidence: float, back) -> Interval:
@@ -236,11 +236,11 @@ def speedup(runs: Runs, baseline: Runs, *, confidence: float = CONFIDENCE) -> In
     ea, eb = step_times(a[0]), step_times(b[0])
     if ea is None or eb is None:
         return Interval(value, note=NO_STEPS)
-    (la, va, na), (lb, vb, nb) = log_mean(ea), log_mean(eb)
+    (la, va, na, ba), (lb, vb, nb, bb) = log_mean(ea), log_mean(eb)
     n = min(sum(len(x) for x in ea), sum(len(x) for x in eb))
     if min(na, nb) < MIN_BLOCKS:
         return Interval(value, n=n, note=_too_few(min(na, nb), n))
-    basis = "epochs" if units(ea)[2] == units(eb)[2] == "epochs" else "steps"
+    basis = "epochs" if ba == bb == "epochs" else "steps"
     return _welch_log_ratio(value, va, na, vb, nb, n, basis, confidence)
 
 
@@ -300,10 +300,14 @@ def machine_load(doc: dict) -> Optional[float]:
     """The largest share of the machine's CPU time that went to other work (other processes,
     and the hypervisor's steal) in any timed epoch of this run; None when not recorded (files
     from before labkit recorded ``machine_load``, or the original guide's)."""
-    loads = [e["machine_load"] for e in doc.get("epochs") or [] if isinstance(e.get("machine_load"), dict)]
-    if not loads:
-        return None
-    return max(float(x.get("background", 0.0)) + float(x.get("steal", 0.0)) for x in loads)
+    shares = []
+    for e in doc.get("epochs") or []:
+        x = e.get("machine_load")
+        parts = [x.get(k, 0.0) for k in ("background", "steal")] if isinstance(x, dict) else None
+        # a hand-edited or foreign entry that is not numbers counts as not recorded
+        if parts and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in parts):
+            shares.append(float(sum(parts)))
+    return max(shares) if shares else None
 
 
 def compare_speed(name: str, runs: Runs, baseline: Runs, baseline_name: str = "DDP",

@@ -333,6 +333,11 @@ def test_one_run_on_a_busy_machine_is_not_judged():
     # under the limit, and files that do not record the load: judged as before
     assert S.compare_speed("M", loaded(doc(fast), 0.08), loaded(doc(slow), 0.0)).label == "faster"
     assert S.machine_load(guide_doc()) is None
+    # a hand-edited entry that is not numbers: not recorded, not a traceback
+    odd = doc(fast)
+    odd["epochs"][0]["machine_load"] = {"background": "busy"}
+    assert S.machine_load(odd) is None
+    assert S.compare_speed("M", odd, doc(slow)).label == "faster"
     # repeats in rotated order carry the load in their interval: judged
     reps = [loaded(doc(g.normal(0.25, 0.01, 24)), 0.3) for _ in range(3)]
     base = [loaded(doc(g.normal(0.33, 0.01, 24)), 0.3) for _ in range(3)]
