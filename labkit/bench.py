@@ -19,7 +19,7 @@ from typing import IO, Any, Optional
 
 from .benchdoc import KIND, RESULT, compare_to_ddp, derive, summary_line, write_outputs
 from .config import VARIANTS, ConfigError, TrainConfig
-from .metrics import atomic_write_json, now_str
+from .files import atomic_write_json, now_str
 from .record import portable
 
 

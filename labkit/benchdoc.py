@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import stats
-from .metrics import atomic_path
+from .files import atomic_path
 from .texttable import short_number
 from .texttable import text_table as _table
 

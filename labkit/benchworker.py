@@ -29,7 +29,8 @@ import torch.distributed as dist
 from .benchdoc import RESULT
 from .config import ConfigError, TrainConfig, build_parser, config_from_args
 from .dist import is_distributed
-from .metrics import Stopwatch, atomic_path, atomic_write_json
+from .files import atomic_path, atomic_write_json
+from .metrics import Stopwatch
 
 
 def _stats(xs: list[float]) -> dict:
@@ -229,7 +230,7 @@ def profile(tr, run: Callable[[int, bool], None], steps: int, out: str, rank: in
 
 def worker_main(argv: Optional[list[str]] = None) -> int:
     from .dist import env_world
-    from .train import preflight
+    from .checks import preflight
 
     p = build_parser(prog="labkit.benchworker")
     p.add_argument("--steps", type=int, default=10)

@@ -164,7 +164,7 @@ def _nodes(rest: dict):
 def cmd_run(params: dict) -> int:
     from .lab import machine_defaults
     from .launch import launch
-    from .train import default_out
+    from .checks import default_out
 
     cfg, rest = _split(params)
     nproc = rest.get("nproc")

@@ -16,7 +16,7 @@ from typing import Optional
 
 from nbconvert import HTMLExporter
 
-from .metrics import atomic_path
+from .files import atomic_path
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_TIMEOUT_S = 120

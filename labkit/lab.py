@@ -21,7 +21,7 @@ from typing import IO, Any, Callable, Optional
 
 from .config import METHODS, VARIANTS, ConfigError, TrainConfig
 from .launch import Nodes, settle_results, validate
-from .metrics import atomic_write_json, folder_stamp, now_str
+from .files import atomic_write_json, folder_stamp, now_str
 from .record import portable, snapshot, write_record
 from .stats import rotated_order
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from .config import ConfigError, TrainConfig
-from .metrics import atomic_write_json, now_str
+from .files import atomic_write_json, now_str
 from .record import portable
 
 @dataclass(frozen=True)
@@ -71,9 +71,8 @@ class LaunchResult:
 
 def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
     """Check the inputs in this process, in seconds, before any rank is spawned."""
+    from .checks import find_checkpoint, preflight, refuse_overwrite
     from .data import build_datasets, check_image_folder, steps_per_epoch
-    from .models import build_model
-    from .train import preflight
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, else 4")
@@ -87,9 +86,9 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
         data = build_datasets(cfg)
         steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
         num_classes = data.num_classes
-    if cfg.weights:
+    if cfg.weights:  # torchvision (seconds to import) only to check a weights file
+        from .models import build_model
         build_model(cfg.model, num_classes, cfg.weights)
-    from .train import find_checkpoint, refuse_overwrite
     if cfg.resume:
         if find_checkpoint(cfg) is None:  # --resume without --out raised inside already
             raise ConfigError(f"nothing to resume in {cfg.out!r}")

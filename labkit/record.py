@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from .config import TrainConfig
-from .metrics import atomic_path
+from .files import atomic_path
 
 LOCK_FILE = "requirements.lock"
 DIFF_FILE = "code.diff"

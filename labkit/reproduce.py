@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from .config import METHODS, RESULT_FILES, ConfigError
-from .metrics import atomic_write_json
+from .files import atomic_write_json
 from .record import PROJECT, parse_lock, portable, resolve_in_run
 
 SCHEMA = "labkit.reproduction/1"

@@ -16,7 +16,7 @@ import torch
 from . import __version__, lifecycle
 from .config import METHOD_NAMES, TrainConfig
 from .dist import DistContext
-from .metrics import atomic_write_json, now_str
+from .files import atomic_write_json, now_str
 from .record import determinism, portable
 
 SCHEMA = "labkit.results/1"

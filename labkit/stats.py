@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import numpy as np
-from scipy import stats
 
 CONFIDENCE = 0.95
 MIN_BLOCKS = 3  # fewer blocks than this (under 2 degrees of freedom): no interval
@@ -199,11 +198,22 @@ def throughput(runs: Runs, *, confidence: float = CONFIDENCE) -> Interval:
     lm, var, nb, basis = log_mean(epochs)
     if nb < MIN_BLOCKS:
         return Interval(value, n=n, note=_too_few(nb, n))
-    h = stats.t.ppf((1 + confidence) / 2, nb - 1) * math.sqrt(var)
+    h = t_quantile(confidence, nb - 1) * math.sqrt(var)
     # throughput = k / mean step time: the interval of log(mean), mapped through k / exp
     k = images_per_step(doc)
     return Interval(value, k * math.exp(-lm - h), k * math.exp(-lm + h), n=n,
                     basis=basis, confidence=confidence)
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    """The two-sided ``confidence`` quantile of Student's t with ``df`` degrees of freedom.
+
+    scipy.stats is imported here, on first use, not with this module: it takes 1-2 s of CPU
+    to import, which every notebook kernel and CLI process that only names a rotation or
+    checks its input would otherwise pay."""
+    from scipy import stats
+
+    return float(stats.t.ppf((1 + confidence) / 2, df))
 
 
 def _t_interval(x: np.ndarray, confidence: float, back) -> Interval:
@@ -211,6 +221,8 @@ def _t_interval(x: np.ndarray, confidence: float, back) -> Interval:
     if np.ptp(x) == 0:
         lo = hi = x[0]
     else:
+        from scipy import stats
+
         lo, hi = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
     return Interval(float(back(x.mean())), float(back(lo)), float(back(hi)), n=len(x),
                     basis="repeats", confidence=confidence)
@@ -236,7 +248,7 @@ def speedup(runs: Runs, baseline: Runs, *, confidence: float = CONFIDENCE) -> In
     ea, eb = step_times(a[0]), step_times(b[0])
     if ea is None or eb is None:
         return Interval(value, note=NO_STEPS)
-    (la, va, na, ba), (lb, vb, nb, bb) = log_mean(ea), log_mean(eb)
+    (_, va, na, ba), (_, vb, nb, bb) = log_mean(ea), log_mean(eb)
     n = min(sum(len(x) for x in ea), sum(len(x) for x in eb))
     if min(na, nb) < MIN_BLOCKS:
         return Interval(value, n=n, note=_too_few(min(na, nb), n))
@@ -249,7 +261,7 @@ def _welch_log_ratio(value: float, va: float, na: int, vb: float, nb: int, n: in
     """``value`` (a ratio of two independent means) with the CI of its logarithm: variances
     ``va``, ``vb`` of the two log means from ``na``, ``nb`` units, Welch-Satterthwaite df."""
     df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if va + vb > 0 else math.inf
-    h = stats.t.ppf((1 + confidence) / 2, df) * math.sqrt(va + vb)
+    h = t_quantile(confidence, df) * math.sqrt(va + vb)
     return Interval(value, value * math.exp(-h), value * math.exp(h), n=n, basis=basis,
                     confidence=confidence)
 

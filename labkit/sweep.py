@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 from .config import ConfigError, TrainConfig
-from .metrics import atomic_write_json, now_str
+from .files import atomic_write_json, now_str
 from .report.sweep import SWEEP_FILE
 
 # what a grid may vary: the process count and the training config; the method is --methods,

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from labkit.export import run_chromium
-from labkit.metrics import atomic_path
+from labkit.files import atomic_path
 
 
 def screenshot(html_path: str | os.PathLike, png_path: str | os.PathLike,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import TINY, check_ok, expect_error, load_json, torchrun
-from labkit import train
+from labkit import checks
 from labkit.config import ConfigError, TrainConfig
 from labkit.data import build_datasets, check_image
 from labkit.launch import validate
@@ -45,7 +45,7 @@ def args(d, out, *more):
 
 
 def resolved(d, **kw):
-    return train.preflight(TrainConfig(dataset="imagefolder", data_dir=str(d), model="resnet10_small",
+    return checks.preflight(TrainConfig(dataset="imagefolder", data_dir=str(d), model="resnet10_small",
                                        progress=False, **kw), world=1, local_world=1)
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from labkit.lab import new_run_dir
-from labkit.metrics import atomic_write_json
+from labkit.files import atomic_write_json
 
 
 def test_a_failed_write_leaves_the_old_file_whole_and_no_temp_file(tmp_path):

@@ -68,3 +68,30 @@ def test_wheel_ships_the_notebooks_and_templates(tmp_path):
         assert f"labkit/notebooks/{nb}.ipynb" in names
     assert "labkit/templates/offline/index.html.j2" in names
     assert not any(n.startswith("tests/") for n in names)
+
+
+def test_notebook_imports_leave_torch_and_scipy_out():
+    """Every notebook kernel starts by importing labkit; torch + torchvision (which pulls in
+    torch._dynamo) and scipy.stats cost ~7 s of CPU per process on 2 cores. The report kernels
+    never need them, a method's kernel needs torch only for its input checks (labkit.checks),
+    and scipy.stats is imported when an interval is computed: the notebooks' import lines
+    alone must load none of them."""
+    import json
+    import subprocess
+    import sys
+
+    heavy = ("torch", "torchvision", "scipy.stats", "matplotlib.pyplot")
+    for name in ("run_method", "report", "sweep", "explore"):
+        nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+        imports = [line for c in nb["cells"] if c["cell_type"] == "code"
+                   for line in "".join(c["source"]).splitlines()
+                   if line.startswith(("import ", "from "))]
+        assert any("labkit" in line for line in imports), name
+        code = "\n".join(imports + ["import sys",
+                                    f"print(','.join(m for m in {heavy!r} if m in sys.modules))"])
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        loaded = p.stdout.strip()
+        if name == "explore":  # draws interactively: pyplot is its point, torch is not
+            loaded = ",".join(m for m in loaded.split(",") if m != "matplotlib.pyplot")
+        assert loaded == "", f"{name}.ipynb's imports load {loaded}"

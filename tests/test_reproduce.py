@@ -16,9 +16,9 @@ from conftest import ROOT, TINY
 from labkit import record, reproduce
 from labkit.config import ConfigError, build_parser, config_from_args
 from labkit.lab import environment
-from labkit.metrics import atomic_write_json
+from labkit.files import atomic_write_json
 from labkit.reproduce import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
-from labkit.train import preflight
+from labkit.checks import preflight
 
 pytestmark = pytest.mark.xdist_group("reproduce")
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..benchdoc import BenchError
 from ..benchdoc import load as load_bench
-from ..metrics import atomic_write_json
+from ..files import atomic_write_json
 from ..texttable import text_table
 from .alphabeta import BACKWARD_FRACTION, ERROR_TARGET_PCT, GPUS_PER_NODE, INTERCONNECTS, MiB
 from .calibrate import median_of, calibrate, compare_with_bench

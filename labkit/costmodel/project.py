@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence, Union
 
-from ..metrics import atomic_path
+from ..files import atomic_path
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS, GB,
                         GPUS_PER_NODE, MODELLED_METHODS, Link, MiB, get_link, predict_step)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Optional
 
-from ..metrics import atomic_path
+from ..files import atomic_path
 from .load import METHOD_ORDER, SHORT, RunResults, _epochs, method_key, summary_value
 from .tables import comm_ms, intervals
 

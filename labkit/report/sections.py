@@ -8,7 +8,7 @@ from typing import Optional
 
 from .. import benchdoc, costmodel
 from ..config import VARIANTS
-from ..metrics import atomic_path
+from ..files import atomic_path
 from ..record import parse_lock, resolve_in_run
 from .captions import caption, figure_caption
 from .load import SHORT, RunResults, _epochs, load_reproduction, load_variants

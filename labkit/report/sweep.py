@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import stats
-from ..metrics import atomic_path
+from ..files import atomic_path
 from ..texttable import text_table
 from .load import METHOD_ORDER, SHORT, RunResults, load_env, load_run
 

@@ -7,7 +7,7 @@ from statistics import mean
 from typing import Any, Optional
 
 from .. import benchdoc, stats
-from ..metrics import atomic_path
+from ..files import atomic_path
 from .captions import heading
 from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
