@@ -180,9 +180,15 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def quiet_kernel_manager():
-    """nbclient's kernel manager on IPC (Unix socket) transport: a local kernel needs no TCP,
-    and ipykernel warns on every start about unencrypted TCP, into the experiment's output."""
+def kernel_options() -> dict:
+    """papermill's kernel settings for labkit's notebooks.
+
+    - IPC (Unix socket) transport: a local kernel needs no TCP, and ipykernel warns on every
+      start about unencrypted TCP, into the experiment's output.
+    - The kernel is killed when its last cell is done (nbclient's shutdown_kernel="immediate"):
+      all it makes is on disk by then, and a graceful shutdown waited for Python's teardown of
+      torch and matplotlib, 2.3 s per notebook (measured 2026-11-23; 0.1 s killed).
+    """
     from jupyter_client.manager import AsyncKernelManager
 
     class IPCKernelManager(AsyncKernelManager):
@@ -190,7 +196,7 @@ def quiet_kernel_manager():
             kw.setdefault("transport", "ipc")
             super().__init__(**kw)
 
-    return IPCKernelManager
+    return {"kernel_manager_class": IPCKernelManager, "shutdown_kernel": "immediate"}
 
 
 def kernel_name() -> str:
@@ -380,8 +386,7 @@ def _run_method(cfg: TrainConfig, mdir: Path, nproc: int, exp: Experiment, kerne
         pm.execute_notebook(str(NOTEBOOKS / "run_method.ipynb"), str(mdir / "run_method.ipynb"),
                             parameters=params, kernel_name=kernel, cwd=str(mdir),
                             execution_timeout=exp.cell_timeout, progress_bar=False,
-                            stdout_file=stream, stderr_file=stream,
-                            kernel_manager_class=quiet_kernel_manager())
+                            stdout_file=stream, stderr_file=stream, **kernel_options())
         entry["status"] = "completed"
     except pm.PapermillExecutionError as e:
         entry.update(status="failed", error=f"{e.ename}: {e.evalue}".strip())
@@ -407,8 +412,7 @@ def render_notebook(name: str, folder: Path, parameters: dict, kernel: str, time
     nb_out = rdir / f"{name}.ipynb"
     pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(nb_out),
                         parameters=parameters, kernel_name=kernel, cwd=str(rdir),
-                        execution_timeout=timeout, progress_bar=False,
-                        kernel_manager_class=quiet_kernel_manager())
+                        execution_timeout=timeout, progress_bar=False, **kernel_options())
     html = export_html(nb_out, rdir / f"{name}.html")
     pdf, msg = export_pdf(html, rdir / f"{name}.pdf")
     stream.write(f"{label}: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
