@@ -223,12 +223,14 @@ def stratified_split(y: torch.Tensor, val_fraction: float, seed: int) -> tuple[l
 
 
 def _digits(cfg: TrainConfig) -> Datasets:
-    """scikit-learn's 1,797 real 8x8 handwritten digits (shipped with the package), as RGB 32x32."""
+    """scikit-learn's 1,797 real 8x8 handwritten digits (shipped with the package), as RGB images
+    of side ``cfg.image_size`` (bilinear upsampling)."""
     import numpy as np
 
     raw = torch.from_numpy(np.loadtxt(_digits_file(), delimiter=",", dtype=np.float32))
     x = raw[:, :64].reshape(-1, 1, 8, 8) / 16.0                                # N,1,8,8 in [0,1]
-    x = torch.nn.functional.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False)
+    side = cfg.image_size
+    x = torch.nn.functional.interpolate(x, size=(side, side), mode="bilinear", align_corners=False)
     y = raw[:, 64].to(torch.int64)
     # the same 80/20 on every machine, whatever --seed says
     idx_train, idx_val = stratified_split(y, 0.2, seed=0)

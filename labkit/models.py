@@ -26,7 +26,7 @@ def build_model(name: str, num_classes: int, weights: str | None = None) -> tupl
     block, layers = _ARCH[base]
     model = ResNet(block, layers, num_classes=num_classes)
     if small:
-        # 32x32 inputs: a 3x3 stride-1 stem and no max-pool keep the 4 stages' resolution
+        # small inputs (16-32 px): a 3x3 stride-1 stem and no max-pool keep the 4 stages' resolution
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
     note = ""

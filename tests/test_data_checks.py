@@ -143,8 +143,8 @@ def test_digits_are_sklearns_images_with_a_fixed_stratified_split():
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    a = build_datasets(TrainConfig(dataset="digits", seed=1))
-    b = build_datasets(TrainConfig(dataset="digits", seed=7))
+    a = build_datasets(TrainConfig(dataset="digits", seed=1, image_size=16))
+    b = build_datasets(TrainConfig(dataset="digits", seed=7, image_size=16))
     ya, yb = a.train.tensors[1], b.train.tensors[1]
     assert torch.equal(ya, yb) and torch.equal(a.val.tensors[0], b.val.tensors[0])
     assert len(a.train) + len(a.val) == len(d.target) == 1797
@@ -152,9 +152,26 @@ def test_digits_are_sklearns_images_with_a_fixed_stratified_split():
     assert labels.tolist() == torch.tensor(d.target).bincount().tolist()
     for c, n in enumerate(torch.tensor(d.target).bincount().tolist()):
         assert abs(int((a.val.tensors[1] == c).sum()) - 0.2 * n) <= 0.5
-    # RGB 32x32, normalised over the training images
+    # RGB at the side asked for, normalised over the training images
     x = a.train.tensors[0]
-    assert x.shape[1:] == (3, 32, 32) and abs(float(x.mean())) < 1e-4
+    assert x.shape[1:] == (3, 16, 16) and abs(float(x.mean())) < 1e-4
+    big = build_datasets(TrainConfig(dataset="digits", image_size=32)).train.tensors[0]
+    assert big.shape == (x.shape[0], 3, 32, 32)
+
+
+def test_digits_default_to_16_pixels_and_other_sets_keep_theirs():
+    """The embedded default trains on digits at 16x16 (twice the scans' 8x8); synthetic and
+    imagefolder keep 32 for _small models and 224 otherwise; --image-size wins everywhere."""
+    from labkit.config import resolve
+
+    def side(**kw) -> int:
+        return resolve(TrainConfig(**kw), cuda_available=False, world_size=4).image_size
+
+    assert side() == 16  # no GPU, no --data-dir: digits
+    assert side(dataset="synthetic", model="resnet10_small") == 32
+    assert side(dataset="synthetic") == 224
+    assert side(dataset="imagefolder", data_dir="x", model="resnet18_small") == 32
+    assert side(image_size=24) == 24
 
 
 def test_in_memory_data_gets_loader_workers_only_on_gpus():
