@@ -261,4 +261,6 @@ def worker_main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    from labkit import lifecycle
+
+    lifecycle.leave(worker_main())

@@ -416,20 +416,5 @@ def _record_for_torchrun(e: BaseException) -> None:
         pass
 
 
-def leave(code: int) -> None:
-    """End the rank now, without Python's teardown of torch and torchvision: it has nothing
-    left to do (the result file and checkpoints are written with fsync, the process group is
-    destroyed) and costs ~1 s of CPU per rank, so 4 ranks on 2 cores kept torchrun waiting 4 s
-    after the last line of every run (measured 2026-11-23). DataLoader workers are our
-    children until their loader is collected: while any lives, exit the ordinary way."""
-    import psutil
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if not psutil.Process().children():
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    leave(main())
+    lifecycle.leave(main())

@@ -146,3 +146,23 @@ def test_other_host_by_heartbeat_age(tmp_path):
     assert report.load_result(fresh)["status"] == "running"
     old = running_doc(tmp_path, host="elsewhere", unix_time=now - 2 * lifecycle.STALE_S)
     assert "no heartbeat for" in report.load_result(old)["error"]
+
+
+@pytest.mark.parametrize("children", [False, True])
+def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_children(children):
+    """lifecycle.leave ends a finished rank with os._exit (no interpreter teardown: ~1 s of CPU
+    per rank) after flushing what it printed; a rank with children (DataLoader workers) exits
+    the ordinary way, so its atexit teardown still runs and shuts them down."""
+    code = ("import atexit, subprocess, sys\n"
+            "from labkit import lifecycle\n"
+            "atexit.register(lambda: print('teardown ran'))\n"
+            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) if {children} else None\n"
+            "sys.stdout.write('done\\n')  # buffered: leave must flush it\n"
+            "try:\n"
+            "    lifecycle.leave(3)\n"
+            "finally:\n"
+            "    if child:\n"
+            "        child.kill()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout.splitlines() == (["done", "teardown ran"] if children else ["done"]), p.stdout
