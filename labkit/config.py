@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 METHODS = ("ddp", "allreduce", "ps")
 DATASETS = ("imagefolder", "digits", "synthetic")
+DIGITS_MAX_SIDE = 224  # 1.1 GiB of upsampled digits per process; above, a laptop runs out of memory
 MODELS = ("resnet50", "resnet18", "resnet10", "resnet50_small", "resnet18_small", "resnet10_small")
 AMP_MODES = ("off", "bf16", "fp16")
 PS_MODES = ("collective", "p2p")
@@ -86,7 +87,7 @@ class TrainConfig:
                                 "re-initialised")
     num_classes: int = _f(1000, "classes of the synthetic dataset")
     image_size: Optional[int] = _f(None, "image side the model sees: digits are upsampled to it (default "
-                                   "16, twice the scans' 8x8), synthetic images drawn at it and "
+                                   "16, twice the scans' 8x8; at most 224), synthetic images drawn at it and "
                                    "imagefolder images cropped to it (default 32 for _small models, "
                                    "else 224)")
     synthetic_samples: int = _f(2048, "training samples in the synthetic dataset (val: a quarter)")
@@ -208,6 +209,12 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     for name in ("epochs", "batch_size", "num_classes", "synthetic_samples", "image_size"):
         if getattr(c, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(c, name)})")
+    if c.dataset == "digits" and c.image_size > DIGITS_MAX_SIDE:
+        # every process holds the upsampled set in memory: 1,797 x 3 x side^2 floats
+        gib = 1797 * 3 * c.image_size ** 2 * 4 / 2**30
+        raise ConfigError(f"--image-size {c.image_size} is too large for digits: the 8x8 scans are "
+                          f"upsampled in memory, {gib:.1f} GiB in every process (at most "
+                          f"{DIGITS_MAX_SIDE}; the default is 16)")
     for name in ("max_steps_per_epoch", "max_val_steps"):
         v = getattr(c, name)
         if v is not None and v < 1:

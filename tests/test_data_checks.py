@@ -174,6 +174,19 @@ def test_digits_default_to_16_pixels_and_other_sets_keep_theirs():
     assert side(image_size=24) == 24
 
 
+def test_digits_larger_than_memory_allows_are_refused():
+    """digits are upsampled in memory in every process: a side that would take gigabytes per
+    process is one clear error, not an out-of-memory kill."""
+    from labkit.config import DIGITS_MAX_SIDE, ConfigError, resolve
+
+    assert resolve(TrainConfig(image_size=DIGITS_MAX_SIDE), False, 4).image_size == DIGITS_MAX_SIDE
+    gib = 1797 * 3 * 512 * 512 * 4 / 2**30  # float32 RGB images of all 1,797 scans
+    with pytest.raises(ConfigError, match=rf"--image-size 512 is too large for digits: .* {gib:.1f} GiB in every process"):
+        resolve(TrainConfig(image_size=512), False, 4)
+    # other datasets are not held upsampled in memory
+    assert resolve(TrainConfig(dataset="synthetic", image_size=512), False, 4).image_size == 512
+
+
 def test_in_memory_data_gets_loader_workers_only_on_gpus():
     """CPU ranks batch in-memory data themselves (workers would take their cores); GPU ranks
     get workers, as the main thread's batching left an H100 waiting 64% of each step."""
