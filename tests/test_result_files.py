@@ -48,7 +48,13 @@ def check_guide_file(d, method: str, epochs: int, steps: int) -> dict:
         assert sum(st) / len(st) == pytest.approx(e["avg_batch_time"], rel=1e-3)
         for k in {"ddp": (), "allreduce": ("comm_times",),
                   "ps": ("comm_times_pull", "comm_times_push")}[method]:
-            assert len(e[k]) == len(st) and all(0 < c <= t for c, t in zip(e[k], st)), (k, e[k], st)
+            # comm times are the trainers' (averaged), step times rank 0's clock: inside the
+            # window, where the ranks run in lockstep, a step's comm fits in the step. Its first
+            # step is timed from each rank's own start, and a trainer may wait there for rank 0
+            # (a PS server fsyncing the previous epoch's checkpoint: pull 0.30 s in a 0.26 s
+            # step, clean-clone CI 2026-11-23), so only the later steps are bounded
+            assert len(e[k]) == len(st) and all(c > 0 for c in e[k]), (k, e[k], st)
+            assert all(c <= t for c, t in zip(e[k][1:], st[1:])), (k, e[k], st)
     assert summary_keys <= set(r["summary"]), summary_keys - set(r["summary"])
     assert r["summary"]["best_val_accuracy"] == max(e["val_accuracy"] for e in r["epochs"])
     assert len(r["all_losses"]) == epochs * steps
