@@ -127,12 +127,14 @@ def leave(code: int) -> None:
     checkpoints are written with fsync, the process group is gone), and the teardown costs ~1 s
     of CPU per rank: 4 ranks on 2 cores kept torchrun waiting 4 s after the last line of every
     run (measured 2026-11-23). DataLoader workers are the rank's children until their loader
-    is collected: while any lives, it exits the ordinary way, which shuts them down."""
+    is collected: while any lives, it exits the ordinary way, which shuts them down. A rank
+    that failed exits the ordinary way too: failures are rare, and torchrun's error files and
+    restarts read what it leaves."""
     import psutil
 
     sys.stdout.flush()
     sys.stderr.flush()
-    if not psutil.Process().children():
+    if code == 0 and not psutil.Process().children():
         os._exit(code)
     sys.exit(code)
 

@@ -148,8 +148,8 @@ def test_other_host_by_heartbeat_age(tmp_path):
     assert "no heartbeat for" in report.load_result(old)["error"]
 
 
-@pytest.mark.parametrize("children", [False, True])
-def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_children(children):
+@pytest.mark.parametrize("children,exit_code", [(False, 0), (True, 0), (False, 3)])
+def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_children(children, exit_code):
     """lifecycle.leave ends a finished rank with os._exit (no interpreter teardown: ~1 s of CPU
     per rank) after flushing what it printed; a rank with children (DataLoader workers) exits
     the ordinary way, so its atexit teardown still runs and shuts them down."""
@@ -159,10 +159,12 @@ def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_children(chil
             f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) if {children} else None\n"
             "sys.stdout.write('done\\n')  # buffered: leave must flush it\n"
             "try:\n"
-            "    lifecycle.leave(3)\n"
+            f"    lifecycle.leave({exit_code})\n"
             "finally:\n"
             "    if child:\n"
             "        child.kill()\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 3, p.stderr
-    assert p.stdout.splitlines() == (["done", "teardown ran"] if children else ["done"]), p.stdout
+    assert p.returncode == exit_code, p.stderr
+    # a failed rank (code != 0) also exits the ordinary way
+    fast = exit_code == 0 and not children
+    assert p.stdout.splitlines() == (["done"] if fast else ["done", "teardown ran"]), p.stdout
