@@ -134,7 +134,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
     data = build_datasets(cfg)
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
-    ctx = init(cfg.backend, cfg.timeout)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
     try:
         tr = Trainer(cfg, ctx, None, data, model, steps)
         s, dev = tr.strategy, ctx.device

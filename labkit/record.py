@@ -145,6 +145,9 @@ def determinism(seed: Optional[int], backend: Optional[str]) -> dict:
         "torch_num_threads": torch.get_num_threads(),
         "torch_num_interop_threads": torch.get_num_interop_threads(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        # the cores this process may run on (labkit.dist.bind_cpus); None: no affinity call here
+        "cpu_affinity": (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                         else None),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "cudnn_deterministic": bool(cudnn.deterministic),

@@ -42,9 +42,10 @@ def _config(d: dict, where: str) -> TrainConfig:
     if unknown:
         raise ReproduceError(f"{where} has settings this labkit does not know ({', '.join(unknown)}): "
                              f"it was recorded by another version; check out the recorded commit")
-    # never resume into, nor write to, the recorded folder: run_experiment gives each method
+    # a run recorded before labkit bound CPU ranks to cores (pin_cpus) ran unbound: rerun it
+    # so. Never resume into, nor write to, the recorded folder: run_experiment gives each method
     # its folder in the new run
-    return TrainConfig(**{**d, "out": None, "resume": False})
+    return TrainConfig(**{"pin_cpus": False, **d, "out": None, "resume": False})
 
 
 def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,

@@ -355,7 +355,7 @@ def run(cfg: TrainConfig) -> Optional[str]:
     if note and rank == 0:
         print(note, flush=True)
 
-    ctx = init(cfg.backend, cfg.timeout)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
     results = None
     try:
         trainer = Trainer(cfg, ctx, out, data, model, steps)

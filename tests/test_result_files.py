@@ -1,6 +1,8 @@
 """Each method writes the guide's result file with all of the guide's keys."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import TINY, check_ok, load_json, torchrun
@@ -63,6 +65,13 @@ def check_guide_file(d, method: str, epochs: int, steps: int) -> dict:
         assert all(e["avg_comm_time_pull"] > 0 and e["avg_comm_time_push"] > 0 for e in r["epochs"])
     if method == "allreduce":
         assert all(e["avg_comm_time"] > 0 for e in r["epochs"])
+    # rank 0's cores: without GPUs its share of the cores the test may use (--pin-cpus, the
+    # default), else all of them
+    if hasattr(os, "sched_getaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        share = allowed[:max(1, len(allowed) // NPROC[method])]  # rank 0: the first share
+        want = share if r["config"]["pin_cpus"] else allowed
+        assert r["determinism"]["cpu_affinity"] == want, (r["config"]["pin_cpus"], want)
     assert (d / "final_model.pt").stat().st_size > 0
     assert "epoch 1/" in (d / "train.log").read_text()
     return r
@@ -89,7 +98,8 @@ def test_result_file_imagefolder(tmp_path, image_tree):
                                          ("ps_collective", "ps"), ("ps_p2p", "ps")])
 def test_result_files_digits(equivalence_runs, name, method):
     """The digits runs of the equivalence tests (1 epoch, 5 steps) wrote the guide's files."""
-    check_guide_file(equivalence_runs[name][0], method, epochs=1, steps=5)
+    r = check_guide_file(equivalence_runs[name][0], method, epochs=1, steps=5)
+    assert r["config"]["pin_cpus"] is (name != "ps_p2p")  # conftest: p2p runs unbound
 
 
 def test_same_seed_same_losses(equivalence_runs, ddp_rerun):
