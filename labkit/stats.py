@@ -23,7 +23,10 @@ difference claimed only when it is larger than the noise):
   the calibration of the intervals as they are now. No interval from one run
   sees a load that came and went between the methods (they run one after another), so the
   result file records how busy the rest of the machine was (``machine_load``) and one run is
-  not judged above ``LOAD_LIMIT``; repeats in rotated order are the cure.
+  not judged above ``LOAD_LIMIT``; nor what differs from one launch of a method to the next
+  (without GPUs, where the OS put the ranks: ``labkit.dist.bind_cpus`` narrows it; the
+  report's discussion says the rest, ``report.text.ONE_LAUNCH``). Repeats in rotated order
+  are the cure for both.
 * **Several repeats: a t-interval over the repeats.** The repeat is then the independent unit:
   its spread holds what a single run cannot see (machine state, the order of methods), and
   pooling all repeats' steps would hide it. With 2 repeats the t-interval is wide (1 degree of

@@ -109,7 +109,9 @@ def check_report(run):
     for name in ("throughput_comparison", "training_time_comparison", "loss_curves",
                  "accuracy_curves", "communication_overhead"):
         assert (rep / "plots" / f"{name}.png").stat().st_size > 0
-    assert "Communication time per training step" in (rep / "performance_report.txt").read_text()
+    txt = (rep / "performance_report.txt").read_text()
+    assert "Communication time per training step" in txt
+    assert "each rank bound to its share of them (--pin-cpus)" in txt  # the CPU default binds
     if find_chromium() is None:
         pytest.skip("no Chromium: PDF and screenshot not checked (make system-deps installs it)")
     pdf = (rep / "report.pdf").read_bytes()

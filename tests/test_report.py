@@ -262,8 +262,20 @@ def test_table1_interval_and_verdicts_from_known_step_times(tmp_path):
     assert "more steps or --repeats would resolve it" in ps_line
     assert "faster" not in ps_line and "slower" not in ps_line
     assert "was fastest" not in text
+    # one launch per method: the verdict says what its interval cannot see
+    assert report.text.ONE_LAUNCH in text.splitlines()
     # accuracy: one seed each, so no accuracy verdict
     assert "a single seed cannot separate them" in text
+
+
+def test_repeats_judge_without_the_one_launch_caveat():
+    """Three repeats of a clear win: the interval is over the repeats (launches), so the
+    caveat of a single run (report.text.ONE_LAUNCH) is not added."""
+    runs = [constructed(s, win=0.8) for s in (1, 2, 3)]
+    res = report.RunResults(docs=runs[0], repeats={m: [r[m] for r in runs] for m in runs[0]})
+    lines = report.discussion(res)
+    assert any(l.startswith("Manual All-Reduce:") and "faster than DDP" in l for l in lines), lines
+    assert report.text.ONE_LAUNCH not in lines
 
 
 def verdict_labels(lines):
