@@ -128,7 +128,8 @@ class TrainConfig:
     resume: bool = _f(False, "continue from the last epoch checkpoint in --out (also automatic "
                       "after a torchrun --max-restarts restart)")
     progress: bool = _f(True, "show tqdm progress bars (--no-progress to turn off)")
-    pin_cpus: bool = _f(True, "without GPUs: bind each rank to its even share of the cores (Linux), "
+    pin_cpus: bool = _f(True, "without GPUs: bind each rank to its even share of the cores (Linux; "
+                        "where no even share exists, e.g. 3 ranks on 2 cores, the OS places them), "
                         "so that where the OS puts the ranks does not change a launch's speed "
                         "(--no-pin-cpus: the OS places them)")
 

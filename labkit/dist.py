@@ -39,20 +39,24 @@ def env_world() -> tuple[int, int, int, int]:
             int(g("LOCAL_WORLD_SIZE", g("WORLD_SIZE", 1))))
 
 
-def cpu_share(allowed: list[int], local_rank: int, local_world_size: int) -> list[int]:
-    """The cores local rank r of w gets from the ``allowed`` ones: an even, contiguous share,
-    [r*n//w, (r+1)*n//w) of the n allowed, at least one core; with more ranks than cores,
-    neighbouring ranks share a core (4 ranks on 2 cores: ranks 0-1 on the first, 2-3 on the
-    second)."""
-    n = len(allowed)
-    lo = local_rank * n // local_world_size
-    return allowed[lo:max(lo + 1, (local_rank + 1) * n // local_world_size)]
+def cpu_share(allowed: list[int], local_rank: int, local_world_size: int) -> Optional[list[int]]:
+    """The cores local rank r of w gets from the n ``allowed`` ones: an even, contiguous share,
+    [r*n//w, (r+1)*n//w), when every rank can have a core of its own (w <= n); with more ranks
+    than cores, one core shared by w/n neighbouring ranks when w is a multiple of n (4 ranks
+    on 2 cores: ranks 0-1 on the first, 2-3 on the second). None otherwise: 3 ranks on 2
+    cores bound would leave two ranks half a core each and the third a whole one, and a
+    synchronous step waits for the slowest, so the OS, which moves them, does better."""
+    n, w, r = len(allowed), local_world_size, local_rank
+    if w > n and w % n:
+        return None
+    lo = r * n // w
+    return allowed[lo:max(lo + 1, (r + 1) * n // w)]
 
 
 def bind_cpus(local_rank: int, local_world_size: int) -> Optional[list[int]]:
     """Bind this process, every thread it has and every process it starts later (DataLoader
-    workers) to its ``cpu_share`` of the cores it may use; None where the OS has no affinity
-    call (macOS, Windows), and nothing is changed there.
+    workers) to its ``cpu_share`` of the cores it may use; None, with nothing changed, where
+    the OS has no affinity call (macOS, Windows) or the ranks cannot share the cores evenly.
 
     Why: without GPUs the ranks compete for the cores (the embedded default runs 4 ranks on a
     2-core machine), and where the OS scheduler happens to put them sets the speed of a whole
@@ -66,6 +70,8 @@ def bind_cpus(local_rank: int, local_world_size: int) -> Optional[list[int]]:
     if not hasattr(os, "sched_setaffinity"):
         return None
     cores = cpu_share(sorted(os.sched_getaffinity(0)), local_rank, local_world_size)
+    if cores is None:  # no even share: placement stays with the OS
+        return None
     # sched_setaffinity(0) binds the calling thread only: bind each thread that exists already
     # (threads and processes started later inherit the binding)
     tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]

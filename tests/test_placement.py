@@ -17,7 +17,8 @@ linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no
 
 @pytest.mark.parametrize("allowed,ranks,shares", [
     ([0, 1], 4, [[0], [0], [1], [1]]),                   # the embedded default: 4 ranks, 2 cores
-    ([0, 1], 3, [[0], [0], [1]]),                        # PS with 2 workers
+    ([0, 1], 3, [None, None, None]),                     # PS with 2 workers: no even share
+    ([0, 1], 6, [[0], [0], [0], [1], [1], [1]]),
     ([0, 1, 2], 2, [[0], [1, 2]]),
     (list(range(8)), 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
     ([3, 5], 1, [[3, 5]]),                               # one process keeps all it may use
@@ -27,20 +28,21 @@ def test_each_rank_gets_an_even_contiguous_share(allowed, ranks, shares):
     assert [cpu_share(allowed, r, ranks) for r in range(ranks)] == shares
 
 
-@pytest.mark.parametrize("n", range(1, 13))
-@pytest.mark.parametrize("w", range(1, 13))
-def test_shares_cover_the_cores_once_when_they_suffice(n, w):
-    allowed = list(range(100, 100 + n))
-    shares = [cpu_share(allowed, r, w) for r in range(w)]
-    assert all(shares), shares  # every rank has a core
-    if w <= n:
-        assert sorted(c for s in shares for c in s) == allowed  # each core to one rank
-        assert max(map(len, shares)) - min(map(len, shares)) <= 1
-    else:
-        # more ranks than cores: one core each, neighbours sharing, the load even
-        assert all(len(s) == 1 for s in shares)
-        per_core = [sum(s == [c] for s in shares) for c in allowed]
-        assert max(per_core) - min(per_core) <= 1, per_core
+def test_shares_are_even_or_not_given():
+    for n in range(1, 13):
+        for w in range(1, 13):
+            allowed = list(range(100, 100 + n))
+            shares = [cpu_share(allowed, r, w) for r in range(w)]
+            if w <= n:
+                assert all(shares), shares  # every rank has a core of its own
+                assert sorted(c for s in shares for c in s) == allowed  # each core to one rank
+                assert max(map(len, shares)) - min(map(len, shares)) <= 1
+            elif w % n == 0:
+                # more ranks than cores: w/n neighbours on each core
+                assert all(len(s) == 1 for s in shares)
+                assert [sum(s == [c] for s in shares) for c in allowed] == [w // n] * n
+            else:
+                assert shares == [None] * w  # no even share: left to the OS
 
 
 BIND = r"""

@@ -66,11 +66,12 @@ def check_guide_file(d, method: str, epochs: int, steps: int) -> dict:
     if method == "allreduce":
         assert all(e["avg_comm_time"] > 0 for e in r["epochs"])
     # rank 0's cores: without GPUs its share of the cores the test may use (--pin-cpus, the
-    # default), else all of them
+    # default) when the ranks can share them evenly, else all of them
     if hasattr(os, "sched_getaffinity"):
-        allowed = sorted(os.sched_getaffinity(0))
-        share = allowed[:max(1, len(allowed) // NPROC[method])]  # rank 0: the first share
-        want = share if r["config"]["pin_cpus"] else allowed
+        allowed, w = sorted(os.sched_getaffinity(0)), NPROC[method]
+        even = w <= len(allowed) or w % len(allowed) == 0
+        share = allowed[:max(1, len(allowed) // w)]  # rank 0: the first share
+        want = share if r["config"]["pin_cpus"] and even else allowed
         assert r["determinism"]["cpu_affinity"] == want, (r["config"]["pin_cpus"], want)
     assert (d / "final_model.pt").stat().st_size > 0
     assert "epoch 1/" in (d / "train.log").read_text()
