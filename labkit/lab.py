@@ -181,6 +181,25 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# how long an interrupted kernel may take to stop what it launched (launch._stop: SIGINT to
+# torchrun's group, SIGKILL after 10 s)
+STOP_GRACE_S = 15.0
+
+
+def _running(procs) -> bool:
+    """Whether any of ``procs`` (psutil.Process) still runs; an exited one not yet reaped (a
+    zombie) does not."""
+    import psutil
+
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:  # gone
+            pass
+    return False
+
+
 def kernel_options() -> dict:
     """papermill's kernel settings for labkit's notebooks.
 
@@ -189,13 +208,34 @@ def kernel_options() -> dict:
     - The kernel is killed when its last cell is done (nbclient's shutdown_kernel="immediate"):
       all it makes is on disk by then, and a graceful shutdown waited for Python's teardown of
       torch and matplotlib, 2.3 s per notebook (measured 2026-11-23; 0.1 s killed).
+    - Except while it still runs a launch (the experiment was interrupted): jupyter_client
+      interrupts a kernel before it kills it, and the kill came before launch could stop
+      torchrun's process group; torchrun, left to its parent-death SIGTERM, now and then hung
+      on with its ranks dead (seen once in a clean-clone suite, 2026-11-23). So a kernel with
+      child processes is interrupted and given ``STOP_GRACE_S`` to see them gone first.
     """
+    import asyncio
+
+    import psutil
     from jupyter_client.manager import AsyncKernelManager
 
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kw):
             kw.setdefault("transport", "ipc")
             super().__init__(**kw)
+
+        async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+            pid = getattr(self.provisioner, "pid", None) if self.has_kernel else None
+            try:
+                busy = pid is not None and psutil.Process(pid).children()
+            except psutil.Error:
+                busy = False
+            if busy:
+                await self.interrupt_kernel()  # KeyboardInterrupt in launch(): launch._stop
+                deadline = time.monotonic() + STOP_GRACE_S
+                while time.monotonic() < deadline and _running(busy):
+                    await asyncio.sleep(0.1)
+            await super().shutdown_kernel(now=now, restart=restart)
 
     return {"kernel_manager_class": IPCKernelManager, "shutdown_kernel": "immediate"}
 

@@ -14,7 +14,8 @@ from PIL import Image
 from conftest import load_json
 
 TINY_FLAGS = ["--nproc", "2", "--model", "resnet10_small", "--batch-size", "8",
-              "--max-val-steps", "1", "--lr", "0.01", "--no-progress", "--timeout", "60"]
+              "--max-val-steps", "1", "--lr", "0.01", "--no-progress", "--timeout", "60",
+              "--no-pin-cpus"]  # as conftest.TINY
 
 
 def labkit(args, cwd, env=None, timeout=400):
@@ -25,7 +26,8 @@ def labkit(args, cwd, env=None, timeout=400):
 def test_experiment_makes_a_complete_run_folder(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("epochs: 1\nmax_steps_per_epoch: 3\ndataset: digits\n")
-    p = labkit(["experiment", "-f", str(params), *TINY_FLAGS, "--runs-dir", "runs", "--tag", "tiny"],
+    # as a user runs it: the CPU default binds the ranks to cores (the last flag wins)
+    p = labkit(["experiment", "-f", str(params), *TINY_FLAGS, "--pin-cpus", "--runs-dir", "runs", "--tag", "tiny"],
                cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = [d for d in (tmp_path / "runs").iterdir() if not d.is_symlink()]
@@ -164,6 +166,21 @@ def test_bad_yaml_and_unknown_parameters(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def running_in(folder) -> list[str]:
+    """Command lines of the processes (not exited ones waiting to be reaped) whose working
+    directory is ``folder`` or inside it."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and (p.cwd() + os.sep).startswith(str(folder) + os.sep):
+                found.append(" ".join(p.cmdline()))
+        except psutil.Error:
+            pass
+    return found
+
+
 def test_ctrl_c_on_the_experiment_stops_everything(tmp_path):
     import signal
     import time
@@ -185,4 +202,7 @@ def test_ctrl_c_on_the_experiment_stops_everything(tmp_path):
     time.sleep(2)
     left = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
     assert not [l for l in left.splitlines() if "pgrep" not in l], left
+    # torchrun runs in the method's folder with relative paths (--out .), so its command line
+    # does not name the run: look for anything still running in the run folder
+    assert not running_in(run), running_in(run)
     assert load_json(results[0])["status"] == "interrupted"
