@@ -18,7 +18,8 @@ from scipy import stats as sps
 from conftest import load_json
 
 TINY = ["--model", "resnet10_small", "--batch-size", "8", "--max-val-steps", "1", "--lr", "0.01",
-        "--no-progress", "--timeout", "60", "--epochs", "1", "--max-steps-per-epoch", "4"]
+        "--no-progress", "--timeout", "60", "--epochs", "1", "--max-steps-per-epoch", "4",
+        "--no-pin-cpus"]  # as conftest.TINY
 FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.json",
          "ps": "results_ps.json"}
 # no Chromium: the reports are written as HTML only, a few seconds quicker each (these tests

@@ -100,7 +100,7 @@ def test_result_file_imagefolder(tmp_path, image_tree):
 def test_result_files_digits(equivalence_runs, name, method):
     """The digits runs of the equivalence tests (1 epoch, 5 steps) wrote the guide's files."""
     r = check_guide_file(equivalence_runs[name][0], method, epochs=1, steps=5)
-    assert r["config"]["pin_cpus"] is (name != "ps_p2p")  # conftest: p2p runs unbound
+    assert r["config"]["pin_cpus"] is (name == "allreduce")  # conftest: the one bound run
 
 
 def test_same_seed_same_losses(equivalence_runs, ddp_rerun):
