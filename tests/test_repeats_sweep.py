@@ -228,6 +228,16 @@ def test_sweep_chart_and_table_from_constructed_runs(tmp_path):
     t0 = rs.stats.throughput(sw.points[0].res.repeats["ddp"]).value
     assert list(ideal.get_xdata()) == [2, 3] and ideal.get_ydata()[1] == pytest.approx(t0 * 1.5)
     plt.close("all")
+    # two methods at the same throughput at 3 processes: their efficiency labels must not
+    # cover each other (a CPU sweep of 2026-11-23 printed 0.45 over 1.15)
+    same = {2: {"ddp": [_doc("ddp", 2, steps(0.5))], "allreduce": [_doc("allreduce", 2, steps(0.5))]},
+            3: {"ddp": [_doc("ddp", 3, steps(0.9))], "allreduce": [_doc("allreduce", 3, steps(0.9))]}}
+    fig, ax = plt.subplots()
+    rs.plot_scaling(rs.load_sweep(_sweep_folder(tmp_path / "same", same)), ax)
+    fig.canvas.draw()
+    boxes = [a.get_window_extent() for a in ax.texts]
+    assert len(boxes) == 2 and not boxes[0].overlaps(boxes[1]), boxes
+    plt.close("all")
 
 
 # ------------------------------------------------------------------ sweep, for real

@@ -116,8 +116,25 @@ def scaling_rows(sw: Sweep) -> list[dict]:
     return rows
 
 
+def _label_points(ax, marks: list) -> None:
+    """Each (x, y, text, color) beside its point; labels at one x are kept a line apart,
+    highest first, so methods with about the same throughput stay readable."""
+    from matplotlib.transforms import offset_copy
+
+    if not marks:
+        return
+    gap = 0.06 * max(y for _, y, _, _ in marks)  # about one line of 8-point text
+    at = offset_copy(ax.transData, fig=ax.figure, x=6, y=0, units="points")
+    for x in sorted({m[0] for m in marks}):
+        last = None
+        for _, y, text, color in sorted((m for m in marks if m[0] == x), key=lambda m: -m[1]):
+            last = y if last is None else min(y, last - gap)
+            ax.text(x, last, text, transform=at, fontsize=8, color=color, va="center")
+
+
 def plot_scaling(sw: Sweep, ax) -> None:
     """Throughput against processes (error bars: the 95% CI), dashed: ideal linear scaling."""
+    marks = []  # (processes, throughput, efficiency text, color)
     for key, pts in series(sw).items():
         color = COLORS[key[0]]
         ns = [n for n, _ in pts]
@@ -126,13 +143,12 @@ def plot_scaling(sw: Sweep, ax) -> None:
         err = [[v - iv.low if iv.available else 0.0 for v, iv in zip(vals, ivs)],
                [iv.high - v if iv.available else 0.0 for v, iv in zip(vals, ivs)]]
         ax.errorbar(ns, vals, yerr=err, fmt="-o", color=color, capsize=4, label=label(key))
-        for n, v in list(zip(ns, vals))[1:]:  # the efficiency beside each point past n0
-            if vals[0]:
-                ax.annotate(f"{v / (vals[0] * n / ns[0]):.2f}", (n, v), textcoords="offset points",
-                            xytext=(6, -12), fontsize=8, color=color)
+        if vals[0]:  # the efficiency beside each point past n0
+            marks += [(n, v, f"{v / (vals[0] * n / ns[0]):.2f}", color) for n, v in zip(ns[1:], vals[1:])]
         if len(ns) > 1 and vals[0]:
             ax.plot([ns[0], ns[-1]], [vals[0], vals[0] * ns[-1] / ns[0]], "--", color=color,
                     alpha=0.6, label=f"ideal linear, {label(key)}")
+    _label_points(ax, marks)
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("processes")
