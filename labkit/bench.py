@@ -117,7 +117,8 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     atomic_write_json(path, doc)
     write_outputs(doc, run)
     if plan.report and doc["results"]:
-        from .lab import kernel_name, make_report
+        from .kernels import kernel_name
+        from .lab import make_report
         import papermill as pm
 
         try:

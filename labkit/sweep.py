@@ -93,7 +93,8 @@ def point_name(params: dict) -> str:
 def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
           stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Check every point, then run them one after another; write the sweep report."""
-    from .lab import kernel_name, new_run_dir, prepare, run_experiment
+    from .kernels import kernel_name
+    from .lab import new_run_dir, prepare, run_experiment
 
     stream = stream or sys.stdout
     points = []

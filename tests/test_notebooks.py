@@ -11,7 +11,8 @@ import pytest
 
 from conftest import ROOT
 from labkit.config import TrainConfig
-from labkit.lab import LAUNCH_PARAMS, kernel_name
+from labkit.kernels import kernel_name
+from labkit.lab import LAUNCH_PARAMS
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
