@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Optional
 
-from .config import (DEFAULT_VARIANTS, METHODS, VARIANTS, ConfigError, TrainConfig,
+from .core.config import (DEFAULT_VARIANTS, METHODS, VARIANTS, ConfigError, TrainConfig,
                      add_config_arguments)
 
 
@@ -142,7 +142,7 @@ def _load_yaml(path: str) -> dict:
 
 def _split(params: dict) -> tuple[TrainConfig, dict]:
     """Separate TrainConfig fields from the rest; check names and types like the notebook does."""
-    from .lab import check_params, machine_defaults
+    from .lab.experiment import check_params, machine_defaults
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     train = {k: v for k, v in params.items() if k in names}
@@ -155,16 +155,16 @@ def _split(params: dict) -> tuple[TrainConfig, dict]:
 
 
 def _nodes(rest: dict):
-    from .launch import Nodes
+    from .lab.launch import Nodes
 
     return Nodes(rest.get("nnodes") or 1, rest.get("node_rank") or 0, rest.get("rdzv_endpoint"),
                  max_restarts=rest.get("max_restarts") or 0)
 
 
 def cmd_run(params: dict) -> int:
-    from .lab import machine_defaults
-    from .launch import launch
-    from .checks import default_out
+    from .lab.experiment import machine_defaults
+    from .lab.launch import launch
+    from .training.checks import default_out
 
     cfg, rest = _split(params)
     nproc = rest.get("nproc")
@@ -184,7 +184,7 @@ def cmd_run(params: dict) -> int:
 
 def _experiment_params(params: dict):
     """Flags and the -f file -> (TrainConfig, Experiment, what is left: e.g. a YAML sweep)."""
-    from .lab import Experiment
+    from .lab.experiment import Experiment
 
     if "parameters_file" in params:
         params = {**_load_yaml(params.pop("parameters_file")), **params}
@@ -200,7 +200,7 @@ def _experiment_params(params: dict):
 
 
 def cmd_experiment(params: dict) -> int:
-    from .lab import run_experiment
+    from .lab.experiment import run_experiment
 
     cfg, exp, extra = _experiment_params(params)
     if "sweep" in extra:
@@ -210,13 +210,13 @@ def cmd_experiment(params: dict) -> int:
     for m, e in status["methods"].items():
         print(f"  {m:10s} {e['status']}" + (f"  ({e['error']})" if e.get("error") else ""))
     print(f"report: {status['report']}")
-    from .report import load_run, terminal_summary
+    from .analysis.report import load_run, terminal_summary
     print("\n" + terminal_summary(load_run(run)))  # Table 1 with its CIs and the verdicts
     return 0 if status["status"] == "completed" else 1
 
 
 def cmd_sweep(params: dict) -> int:
-    from .sweep import parse_grid, sweep
+    from .lab.sweep import parse_grid, sweep
 
     cfg, exp, extra = _experiment_params(params)
     specs = extra.get("grid") or []
@@ -237,8 +237,8 @@ def cmd_sweep(params: dict) -> int:
 def cmd_bench(params: dict) -> int:
     import torch
 
-    from .bench import BenchPlan, bench, parse_list
-    from .benchdoc import text_table
+    from .lab.bench import BenchPlan, bench, parse_list
+    from .analysis.bench_view import text_table
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
             "report")
@@ -257,15 +257,15 @@ def cmd_bench(params: dict) -> int:
 def cmd_report(params: dict) -> int:
     from pathlib import Path
 
-    from . import report
+    from .analysis import report
 
     paths = params["paths"]
     for p in paths:
         if not os.path.exists(p):
             raise ConfigError(f"{p!r} does not exist")
-    from .benchdoc import BenchError
-    from .benchdoc import load as load_bench
-    from .report import sweep as rs
+    from .analysis.bench_view import BenchError
+    from .analysis.bench_view import load as load_bench
+    from .analysis.report import sweep as rs
 
     if len(paths) == 1 and rs.is_sweep(paths[0]):  # a `labkit sweep` folder: the scaling study
         try:
@@ -295,14 +295,14 @@ def cmd_report(params: dict) -> int:
 
 
 def cmd_reproduce(params: dict) -> int:
-    from . import rerun
+    from .lab import reproduce
 
     methods = params.get("methods")
     if methods is not None:
         methods = [m.strip() for m in methods.split(",") if m.strip()]
-    plan = rerun.plan(params["run_dir"], methods, params.get("out"), params.get("tolerance"))
-    new_run, doc, status = rerun.run(plan, params.get("tolerance"))
-    print("\n".join(rerun.report_lines(new_run, doc, status)))
+    plan = reproduce.plan(params["run_dir"], methods, params.get("out"), params.get("tolerance"))
+    new_run, doc, status = reproduce.run(plan, params.get("tolerance"))
+    print("\n".join(reproduce.report_lines(new_run, doc, status)))
     return 0 if doc["reproduced"] and status["status"] == "completed" else 1
 
 
@@ -313,8 +313,8 @@ def _sigterm(signum, frame):
 def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["model"]:  # its own parser and messages (labkit.costmodel.cli)
-        from .costmodel.cli import main as model_main
+    if argv[:1] == ["model"]:  # its own parser and messages (labkit.analysis.costmodel.cli)
+        from .analysis.costmodel.cli import main as model_main
         return model_main(argv[1:])
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")

@@ -15,7 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 # every process the tests start imports tests/hooks/sitecustomize.py, which installs the
-# LABKIT_TEST_* fault and tracing hooks from outside the package (labkit.hooks)
+# LABKIT_TEST_* fault and tracing hooks from outside the package (labkit.training.hooks)
 HOOKS = str(Path(__file__).resolve().parent / "hooks")
 if HOOKS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HOOKS, os.environ.get("PYTHONPATH")) if p)
@@ -49,11 +49,11 @@ def check_ok(proc: subprocess.CompletedProcess) -> None:
 
 
 def expect_error(argv, capsys, *needles) -> str:
-    """labkit.train.main(argv) in-process: exit 2, one `labkit.train: error:` line holding every
+    """labkit.training.rank.main(argv) in-process: exit 2, one `labkit.train: error:` line holding every
     needle, no traceback."""
-    from labkit import train
+    from labkit.training import rank
 
-    code = train.main(argv)
+    code = rank.main(argv)
     err = capsys.readouterr().err
     assert code == 2, err
     lines = [l for l in err.splitlines() if l.strip()]

@@ -1,12 +1,12 @@
 """A PNG of a rendered report page, for the tests that check it is not blank (test-only, so it
-lives here and not in labkit.export)."""
+lives here and not in labkit.lab.export)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from labkit.export import run_chromium
-from labkit.files import atomic_path
+from labkit.lab.export import run_chromium
+from labkit.core.files import atomic_path
 
 
 def screenshot(html_path: str | os.PathLike, png_path: str | os.PathLike,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY, expect_error, torchrun
-from labkit import train
+from labkit.training import rank
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def test_nccl_without_gpus(tmp_path, capsys):
                                         ("--dataset", "mnist"), ("--amp", "fp8")])
 def test_unknown_names(capsys, flag, value):
     with pytest.raises(SystemExit) as e:
-        train.main(TINY + [flag, value])
+        rank.main(TINY + [flag, value])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"invalid choice: '{value}'" in err and flag in err
@@ -93,7 +93,7 @@ def test_missing_weights(tmp_path, capsys):
 
 
 def test_weights_of_another_architecture(tmp_path, capsys):
-    from labkit.models import build_model
+    from labkit.training.models import build_model
     w = tmp_path / "r18.pth"
     torch.save(build_model("resnet18", 10)[0].state_dict(), w)
     expect_error(TINY + ["--weights", str(w), "--out", str(tmp_path / "o")], capsys,
@@ -112,7 +112,7 @@ def test_weights_not_a_state_dict(tmp_path, capsys):
 
 def test_weights_with_another_head_are_loaded(tmp_path):
     """ImageNet weights (1000 classes) on a 10-class dataset: backbone loaded, head fresh."""
-    from labkit.models import build_model
+    from labkit.training.models import build_model
     src, _ = build_model("resnet10_small", 1000)
     w = tmp_path / "w.pth"
     torch.save(src.state_dict(), w)
@@ -146,8 +146,8 @@ def test_output_path_that_cannot_be_created(tmp_path, capsys):
 
 
 def test_more_processes_than_samples():
-    from labkit.config import ConfigError
-    from labkit.data import steps_per_epoch
+    from labkit.core.config import ConfigError
+    from labkit.training.data import steps_per_epoch
     with pytest.raises(ConfigError, match="4 training processes but only 3 training samples"):
         steps_per_epoch(3, 4, 1, None)
 
@@ -190,7 +190,8 @@ def _option_strings(parser) -> list[str]:
 
 
 def test_no_flag_reads_no_no():
-    from labkit import cli, config
+    from labkit import cli
+    from labkit.core import config
     parsers = [cli.build_parser(), config.build_parser()]
     flags = [f for p in parsers for f in _option_strings(p)]
     assert "--no-overlap" in flags and "--no-progress" in flags and "--progress" in flags

@@ -67,7 +67,7 @@ def test_bench_writes_every_field(bench_run):
     assert ddp["throughput_vs_ddp"] == 1.0
     assert ar["throughput_vs_ddp"] == pytest.approx(ar["throughput"] / ddp["throughput"])
     # each method's own communication time beside the raw collective of the same bytes
-    from labkit.benchdoc import rows
+    from labkit.analysis.bench_view import rows
 
     by = {r["variant"]: r for r in rows(doc)}
     ps_sync = sum(ps["phases"].values())
@@ -103,13 +103,13 @@ def test_profile_trace_labels_the_phases(bench_run):
     for v in ("ddp", "allreduce", "ps"):
         trace = json.loads((run / "bench" / f"{v}_x2" / "trace_rank0.json").read_text())
         names[v] = {e.get("name") for e in trace["traceEvents"]}
-    assert {"labkit.forward", "labkit.backward", "labkit.sync", "labkit.step"} <= names["ddp"]
+    assert {"labkit.forward", "labkit.backward", "labkit.training.sync", "labkit.step"} <= names["ddp"]
     assert "labkit.comm" in names["allreduce"] and any("all_reduce" in n for n in names["allreduce"] if n)
     assert {"labkit.pull", "labkit.push"} <= names["ps"]  # rank 0 is the server
 
 
 def test_cost_model_calibrates_on_a_real_bench(bench_run):
-    from labkit import costmodel as model
+    from labkit.analysis import costmodel as model
 
     _, doc, _ = bench_run
     cal = model.calibrate(doc)[2]
@@ -133,7 +133,7 @@ def test_bench_bad_input_is_one_line(tmp_path):
 
 
 def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
-    from labkit import report
+    from labkit.analysis import report
 
     run, doc, _ = bench_run
     blocks = report.bench_section(run, tmp_path)
@@ -166,14 +166,14 @@ def constructed_bench(ddp_trials, ar_trials, ar_sync=None, raw=None, ps_batch=Fa
         if sync is not None:
             r["sync_trials"] = sync
         return r
-    from labkit import benchdoc
+    from labkit.analysis import bench_view
     results = [result("ddp", "ddp", ddp_trials, 4),
                result("allreduce", "allreduce", ar_trials, 3 if ps_batch else 4,
                       {"comm": sum(ar_sync) / len(ar_sync)} if ar_sync else {"comm": 0.03},
                       ar_sync, raw)]
     for r in results:
-        benchdoc.derive(r)
-    benchdoc.compare_to_ddp(results)
+        bench_view.derive(r)
+    bench_view.compare_to_ddp(results)
     return {"kind": "labkit.bench", "config": {"model": "m", "dataset": "d", "batch_size": 32},
             "backend": "gloo", "device": "cpu", "trials": len(ddp_trials), "steps": 5, "warmup": 2,
             "results": results}
@@ -188,12 +188,12 @@ def test_bench_ci_columns_against_an_independent_computation():
     import numpy as np
     from scipy import stats as sps
 
-    from labkit import benchdoc
+    from labkit.analysis import bench_view
 
     ddp, ar = [0.50, 0.52, 0.49, 0.51], [0.40, 0.41, 0.42, 0.40]
     sync, raw = [0.030, 0.034, 0.031, 0.033], [0.020, 0.021, 0.019, 0.022, 0.020]
     doc = constructed_bench(ddp, ar, sync, raw)
-    by = {r["variant"]: r for r in benchdoc.rows(doc)}
+    by = {r["variant"]: r for r in bench_view.rows(doc)}
 
     def welch(num, den):
         a, b = np.asarray(num), np.asarray(den)
@@ -206,26 +206,26 @@ def test_bench_ci_columns_against_an_independent_computation():
     assert by["allreduce"]["x DDP 95% CI"] == f"{lo:.2f}-{hi:.2f}"
     lo, hi = welch(sync, raw)
     assert by["allreduce"]["sync / raw 95% CI"] == f"{lo:.2f}-{hi:.2f}"
-    table = benchdoc.text_table(doc)
+    table = bench_view.text_table(doc)
     assert "x DDP 95% CI" in table and "t-interval over the trials" in table
     assert "allreduce x4: " in table and f"95% CI {by['allreduce']['x DDP 95% CI']}" in table
     assert "within the" not in table  # a 25% win over 4 trials is clear
 
     # a tie: the same trials in another order, and a PS-like variant with 3 trainers of 4
     tie = constructed_bench(ddp, ddp[::-1])
-    assert "within the trial-to-trial noise of 4 trials" in benchdoc.text_table(tie)
+    assert "within the trial-to-trial noise of 4 trials" in bench_view.text_table(tie)
     scaled = constructed_bench(ddp, ar, ps_batch=True)
     lo, hi = welch(ddp, ar)
-    row = {r["variant"]: r for r in benchdoc.rows(scaled)}["allreduce"]
+    row = {r["variant"]: r for r in bench_view.rows(scaled)}["allreduce"]
     assert row["x DDP 95% CI"] == f"{0.75 * lo:.2f}-{0.75 * hi:.2f}"
 
 
 def test_bench_files_without_trial_times_say_na():
     """A bench.json from before sync_trials and the collectives' times were kept, or with one
     trial: n/a, not a failure."""
-    from labkit import benchdoc
+    from labkit.analysis import bench_view
 
     doc = constructed_bench([0.5], [0.4])
-    by = {r["variant"]: r for r in benchdoc.rows(doc)}
+    by = {r["variant"]: r for r in bench_view.rows(doc)}
     assert by["allreduce"]["x DDP 95% CI"] == "n/a" and by["allreduce"]["sync / raw 95% CI"] == "n/a"
-    assert "no confidence interval: one trial" in benchdoc.text_table(doc)
+    assert "no confidence interval: one trial" in bench_view.text_table(doc)

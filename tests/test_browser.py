@@ -199,7 +199,7 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     assert all(m in table.text_content() for m in ("Baseline DDP", "All-Reduce", "Parameter Server"))
     figures = page.locator(".jp-OutputArea-output figure")
     # the five figures in order, each with its caption from the one captions table
-    from labkit import report
+    from labkit.analysis import report
     expected = [report.figure_caption(k) for k in report.PLOTS[:5]]
     assert [c.split(".")[0] for c in expected] == [f"Figure {i}" for i in range(1, 6)]
     assert figures.locator("figcaption").all_text_contents()[:5] == expected

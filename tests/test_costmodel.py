@@ -1,4 +1,4 @@
-"""The cost model (labkit.costmodel): hand-computed cases, calibration on a synthetic bench file
+"""The cost model (labkit.analysis.costmodel): hand-computed cases, calibration on a synthetic bench file
 made from known alpha and beta, validation arithmetic, the projection and the command line."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from labkit import costmodel
-from labkit.costmodel import Link, MiB
+from labkit.analysis import costmodel
+from labkit.analysis.costmodel import Link, MiB
 
 ALPHA = 1e-5             # 10 us
 BETA = 1 / 10e9          # 10 GB/s
@@ -282,7 +282,7 @@ def test_cli_not_json(tmp_path, capsys):
 
 
 def test_cli_not_a_bench_file(tmp_path, capsys):
-    (tmp_path / "b.json").write_text(json.dumps({"kind": "labkit.results", "results": []}))
+    (tmp_path / "b.json").write_text(json.dumps({"kind": "labkit.training.result_file", "results": []}))
     assert costmodel.main([str(tmp_path / "b.json")]) == 2
     one_error_line(capsys, "not a labkit bench file")
     assert not (tmp_path / "projection.json").exists()

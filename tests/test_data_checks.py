@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import TINY, check_ok, expect_error, load_json, torchrun
-from labkit import checks
-from labkit.config import ConfigError, TrainConfig
-from labkit.data import build_datasets, check_image
-from labkit.launch import validate
+from labkit.training import checks
+from labkit.core.config import ConfigError, TrainConfig
+from labkit.training.data import build_datasets, check_image
+from labkit.lab.launch import validate
 
 # the two bad files of the `bad_tree` fixture, as paths under the dataset root
 TRUNCATED = os.path.join("train", "cat", "0.png")
@@ -162,7 +162,7 @@ def test_digits_are_sklearns_images_with_a_fixed_stratified_split():
 def test_digits_default_to_16_pixels_and_other_sets_keep_theirs():
     """The embedded default trains on digits at 16x16 (twice the scans' 8x8); synthetic and
     imagefolder keep 32 for _small models and 224 otherwise; --image-size wins everywhere."""
-    from labkit.config import resolve
+    from labkit.core.config import resolve
 
     def side(**kw) -> int:
         return resolve(TrainConfig(**kw), cuda_available=False, world_size=4).image_size
@@ -177,7 +177,7 @@ def test_digits_default_to_16_pixels_and_other_sets_keep_theirs():
 def test_digits_larger_than_memory_allows_are_refused():
     """digits are upsampled in memory in every process: a side that would take gigabytes per
     process is one clear error, not an out-of-memory kill."""
-    from labkit.config import DIGITS_MAX_SIDE, ConfigError, resolve
+    from labkit.core.config import DIGITS_MAX_SIDE, ConfigError, resolve
 
     assert resolve(TrainConfig(image_size=DIGITS_MAX_SIDE), False, 4).image_size == DIGITS_MAX_SIDE
     gib = 1797 * 3 * 512 * 512 * 4 / 2**30  # float32 RGB images of all 1,797 scans
@@ -190,8 +190,8 @@ def test_digits_larger_than_memory_allows_are_refused():
 def test_in_memory_data_gets_loader_workers_only_on_gpus():
     """CPU ranks batch in-memory data themselves (workers would take their cores); GPU ranks
     get workers, as the main thread's batching left an H100 waiting 64% of each step."""
-    from labkit.config import TrainConfig
-    from labkit.data import default_workers
+    from labkit.core.config import TrainConfig
+    from labkit.training.data import default_workers
 
     assert default_workers(TrainConfig(backend="gloo"), True, 4) == 0
     assert 1 <= default_workers(TrainConfig(backend="nccl"), True, 1) <= 4

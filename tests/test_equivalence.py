@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 
 from conftest import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
 from conftest import TINY, check_ok, load_json, torchrun
-from labkit.config import TrainConfig, resolve
-from labkit.data import build_datasets, train_sampler
-from labkit.models import build_model
+from labkit.core.config import TrainConfig, resolve
+from labkit.training.data import build_datasets, train_sampler
+from labkit.training.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker
 pytestmark = pytest.mark.xdist_group("equivalence_runs")

@@ -71,7 +71,7 @@ def check_record_and_relocation(run, tmp_path):
     """The environment record is complete, and the run folder works from anywhere (issue 14)."""
     import shutil
 
-    from labkit import reproduce
+    from labkit.analysis import compare
 
     env = load_json(run / "environment.json")
     assert (run / env["packages"]["file"]).read_text().count("==") > 50  # requirements.lock
@@ -88,13 +88,13 @@ def check_record_and_relocation(run, tmp_path):
     p = labkit(["report", str(moved)], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert (moved / "report" / "performance_report.txt").stat().st_mtime > (run / "report" / "performance_report.txt").stat().st_mtime
-    doc = reproduce.compare_runs(reproduce.load_run_record(run), reproduce.load_run_record(moved))
+    doc = compare.compare_runs(compare.load_run_record(run), compare.load_run_record(moved))
     assert {m: v["verdict"] for m, v in doc["methods"].items()} == dict.fromkeys(("ddp", "allreduce", "ps"), "identical")
 
 
 def check_report(run):
     """The exported write-up: both tables, all five figures inline, no code, a real PDF."""
-    from labkit.export import find_chromium
+    from labkit.lab.export import find_chromium
     from screenshot import screenshot
 
     rep = run / "report"

@@ -13,8 +13,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("export")
 
-from labkit import export
-from labkit.export import export_html, export_pdf, find_chromium
+from labkit.lab import export
+from labkit.lab.export import export_html, export_pdf, find_chromium
 from screenshot import screenshot
 
 # Appears only in code cells, so finding it in the HTML means code leaked into the report.

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import load_json
-from labkit.config import TrainConfig
-from labkit.launch import Nodes, launch
+from labkit.core.config import TrainConfig
+from labkit.lab.launch import Nodes, launch
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("faults")
@@ -93,7 +93,7 @@ def test_resume_continues_to_the_same_parameters(tmp_path, uninterrupted):
 
 
 def test_resume_without_a_checkpoint_is_one_message(tmp_path):
-    from labkit.config import ConfigError
+    from labkit.core.config import ConfigError
     with pytest.raises(ConfigError, match="nothing to resume"):
         run(tmp_path, "fresh", method="ddp", resume=True)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY, check_ok, torchrun
-from labkit import train
+from labkit.training import rank
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker
 pytestmark = pytest.mark.xdist_group("equivalence_runs")
@@ -34,7 +34,7 @@ def true_fp32():
 
 def run_single(tmp_path, name, *flags):
     out = tmp_path / name
-    assert train.main([*TINY, *STEPS, "--method", "ddp", "--out", str(out), *flags]) == 0
+    assert rank.main([*TINY, *STEPS, "--method", "ddp", "--out", str(out), *flags]) == 0
     doc = __import__("json").loads((out / "results_baseline_ddp.json").read_text())
     return torch.load(out / "final_model.pt", weights_only=True), doc["epochs"][0]["all_losses"]
 

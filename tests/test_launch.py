@@ -7,8 +7,8 @@ import time
 import pytest
 
 from conftest import load_json
-from labkit.config import ConfigError, TrainConfig
-from labkit.launch import Nodes, launch, torchrun_command
+from labkit.core.config import ConfigError, TrainConfig
+from labkit.lab.launch import Nodes, launch, torchrun_command
 
 TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
                 max_steps_per_epoch=4, max_val_steps=1, lr=0.01, progress=False, timeout=60)
@@ -76,7 +76,7 @@ def test_launch_streams_the_reporting_rank(tmp_path):
 def test_rank_prefix_only_where_torchrun_has_the_option(tmp_path, monkeypatch):
     """torch 2.11's torchrun has no --log-line-prefix-template: passed anyway, it became the
     script to run and every rank died (seen on an H100 box, 2026-11-23)."""
-    from labkit import launch as launch_mod
+    from labkit.lab import launch as launch_mod
 
     assert launch_mod.torchrun_knows("--tee") and not launch_mod.torchrun_knows("--no-such-option")
     with_prefix = torchrun_command(TrainConfig(**TINY_CFG), 2, str(tmp_path))

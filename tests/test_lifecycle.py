@@ -1,5 +1,5 @@
 """A run stopped from outside on the bare torchrun path (the guide's own commands): the result
-file must not say "running" once its ranks are gone (labkit.lifecycle)."""
+file must not say "running" once its ranks are gone (labkit.training.lifecycle)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from conftest import load_json
-from labkit import lifecycle, report
+from labkit.training import lifecycle
+from labkit.analysis import report
 
 pytestmark = pytest.mark.xdist_group("lifecycle")
 
@@ -154,7 +155,7 @@ def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_children(chil
     per rank) after flushing what it printed; a rank with children (DataLoader workers) exits
     the ordinary way, so its atexit teardown still runs and shuts them down."""
     code = ("import atexit, subprocess, sys\n"
-            "from labkit import lifecycle\n"
+            "from labkit.training import lifecycle\n"
             "atexit.register(lambda: print('teardown ran'))\n"
             f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) if {children} else None\n"
             "sys.stdout.write('done\\n')  # buffered: leave must flush it\n"

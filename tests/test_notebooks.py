@@ -10,9 +10,9 @@ import papermill as pm
 import pytest
 
 from conftest import ROOT
-from labkit.config import TrainConfig
-from labkit.kernels import kernel_name
-from labkit.lab import LAUNCH_PARAMS
+from labkit.core.config import TrainConfig
+from labkit.lab.kernels import kernel_name
+from labkit.lab.experiment import LAUNCH_PARAMS
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 

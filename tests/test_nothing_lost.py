@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from labkit.lab import new_run_dir
-from labkit.files import atomic_write_json
+from labkit.lab.experiment import new_run_dir
+from labkit.core.files import atomic_write_json
 
 
 def test_a_failed_write_leaves_the_old_file_whole_and_no_temp_file(tmp_path):
@@ -32,6 +32,6 @@ def test_two_experiments_in_the_same_second_get_two_folders(tmp_path):
 
 
 def test_bad_tag_is_rejected(tmp_path):
-    from labkit.config import ConfigError
+    from labkit.core.config import ConfigError
     with pytest.raises(ConfigError, match="tag"):
         new_run_dir(str(tmp_path), "../escape")

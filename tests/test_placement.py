@@ -1,4 +1,4 @@
-"""CPU ranks bound to their share of the cores (labkit.dist.bind_cpus, --pin-cpus)."""
+"""CPU ranks bound to their share of the cores (labkit.training.dist.bind_cpus, --pin-cpus)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from labkit import rerun
-from labkit.config import TrainConfig
-from labkit.dist import cpu_share
+from labkit.lab import reproduce
+from labkit.core.config import TrainConfig
+from labkit.training.dist import cpu_share
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity call")
 
@@ -50,7 +50,7 @@ import json, os, subprocess, sys, threading
 started = threading.Event()
 t = threading.Thread(target=started.wait)
 t.start()  # a thread that exists before the binding, as gloo's and the SIGTERM thread do
-from labkit.dist import bind_cpus
+from labkit.training.dist import bind_cpus
 cores = bind_cpus(1, 2)
 child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                        capture_output=True, text=True, check=True).stdout
@@ -72,5 +72,5 @@ def test_binding_reaches_every_thread_and_later_processes():
 
 def test_a_run_recorded_before_binding_is_rerun_unbound():
     recorded = {k: v for k, v in TrainConfig(method="ps").to_dict().items() if k != "pin_cpus"}
-    assert rerun._config(recorded, "config.json").pin_cpus is False
-    assert rerun._config({**recorded, "pin_cpus": True}, "config.json").pin_cpus is True
+    assert reproduce._config(recorded, "config.json").pin_cpus is False
+    assert reproduce._config({**recorded, "pin_cpus": True}, "config.json").pin_cpus is True

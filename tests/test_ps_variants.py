@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import TINY, check_ok, load_json, torchrun
-from labkit.config import ConfigError, TrainConfig, resolve
-from labkit.sync.ps import shard_bounds
+from labkit.core.config import ConfigError, TrainConfig, resolve
+from labkit.training.sync.ps import shard_bounds
 from test_equivalence import ATOL, RTOL, STEPS, reference_state  # the single-process reference
 
 
@@ -117,7 +117,7 @@ def test_variant_flags_that_do_not_combine(kw, needle):
 def test_buckets_start_strictly_in_order():
     """Bucket 1 filling first starts nothing; bucket 0 completing then starts 0 and 1; rest()
     gives what is left after backward, and reset() starts a new step."""
-    from labkit.sync.buckets import InOrder
+    from labkit.training.sync.buckets import InOrder
 
     o = InOrder([2, 1, 2])
     assert list(o.ready(1)) == []

@@ -10,7 +10,7 @@ import sys
 import pytest
 from PIL import Image
 
-from labkit import report
+from labkit.analysis import report
 
 PLOTS = ["throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
          "communication_overhead"]
@@ -138,7 +138,7 @@ def test_nothing_to_report_is_one_message(tmp_path):
 
 def test_implementation_section_quotes_the_current_source():
     md = report.implementation_markdown()
-    from labkit.sync import ps
+    from labkit.training.sync import ps
     src = open(ps.__file__).read()
     for line in ("dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)",
                  "self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))",
@@ -151,7 +151,7 @@ def test_implementation_section_quotes_the_current_source():
 def test_every_quoted_function_has_exactly_one_marker(tmp_path, monkeypatch):
     """The implementation section quotes by ``# report-quote: NAME`` markers: each name it
     uses is marked once, above a function; a missing marker is an error, not a silent gap."""
-    from labkit.report import implementation as impl
+    from labkit.analysis.report import implementation as impl
 
     found = impl.find_quotes()
     for name in impl.QUOTES:

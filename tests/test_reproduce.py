@@ -1,4 +1,4 @@
-"""labkit.reproduce and labkit.record: a run and its rerun from one seed agree bit for bit on
+"""labkit.analysis.compare and labkit.lab.record: a run and its rerun from one seed agree bit for bit on
 CPU; an edited loss or a changed data fingerprint is named; bad input is one clear error; the
 environment record installs (format) and a copied run folder still works."""
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TINY
-from labkit import record, reproduce
-from labkit.config import ConfigError, build_parser, config_from_args
-from labkit.lab import environment
-from labkit.files import atomic_write_json
-from labkit.reproduce import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
-from labkit.checks import preflight
+from labkit.lab import record
+from labkit.analysis import compare
+from labkit.core.config import ConfigError, build_parser, config_from_args
+from labkit.lab.experiment import environment
+from labkit.core.files import atomic_write_json
+from labkit.analysis.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
+from labkit.training.checks import preflight
 
 pytestmark = pytest.mark.xdist_group("reproduce")
 
@@ -64,8 +65,8 @@ def edit_json(path: Path, change) -> None:
 
 
 def test_same_seed_twice_is_identical(runs, tmp_path):
-    a, b = (reproduce.load_run_record(r) for r in runs)
-    doc = reproduce.compare_runs(a, b)
+    a, b = (compare.load_run_record(r) for r in runs)
+    doc = compare.compare_runs(a, b)
     v = doc["methods"]["ddp"]
     assert v["verdict"] == IDENTICAL, v
     assert v["max_abs_diff"] == 0.0 and v["first_divergence"] is None
@@ -74,51 +75,51 @@ def test_same_seed_twice_is_identical(runs, tmp_path):
     assert doc["environment"] == []  # same machine, same code, same packages and data
     # the timings are compared (a ratio), never for equality
     assert v["timing"]["speed_ratio"] > 0
-    assert reproduce.summary_lines(doc) == ["ddp: identical"]
-    path = reproduce.write_reproduction(b.path, doc)
+    assert compare.summary_lines(doc) == ["ddp: identical"]
+    path = compare.write_reproduction(b.path, doc)
     written = json.loads(path.read_text())
     assert written["reproduction"] == "." and written["original"] == str(a.path)
     assert written["methods"]["ddp"]["verdict"] == IDENTICAL
 
 
 def test_an_edited_loss_is_different_at_its_step(runs, tmp_path):
-    a = reproduce.load_run_record(runs[0])
+    a = compare.load_run_record(runs[0])
     c = copy_run(runs[1], tmp_path / "c")
     res = c / "ddp" / "results_baseline_ddp.json"
     edit_json(res, lambda d: d["epochs"][0]["all_losses"].__setitem__(
         2, d["epochs"][0]["all_losses"][2] + 1e-3))
-    doc = reproduce.compare_runs(a, reproduce.load_run_record(c))
+    doc = compare.compare_runs(a, compare.load_run_record(c))
     v = doc["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT and doc["reproduced"] is False
     assert v["first_divergence"]["step"] == 3 and v["first_divergence"]["metric"] == "loss"
     assert any("first differs at step 3 (epoch 1, step 3)" in r for r in v["reasons"]), v["reasons"]
     assert v["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
     # with a tolerance above the edit it is equal within tolerance, and says by how much
-    loose = reproduce.compare_runs(a, reproduce.load_run_record(c), tolerance=1e-2)
+    loose = compare.compare_runs(a, compare.load_run_record(c), tolerance=1e-2)
     assert loose["methods"]["ddp"]["verdict"] == WITHIN and loose["reproduced"] is True
-    assert "max abs difference 0.001" in reproduce.summary_lines(loose)[0]
+    assert "max abs difference 0.001" in compare.summary_lines(loose)[0]
 
 
 def test_a_changed_final_parameter_is_named(runs, tmp_path):
     import torch
 
-    a = reproduce.load_run_record(runs[0])
+    a = compare.load_run_record(runs[0])
     c = copy_run(runs[1], tmp_path / "c")
     sd = torch.load(c / "ddp" / "final_model.pt", weights_only=True)
     name = next(k for k, t in sd.items() if t.is_floating_point())
     sd[name].view(-1)[0] += 0.5
     torch.save(sd, c / "ddp" / "final_model.pt")
-    v = reproduce.compare_runs(a, reproduce.load_run_record(c))["methods"]["ddp"]
+    v = compare.compare_runs(a, compare.load_run_record(c))["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT
     assert v["first_divergence"]["metric"] == f"final parameter {name}"
     assert v["max_abs_diff"] == pytest.approx(0.5, rel=1e-3)
 
 
 def test_a_changed_data_fingerprint_is_reported(runs, tmp_path):
-    a = reproduce.load_run_record(runs[0])
+    a = compare.load_run_record(runs[0])
     d = copy_run(runs[1], tmp_path / "d")
     edit_json(d / "environment.json", lambda e: e["data"]["ddp"].update(sha256="0" * 64))
-    doc = reproduce.compare_runs(a, reproduce.load_run_record(d))
+    doc = compare.compare_runs(a, compare.load_run_record(d))
     v = doc["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT
     assert v["reasons"][0].startswith("data fingerprint differs (digits: recorded ")
@@ -127,13 +128,13 @@ def test_a_changed_data_fingerprint_is_reported(runs, tmp_path):
 
 
 def test_environment_diff_names_commit_packages_and_threads(runs):
-    env = reproduce.load_environment(reproduce.load_run_record(runs[0]))
+    env = compare.load_environment(compare.load_run_record(runs[0]))
     other = json.loads(json.dumps(env))
     other["git"].update(commit="f" * 40, dirty=True, diff_sha256="ab" * 32)
     other["package_versions"]["torch"] = "0.0.1"
     del other["package_versions"]["numpy"]
     other["determinism"]["torch_num_threads"] = 64
-    lines = reproduce.environment_diff(env, other)
+    lines = compare.environment_diff(env, other)
     assert f"code: recorded {env['git']['commit'][:10]}" in lines[0] and "now ffffffffff (dirty, diff abab" in lines[0]
     assert any(l.startswith(f"packages changed: torch {env['package_versions']['torch']} -> 0.0.1") for l in lines)
     assert any(l.startswith("packages missing now: numpy ") for l in lines)
@@ -149,9 +150,9 @@ def test_a_copied_run_folder_still_works(runs, tmp_path):
         assert str(runs[0]) not in text, name  # nothing points back at the original place
     assert json.loads((moved / "experiment.json").read_text())["methods"]["ddp"]["notebook"] == "ddp/x.ipynb"
     assert record.resolve_in_run(moved, "ddp/x.ipynb") == moved / "ddp" / "x.ipynb"
-    rec = reproduce.load_run_record(moved)
-    assert reproduce.load_environment(rec)["package_versions"]  # its lock, found in the copy
-    assert reproduce.compare_runs(rec, reproduce.load_run_record(runs[1]))["reproduced"]
+    rec = compare.load_run_record(moved)
+    assert compare.load_environment(rec)["package_versions"]  # its lock, found in the copy
+    assert compare.compare_runs(rec, compare.load_run_record(runs[1]))["reproduced"]
     p = subprocess.run([sys.executable, "-m", "labkit", "report", str(moved)], capture_output=True,
                        text=True, timeout=180, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -182,27 +183,27 @@ def one_line_error(call, *needles) -> str:
 
 def test_bad_run_folders_are_one_clear_error(runs, tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
-    one_line_error(lambda: reproduce.load_run_record(tmp_path / "nope"), "does not exist")
+    one_line_error(lambda: compare.load_run_record(tmp_path / "nope"), "does not exist")
     (tmp_path / "file.txt").write_text("x")
-    one_line_error(lambda: reproduce.load_run_record(tmp_path / "file.txt"), "is not a folder")
+    one_line_error(lambda: compare.load_run_record(tmp_path / "file.txt"), "is not a folder")
     (tmp_path / "empty").mkdir()
-    one_line_error(lambda: reproduce.load_run_record(tmp_path / "empty"), "is not a run folder")
+    one_line_error(lambda: compare.load_run_record(tmp_path / "empty"), "is not a run folder")
     missing = copy_run(runs[0], tmp_path / "missing")
     (missing / "config.json").unlink()
-    one_line_error(lambda: reproduce.load_run_record(missing), "has no config.json")
+    one_line_error(lambda: compare.load_run_record(missing), "has no config.json")
     corrupt = copy_run(runs[0], tmp_path / "corrupt")
     text = (corrupt / "config.json").read_text()
     (corrupt / "config.json").write_text(text[: len(text) // 2])
-    one_line_error(lambda: reproduce.load_run_record(corrupt), "config.json' is not valid JSON (line")
+    one_line_error(lambda: compare.load_run_record(corrupt), "config.json' is not valid JSON (line")
     (corrupt / "config.json").write_text(json.dumps({"hello": 1}))
-    one_line_error(lambda: reproduce.load_run_record(corrupt), "is not a labkit experiment config")
-    a = reproduce.load_run_record(runs[0])
-    one_line_error(lambda: reproduce.compare_runs(a, a, methods=["ps"]), "has no method ps",
+    one_line_error(lambda: compare.load_run_record(corrupt), "is not a labkit experiment config")
+    a = compare.load_run_record(runs[0])
+    one_line_error(lambda: compare.compare_runs(a, a, methods=["ps"]), "has no method ps",
                    "(it ran: ddp)")
-    one_line_error(lambda: reproduce.compare_runs(a, a, tolerance=-1.0), "--tolerance")
+    one_line_error(lambda: compare.compare_runs(a, a, tolerance=-1.0), "--tolerance")
     # nothing was written by any of these
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["file.txt", "empty", "missing", "corrupt"])
-    assert not (Path(runs[0]) / reproduce.REPRODUCTION_FILE).exists()
+    assert not (Path(runs[0]) / compare.REPRODUCTION_FILE).exists()
 
 
 # ------------------------------------------------------------------ the environment record
@@ -248,7 +249,7 @@ def test_requirements_lock_comments_out_what_no_index_has():
 
 def test_data_fingerprints(tmp_path):
     from conftest import make_image_tree
-    from labkit.config import TrainConfig, resolve
+    from labkit.core.config import TrainConfig, resolve
 
     tree = make_image_tree(tmp_path / "img", n_train=2, n_val=1)
     cfg = resolve(TrainConfig(data_dir=str(tree)), False, 2)
@@ -303,7 +304,7 @@ def test_labkit_reproduce_runs_latest_identical_and_relocatable(runs, tmp_path):
     new = next(runs_dir.glob("*_repro"))
     assert os.readlink(runs_dir / "latest") == new.name  # the link moved; the original did not
     assert snapshot_tree(orig) == before  # never written to
-    doc = json.loads((new / reproduce.REPRODUCTION_FILE).read_text())
+    doc = json.loads((new / compare.REPRODUCTION_FILE).read_text())
     # compared with the original, not with itself through the moved link
     assert doc["original"] == str(orig.resolve()) and doc["reproduction"] == "."
     assert doc["methods"]["ddp"]["verdict"] == IDENTICAL and doc["methods"]["ddp"]["compared"]["steps"] == 5
@@ -337,7 +338,7 @@ def test_labkit_reproduce_names_an_edited_loss_and_exits_1(runs, tmp_path):
     assert "  ddp: different\n    first differs at step 3 (epoch 1, step 3): loss" in p.stdout
     assert "NOT REPRODUCED: 0 of 1 methods" in p.stdout
     (new,) = (tmp_path / "elsewhere").glob("*_repro")
-    v = json.loads((new / reproduce.REPRODUCTION_FILE).read_text())["methods"]["ddp"]
+    v = json.loads((new / compare.REPRODUCTION_FILE).read_text())["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT and v["first_divergence"]["step"] == 3
     assert not list(tmp_path.glob("*_repro"))  # not beside the recorded run
 
@@ -354,7 +355,7 @@ def fake_run(root: Path, name: str, config) -> Path:
 
 def test_labkit_reproduce_bad_input_is_one_line_exit_2(tmp_path, capsys):
     from labkit import cli
-    from labkit.config import TrainConfig
+    from labkit.core.config import TrainConfig
 
     good = {"experiment": {"methods": ["ddp"], "nproc": 2},
             "resolved": {"ddp": TrainConfig(method="ddp", dataset="digits").to_dict()}}

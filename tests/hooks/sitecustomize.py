@@ -3,7 +3,7 @@
 conftest.py puts this folder first on PYTHONPATH, so every Python process the tests start
 (torchrun's agents and ranks, papermill's kernels, `labkit` commands) imports this module at
 start-up. With none of the variables below set it does nothing (and imports nothing heavy);
-with one set it registers a labkit.hooks trainer hook, which the rank's Trainer calls:
+with one set it registers a labkit.training.hooks trainer hook, which the rank's Trainer calls:
 
   LABKIT_TEST_FAULT=<method>:<rank>:<step>[:raise|kill|hang]  that rank fails at that step
       (counted from 0 in this process), so tests can check what a real crashed, killed or hung
@@ -52,7 +52,7 @@ def _slow(rank: int) -> float:
 def _install() -> None:
     import json
 
-    from labkit import hooks
+    from labkit.training import hooks
 
     def on_trainer(trainer) -> None:
         fault = _fault(trainer.cfg.method, trainer.ctx.rank)

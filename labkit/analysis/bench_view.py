@@ -1,0 +1,235 @@
+"""The bench document (``bench.json`` of a `labkit bench` run folder) as the analysis reads it:
+one loader, the derived figures, the table and the figure. The launcher (labkit.lab.bench) writes
+the document with these helpers; the report and the cost model read it; neither needs the
+launcher or the training loop.
+
+    exposed communication = median synchronised step - median compute-only step
+    algbw = bytes / time;  busbw = algbw * 2(n-1)/n for all-reduce, = algbw for reduce and
+    broadcast (as nccl-tests defines them)
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from . import stats
+from labkit.core.files import atomic_path
+from .texttable import short_number
+from .texttable import text_table as _table
+
+KIND = "labkit.bench"
+RESULT = "bench_result.json"    # one job's measurements, written by rank 0 of labkit.training.bench_rank
+
+
+class BenchError(ValueError):
+    """A file that is not a readable ``labkit bench`` result."""
+
+
+def load(path: str | os.PathLike, need_results: bool = True) -> dict:
+    """Read and check a ``bench.json`` (or the one in a run folder ``path``). Raises
+    ``BenchError`` naming the problem; ``need_results=False`` accepts a bench whose every job
+    failed or was skipped (the report still lists them)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "bench.json"
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as e:
+        raise BenchError(f"cannot read {str(p)!r}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchError(f"{str(p)!r} is not JSON ({e})") from None
+    check(doc, repr(str(p)), need_results)
+    compare_to_ddp(doc.get("results", []))  # files from before a ratio was added get it too
+    return doc
+
+
+def check(doc, where: str = "the document", need_results: bool = True) -> None:
+    """Raise ``BenchError`` unless ``doc`` is a labkit bench document (with results)."""
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise BenchError(f"{where} is not a labkit bench file (no \"kind\": \"{KIND}\")")
+    results = doc.get("results")
+    if not isinstance(results, list) or (need_results and not results):
+        raise BenchError(f"{where} has no results")
+    for i, r in enumerate(results):
+        for key in ("method", "nproc", "step_time", "compute_time", "grad_bytes"):
+            if not isinstance(r, dict) or key not in r:
+                raise BenchError(f"{where}: result {i} has no {key!r}")
+
+
+def derive(r: dict) -> dict:
+    """Exposed communication and throughput from the raw measurements."""
+    step, comp = r["step_time"]["median"], r["compute_time"]["median"]
+    r["exposed_comm"] = step - comp
+    r["throughput"] = r["global_batch"] / step
+    r["throughput_vs_ddp"] = None
+    return r
+
+
+def compare_to_ddp(results: list[dict]) -> None:
+    """Throughput ratio to (uncompressed) DDP at the same process count, where it was run;
+    also per trainer, which is fair to a parameter server (its servers do not train)."""
+    ddp = {r["nproc"]: r for r in results if r["variant"] == "ddp"}
+    for r in results:
+        d = ddp.get(r["nproc"])
+        r["throughput_vs_ddp"] = r["throughput"] / d["throughput"] if d else None
+        r["per_trainer_vs_ddp"] = ((r["throughput"] / r["trainers"]) / (d["throughput"] / d["trainers"])
+                                   if d else None)
+
+
+def vs_ddp_interval(r: dict, results: list[dict]) -> Optional[stats.Interval]:
+    """Throughput relative to DDP at the same process count with its 95% CI over the two
+    jobs' trials (stats.ratio_over_trials on the step times, scaled by the global batches);
+    None without a DDP job, or for DDP itself."""
+    d = next((x for x in results if x["variant"] == "ddp" and x["nproc"] == r["nproc"]), None)
+    if d is None or d is r:
+        return None
+    iv = stats.ratio_over_trials(d["step_time"]["trials"], r["step_time"]["trials"])
+    k = r["global_batch"] / d["global_batch"]
+    return stats.Interval(iv.value * k if iv.value is not None else None,
+                          iv.low * k if iv.available else None, iv.high * k if iv.available else None,
+                          iv.n, iv.basis, iv.note, iv.confidence)
+
+
+def sync_raw_interval(r: dict) -> Optional[stats.Interval]:
+    """The method's blocked sync time per step over the raw collective moving the same bytes,
+    with its 95% CI over the sync time's trials and the collective's repetitions; None when
+    the method has no timed phases (DDP)."""
+    c = r.get("collectives") or {}
+    raw = c.get("reduce_broadcast") if r["method"] == "ps" else c.get("all_reduce")
+    if not r.get("phases") or not raw:
+        return None
+    if not r.get("sync_trials") or not raw.get("times"):  # a bench.json from before they were kept
+        return stats.Interval(None, note="per-trial times not recorded")
+    return stats.ratio_over_trials(r["sync_trials"], raw["times"])
+
+
+def verdicts(doc: dict) -> list[str]:
+    """Each variant against DDP at its process count: faster / slower only when the 95% CI
+    of the throughput ratio excludes 1.00 (stats.speedup_verdict)."""
+    out = []
+    for r in doc.get("results", []):
+        iv = vs_ddp_interval(r, doc["results"])
+        if iv is not None:
+            out.append(stats.speedup_verdict(f"{r['variant']} x{r['nproc']}", iv).sentence)
+    return out
+
+
+def summary_line(r: dict) -> str:
+    st, ct = r["step_time"], r["compute_time"]
+    return (f"{r['variant']} x{r['nproc']}: step {1000 * st['median']:.1f} ms "
+            f"[{1000 * st['min']:.1f}-{1000 * st['max']:.1f}], compute-only {1000 * ct['median']:.1f} ms, "
+            f"exposed comm {1000 * r['exposed_comm']:.1f} ms, {r['throughput']:.1f} img/s")
+
+
+# ------------------------------------------------------------------ table and plot
+def rows(doc: dict) -> list[dict]:
+    """One row per (variant, process count): the figures the issue asks for."""
+    out = []
+    for r in doc.get("results", []):
+        st, c = r["step_time"], r.get("collectives") or {}
+        ar, rb = c.get("all_reduce"), c.get("reduce_broadcast")
+        # the method's own communication phases (time a trainer was blocked in them), next to
+        # the raw collective moving the same bytes: all-reduce, or reduce + broadcast for PS
+        sync = sum(r.get("phases", {}).values()) if r.get("phases") else None
+        raw = rb if r["method"] == "ps" else ar
+        out.append({
+            "variant": r["variant"], "procs": r["nproc"], "trainers": r["trainers"],
+            "step ms (median)": 1000 * st["median"],
+            "step ms (min-max)": f"{1000 * st['min']:.1f}-{1000 * st['max']:.1f}",
+            "compute-only ms": 1000 * r["compute_time"]["median"],
+            "exposed comm ms": 1000 * r["exposed_comm"],
+            "MB/step": r["bytes_per_step"] / 1e6,
+            "all-reduce ms": 1000 * ar["time"] if ar else None,
+            "busbw GB/s": ar["busbw"] / 1e9 if ar else None,
+            "reduce+bcast ms": 1000 * rb["time"] if rb else None,
+            "sync ms": 1000 * sync if sync is not None else None,
+            "sync / raw": sync / raw["time"] if sync is not None and raw and raw["time"] else None,
+            "sync / raw 95% CI": _ci(sync_raw_interval(r)),
+            "img/s": r["throughput"],
+            "x DDP": r["throughput_vs_ddp"],
+            "x DDP 95% CI": _ci(vs_ddp_interval(r, doc["results"])),
+            "x DDP/trainer": r.get("per_trainer_vs_ddp"),
+        })
+    return out
+
+
+def _ci(iv: Optional[stats.Interval]) -> Optional[str]:
+    return None if iv is None else iv.ci_text(digits=2, ref=1.0)
+
+
+CI_NOTE = ("95% CI: t-interval over the trials (delta method on the log of the ratio of mean "
+           "times, Welch degrees of freedom; sync / raw over the trials and the collective's "
+           "repetitions); a variant is faster or slower than DDP only when it excludes 1.00")
+
+
+def text_table(doc: dict) -> str:
+    rs = rows(doc)
+    if not rs:
+        return "(no measurements)"
+    head = (f"labkit bench: {doc['config'].get('model')} on {doc['config'].get('dataset')}, batch "
+            f"{doc['config'].get('batch_size')}/trainer, {doc['backend']} on {doc['device']}; "
+            f"{doc['trials']} trials x {doc['steps']} steps after {doc['warmup']} warm-up steps\n"
+            f"{CI_NOTE}")
+    return "\n".join([head, _table(rs, short_number, right=True), "", *verdicts(doc)]).rstrip()
+
+
+def plot(doc: dict, path: str | os.PathLike) -> Optional[Path]:
+    """Left: each variant's median step split into compute-only and exposed communication,
+    with the trials' min-max as an error bar. Right: throughput relative to DDP."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = doc.get("results", [])
+    if not rs:
+        return None
+    labels = [f"{r['variant']}\nx{r['nproc']}" for r in rs]
+    x = range(len(rs))
+    comp = [1000 * r["compute_time"]["median"] for r in rs]
+    exposed = [max(0.0, 1000 * r["exposed_comm"]) for r in rs]
+    step = [1000 * r["step_time"]["median"] for r in rs]
+    err = [[s - 1000 * r["step_time"]["min"] for s, r in zip(step, rs)],
+           [1000 * r["step_time"]["max"] - s for s, r in zip(step, rs)]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(9, 1.3 * len(rs) + 4), 4.5),
+                               gridspec_kw={"width_ratios": [3, 2]})
+    a.bar(x, comp, color="#4c72b0", label="compute only (no sync)")
+    a.bar(x, exposed, bottom=comp, color="#dd8452", label="exposed communication")
+    a.errorbar(x, step, yerr=err, fmt="none", ecolor="black", capsize=3, label="step: min-max of trials")
+    raw = [(i, 1000 * r["collectives"]["all_reduce"]["time"]) for i, r in enumerate(rs)
+           if r.get("collectives") and r["method"] != "ps"]
+    raw += [(i, 1000 * r["collectives"]["reduce_broadcast"]["time"]) for i, r in enumerate(rs)
+            if r.get("collectives") and r["method"] == "ps"]
+    if raw:
+        a.scatter([i for i, _ in raw], [c + t for (i, t), c in zip(raw, [comp[i] for i, _ in raw])],
+                  marker="_", s=400, color="crimson", zorder=3,
+                  label="compute + raw collective (all-reduce, or reduce+broadcast for PS)")
+    a.set_xticks(list(x), labels, fontsize=8)
+    a.set_ylabel("ms per step (median)")
+    a.set_title("Where a step's time goes")
+    a.set_ylim(0, 1.08 * max(1000 * r["step_time"]["max"] for r in rs))
+    ratio = [r["throughput_vs_ddp"] for r in rs]
+    b.bar(x, [v if v is not None else 0 for v in ratio], color="#55a868")
+    b.axhline(1.0, color="gray", ls="--", lw=1)
+    for i, v in enumerate(ratio):
+        b.text(i, (v or 0) + 0.02, "-" if v is None else f"{v:.2f}", ha="center", fontsize=8)
+    b.set_xticks(list(x), labels, fontsize=8)
+    b.set_ylabel("throughput / DDP's (same process count)")
+    b.set_title("Throughput relative to DDP")
+    fig.suptitle(f"{doc['config'].get('model')}, batch {doc['config'].get('batch_size')}/trainer, "
+                 f"{doc['backend']} on {doc['device']}", fontsize=10)
+    handles, names = a.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    path = Path(path)
+    with atomic_path(str(path)) as tmp:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return path
+
+
+def write_outputs(doc: dict, run: Path) -> None:
+    with atomic_path(str(run / "bench.txt")) as tmp, open(tmp, "w") as f:
+        f.write(text_table(doc) + "\n")
+    plot(doc, run / "bench.png")

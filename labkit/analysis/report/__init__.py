@@ -1,0 +1,32 @@
+"""The analysis: the guide's analyze_results.py, for a run folder or any result files.
+
+    labkit report runs/latest                      # a run folder
+    labkit report results_*.json --out analysis/   # files from the original scripts work too
+
+Prints the comparison and communication tables, writes the guide's five plots under plots/
+and performance_report.txt. A missing, failed or corrupt result file is named and the rest
+still renders. Result files are only read, never modified.
+
+Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the text report),
+``sections`` (benchmark and cost model, variants, reproduction, package list), ``repeats``
+(--repeats), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (section 3.2, quoting
+the source by marker) and ``captions`` (every caption and number, read by report.ipynb too).
+The names below are what notebooks/report.ipynb, explore and the CLI use.
+"""
+from __future__ import annotations
+
+from labkit.core.config import RESULT_FILES
+from .captions import CAPTIONS, caption, figure_caption, heading
+from .implementation import QuoteError, implementation_markdown, quote
+from .load import (METHOD_ORDER, NAN, SHORT, ResultError, RunResults, load_env, load_files,
+                   load_reproduction, load_result, load_run, load_variants, method_key,
+                   summary_value)
+from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communication, plot_losses,
+                    plot_throughput, plot_training_time, write_plots)
+from .repeats import aggregate_rows, repeat_rows, repeats_section
+from .sections import bench_section, packages_html, reproduction_section, variants_section
+from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, environment_rows,
+                     epoch_rows, html_table, intervals, method_runs, reproduction_rows, text_table,
+                     variant_rows)
+from .text import (accuracy_verdicts, discussion, load_bench, reproduction_summary, speed_verdicts,
+                   terminal_summary, text_report, verdict_lines, write_report)

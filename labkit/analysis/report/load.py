@@ -1,0 +1,198 @@
+"""Reading result files: one run folder, loose files from the original scripts, and the
+variants an experiment ran. Result files are only read, never modified."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Optional
+
+from labkit.training import lifecycle
+from labkit.core.config import METHOD_NAMES, RESULT_FILES, VARIANTS
+
+METHOD_ORDER = ("ddp", "allreduce", "ps")
+SHORT = {"ddp": "Baseline DDP", "allreduce": "Manual All-Reduce", "ps": "Parameter Server"}
+NAN = float("nan")
+
+
+class ResultError(ValueError):
+    """A result file that is missing, unreadable or of another schema."""
+
+
+def method_key(doc: dict, path: str | os.PathLike = "") -> Optional[str]:
+    """ddp | allreduce | ps, from the lab's own key, the guide's method name or the file name."""
+    if doc.get("method_key") in METHOD_ORDER:
+        return doc["method_key"]
+    by_name = {v: k for k, v in METHOD_NAMES.items()}
+    if doc.get("method") in by_name:
+        return by_name[doc["method"]]
+    by_file = {v: k for k, v in RESULT_FILES.items()}
+    return by_file.get(os.path.basename(str(path)))
+
+
+def load_result(path: str | os.PathLike) -> dict:
+    """Read one result file: the lab's, or one with only the guide's keys."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ResultError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultError(f"{path}: not valid JSON ({e.__class__.__name__}): truncated or corrupt") from None
+    if not isinstance(doc, dict) or "method" not in doc or not isinstance(doc.get("epochs"), list):
+        raise ResultError(f"{path}: not a result file (needs 'method' and a list of 'epochs')")
+    needed = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput")
+    for e in doc["epochs"]:
+        if not isinstance(e, dict) or any(k not in e for k in needed):
+            raise ResultError(f"{path}: an epoch lacks the guide's keys ({', '.join(needed)})")
+    if method_key(doc, path) is None:
+        raise ResultError(f"{path}: unknown method {doc.get('method')!r}")
+    return lifecycle.settle(doc)  # "running" with its writer gone: stopped without finishing
+
+
+@dataclass
+class RunResults:
+    """What a report is made of: the loaded results and the problems met on the way.
+    (The writer of result files is labkit.training.result_file.Results; this is their reader.)"""
+    docs: dict[str, dict] = field(default_factory=dict)          # method key -> result
+    problems: dict[str, str] = field(default_factory=dict)       # method key or file -> problem
+    run_dir: Optional[Path] = None
+    # method key -> one result per repeat (`labkit experiment --repeats N`, repeat 1 first);
+    # a run without repeats: a list of one, the same document as in ``docs``, which keeps the
+    # first repeat so every single-run table and figure reads as before
+    repeats: dict[str, list[dict]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> dict[str, dict]:
+        """RunResults with at least one finished epoch (a failed run keeps its finished epochs)."""
+        return {m: d for m, d in self.docs.items() if d["epochs"]}
+
+
+def repeat_dirs(run: Path) -> list[Path]:
+    """repeat-1/, repeat-2/, ... of a run with --repeats, in order; [] without repeats."""
+    dirs = [d for d in run.glob("repeat-*") if d.is_dir() and d.name[7:].isdigit()]
+    return sorted(dirs, key=lambda d: int(d.name[7:]))
+
+
+def load_run(run_dir: str | os.PathLike) -> RunResults:
+    """A run folder (method subfolders, or repeat-<i>/ folders holding them) or a folder holding
+    results_*.json directly."""
+    run = Path(run_dir)
+    res = RunResults(run_dir=run)
+    status = {}
+    if (run / "experiment.json").exists():
+        try:
+            status = json.loads((run / "experiment.json").read_text()).get("methods", {})
+        except (OSError, json.JSONDecodeError):
+            res.problems["experiment.json"] = f"{run / 'experiment.json'}: unreadable"
+    reps = repeat_dirs(run)
+    for m in METHOD_ORDER:
+        if reps:
+            for i, rdir in enumerate(reps):
+                path = rdir / m / RESULT_FILES[m]
+                if path.exists():
+                    _add(res, path, m, first=i == 0)
+                elif (rdir / m).is_dir() or m in status:
+                    res.problems.setdefault(m, f"{path}: missing")
+        else:
+            candidates = [run / m / RESULT_FILES[m], run / RESULT_FILES[m]]
+            path = next((p for p in candidates if p.exists()), None)
+            if path is None:
+                if (run / m).is_dir() or m in status:
+                    res.problems[m] = f"{candidates[0]}: missing"
+            else:
+                _add(res, path, m)
+        st = status.get(m, {})
+        if st.get("status") not in (None, "completed"):
+            res.problems[m] = f"{st['status']}: {st.get('error', '').strip()}".strip(": ")
+    return res
+
+
+def load_files(paths: list[str | os.PathLike]) -> RunResults:
+    res = RunResults()
+    for p in paths:
+        if Path(p).is_dir():
+            sub = load_run(p)
+            res.docs.update(sub.docs)
+            res.repeats.update(sub.repeats)
+            res.problems.update(sub.problems)
+            res.run_dir = res.run_dir or sub.run_dir
+        else:
+            _add(res, Path(p), None)
+    return res
+
+
+def _add(res: RunResults, path: Path, expected: Optional[str], first: bool = True) -> None:
+    """Load one result file; ``first`` False: a later repeat, kept in ``repeats`` only."""
+    try:
+        doc = load_result(path)
+    except ResultError as e:
+        res.problems.setdefault(expected or path.name, str(e))
+        return
+    m = method_key(doc, path)
+    if first or m not in res.docs:
+        res.docs[m] = doc
+        res.repeats[m] = [doc]
+    else:
+        res.repeats[m].append(doc)
+    if doc.get("status", "completed") != "completed":
+        res.problems.setdefault(m, f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else ""))
+
+
+def _epochs(doc: dict) -> list[dict]:
+    return doc["epochs"]
+
+
+def summary_value(doc: dict, key: str) -> float:
+    """A summary figure; recomputed from the epochs when the file lacks it."""
+    s = doc.get("summary") or {}
+    if key in s:
+        return s[key]
+    ep = _epochs(doc)
+    if not ep:
+        return NAN
+    if key == "avg_train_throughput":
+        return mean(e["train_throughput"] for e in ep)
+    if key == "avg_train_time_per_epoch":
+        return mean(e["train_time"] for e in ep)
+    if key == "best_val_accuracy":
+        vals = [e["val_accuracy"] for e in ep if "val_accuracy" in e]
+        return max(vals) if vals else NAN
+    if key.startswith("avg_comm_time"):
+        vals = [e[key] for e in ep if key in e]
+        return mean(vals) if vals else NAN
+    return NAN
+
+
+def load_env(run_dir: Optional[Path]) -> Optional[dict]:
+    if run_dir and (run_dir / "environment.json").exists():
+        try:
+            return json.loads((run_dir / "environment.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+    return None
+
+
+def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
+    """reproduction.json of a run made by ``labkit reproduce``, or None (none, or unreadable)."""
+    try:
+        doc = json.loads((Path(run_dir) / "reproduction.json").read_text()) if run_dir else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("methods"), dict) else None
+
+
+def load_variants(run: Path) -> dict[str, dict]:
+    """Results of the variants an experiment ran besides the three methods (``labkit
+    experiment --methods ps,ps-async,...``): {variant: result document}."""
+    out = {}
+    for v, fields in VARIANTS.items():
+        path = Path(run) / v / RESULT_FILES[fields["method"]]
+        if v not in METHOD_ORDER and path.exists():
+            try:
+                out[v] = load_result(path)
+            except ResultError:
+                continue
+    return out

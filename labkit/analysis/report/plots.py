@@ -1,0 +1,183 @@
+"""The guide's five plots, and figures as HTML blocks with their captions."""
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from statistics import mean
+from typing import Optional
+
+from labkit.core.files import atomic_path
+from .load import METHOD_ORDER, SHORT, RunResults, _epochs, method_key, summary_value
+from .tables import comm_ms, intervals
+
+COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
+PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
+         "communication_overhead")
+
+
+def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
+    """Bars with the 95% CI as whiskers (Table 1's interval; time per epoch ~ 1 / throughput,
+    so its whiskers are the throughput's relative interval); none where no CI is available."""
+    docs, ivs = res.ok, intervals(res)
+    ms = [m for m in METHOD_ORDER if m in docs]
+    thr = {m: ivs[m]["throughput"] for m in ms}
+    vals = [thr[m].value if key == "avg_train_throughput" and thr[m].value is not None
+            else summary_value(docs[m], key) for m in ms]
+    lo, hi = [], []
+    for m, v in zip(ms, vals):
+        iv = thr[m]
+        if not iv.available:
+            lo.append(0.0), hi.append(0.0)
+        elif key == "avg_train_throughput":
+            lo.append(v - iv.low), hi.append(iv.high - v)
+        else:  # epoch time = steps x step time: the same relative interval, mirrored
+            lo.append(v - v * iv.value / iv.high), hi.append(v * iv.value / iv.low - v)
+    bars = ax.bar([SHORT[m] for m in ms], vals, color=[COLORS[m] for m in ms], yerr=[lo, hi],
+                  capsize=6, ecolor="#333")
+    # inside the bars: above them the labels would sit on the whiskers
+    ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], label_type="center", color="white",
+                 fontweight="bold")
+    ax.set_ylabel(ylabel)
+    none = [SHORT[m] for m in ms if not thr[m].available]
+    ax.set_title(title + "\n(whiskers: 95% CI" + (f"; n/a for {', '.join(none)}" if none else "")
+                 + ")", fontsize=10)
+    ax.margins(y=0.2)
+    _note_missing(ax, res)
+
+
+def _note_missing(ax, res: RunResults) -> None:
+    missing = [SHORT.get(m, m) for m in METHOD_ORDER if m not in res.ok and m in res.problems]
+    if missing:
+        ax.text(0.99, 0.98, "no result: " + ", ".join(missing), transform=ax.transAxes,
+                ha="right", va="top", fontsize=8, color="#a00")
+
+
+def plot_throughput(res: RunResults, ax):
+    _bar(ax, res, "avg_train_throughput", "images / second (all trainers, steady state)",
+         "Training throughput")
+
+
+def plot_training_time(res: RunResults, ax):
+    _bar(ax, res, "avg_train_time_per_epoch", "seconds per epoch", "Training time per epoch")
+
+
+def _later_repeats(repeats: Optional[dict[str, list[dict]]], m: str) -> list[dict]:
+    """Repeats 2..N of method ``m`` (repeat 1 is the main document, drawn in full)."""
+    return [d for d in (repeats or {}).get(m, [])[1:] if d.get("epochs")]
+
+
+def plot_losses(docs: dict[str, dict], ax=None, repeats: Optional[dict[str, list[dict]]] = None):
+    """Per-step training loss of each method, on one axis; with ``repeats`` (RunResults.repeats)
+    every other repeat's curve is drawn faintly in the method's colour, so the spread shows."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    for m, d in docs.items():
+        losses = d.get("all_losses") or []
+        k = method_key(d) or m
+        ax.plot(range(1, len(losses) + 1), losses, label=d.get("method", m), lw=1.2,
+                color=COLORS.get(k))
+        for r in _later_repeats(repeats, m):
+            rl = r.get("all_losses") or []
+            ax.plot(range(1, len(rl) + 1), rl, lw=0.8, alpha=0.35, color=COLORS.get(k))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (cross-entropy)")
+    ax.set_title("Loss convergence")
+    ax.grid(alpha=0.3)
+    if docs:
+        ax.legend()
+    return ax.figure
+
+
+def plot_accuracy(res: RunResults, ax):
+    for m, d in res.ok.items():
+        ep = _epochs(d)
+        x = [e["epoch"] for e in ep]
+        ax.plot(x, [e["train_accuracy"] for e in ep], "--o", color=COLORS[m], ms=4,
+                label=f"{SHORT[m]} (train)")
+        if all("val_accuracy" in e for e in ep):
+            ax.plot(x, [e["val_accuracy"] for e in ep], "-s", color=COLORS[m], ms=4,
+                    label=f"{SHORT[m]} (val)")
+        for r in _later_repeats(res.repeats, m):  # faint: the other repeats' curves
+            rx = [e["epoch"] for e in r["epochs"]]
+            ax.plot(rx, [e["train_accuracy"] for e in r["epochs"]], "--", color=COLORS[m], lw=0.8, alpha=0.35)
+            if all("val_accuracy" in e for e in r["epochs"]):
+                ax.plot(rx, [e["val_accuracy"] for e in r["epochs"]], "-", color=COLORS[m], lw=0.8, alpha=0.35)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("Accuracy per epoch")
+    ax.grid(alpha=0.3)
+    if res.ok:  # no curves (every file failed or corrupt): no legend, _note_missing says why
+        ax.legend(fontsize=8)
+    _note_missing(ax, res)
+
+
+def plot_communication(res: RunResults, ax):
+    """PS vs All-Reduce: each step split into time blocked in communication and the rest."""
+    docs, c = res.ok, comm_ms(res)
+    labels, comm_parts, rest = [], [], []
+    for m in ("allreduce", "ps"):
+        if m not in docs:
+            continue
+        step = 1000 * mean(e["avg_batch_time"] for e in _epochs(docs[m]) if "avg_batch_time" in e)
+        parts = c[m]
+        labels.append(SHORT[m])
+        comm_parts.append(parts)
+        rest.append(max(0.0, step - sum(parts.values())))
+    colors = {"allreduce": "#55A868", "pull": "#DD8452", "push": "#C44E52"}
+    names = {"allreduce": "all-reduce", "pull": "parameter pull", "push": "gradient push"}
+    bottom = [0.0] * len(labels)
+    for part in ("allreduce", "pull", "push"):
+        vals = [p.get(part, 0.0) for p in comm_parts]
+        if any(vals):
+            ax.bar(labels, vals, bottom=bottom, color=colors[part], label=names[part])
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.bar(labels, rest, bottom=bottom, color="#CCCCCC", label="compute and the rest")
+    for i, p in enumerate(comm_parts):
+        tot = sum(p.values())
+        ax.text(i, bottom[i], f"{tot:.0f} ms communication", ha="center", va="bottom", fontsize=9,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+    ax.set_ylabel("ms per training step (trainer view)")
+    ax.set_title("Communication overhead: PS vs All-Reduce")
+    if labels:
+        ax.legend(fontsize=8)
+    _note_missing(ax, res)
+
+
+def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
+    """The guide's five PNGs under <out_dir>/plots/."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = Path(out_dir) / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    makers = {"throughput_comparison": plot_throughput, "training_time_comparison": plot_training_time,
+              "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,
+              "communication_overhead": plot_communication}
+    paths = []
+    for name in PLOTS:
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        makers[name](res, ax)
+        fig.tight_layout()
+        path = plots / f"{name}.png"
+        with atomic_path(str(path)) as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def figure_html(png: Path, caption: str) -> str:
+    """A figure with its caption in one block that a PDF page break cannot split."""
+    import base64
+
+    b64 = base64.b64encode(Path(png).read_bytes()).decode()
+    cap = html.escape(caption)
+    return (f'<figure style="break-inside: avoid; margin: 0 0 1.5em 0"><figcaption><b>{cap}</b>'
+            f'</figcaption><img src="data:image/png;base64,{b64}" alt="{cap}" style="max-width: 100%">'
+            f'</figure>')

@@ -1,0 +1,224 @@
+"""The scaling study of a `labkit sweep` folder: throughput against the number of processes,
+per method, beside the ideal linear line from the smallest point, and scaling efficiency with
+95% confidence intervals.
+
+Efficiency at n processes = T(n) / (n / n0 * T(n0)), n0 the smallest process count of the
+sweep. Its interval is that of the throughput ratio T(n) / T(n0) (labkit.analysis.stats.speedup: the
+delta method on the log ratio over the step blocks of one run each, or a t-interval over the
+repeats when there are several), scaled by n0 / n, a constant. Reads files only.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from labkit.analysis import stats
+from labkit.core.files import atomic_path
+from labkit.analysis.texttable import text_table
+from .load import METHOD_ORDER, SHORT, RunResults, load_env, load_run
+
+SWEEP_FILE = "sweep.json"
+COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
+
+
+class SweepError(ValueError):
+    """Not a sweep folder, or an unreadable sweep.json."""
+
+
+@dataclass
+class Point:
+    name: str
+    params: dict                 # the swept values of this grid point
+    res: RunResults
+    env: Optional[dict] = None
+
+
+@dataclass
+class Sweep:
+    path: Path
+    doc: dict
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def grid(self) -> dict:
+        return self.doc.get("grid", {})
+
+
+def is_sweep(path: str | os.PathLike) -> bool:
+    return (Path(path) / SWEEP_FILE).is_file()
+
+
+def load_sweep(path: str | os.PathLike) -> Sweep:
+    root = Path(path)
+    try:
+        doc = json.loads((root / SWEEP_FILE).read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{root}: no {SWEEP_FILE} (labkit sweep makes sweep folders)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise SweepError(f"{root / SWEEP_FILE}: unreadable ({e.__class__.__name__})") from None
+    sw = Sweep(root, doc)
+    for p in doc.get("points", []):
+        d = root / p["dir"]
+        if d.is_dir():
+            sw.points.append(Point(p["name"], p["params"], load_run(d), load_env(d)))
+    return sw
+
+
+def _processes(doc: dict) -> int:
+    return int(doc["world_size"])
+
+
+def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[dict]]]]:
+    """(method, the other swept values as text) -> [(processes, its repeats' documents)],
+    by process count. A grid over nproc and batch_size gives one series per method and batch."""
+    out: dict[tuple[str, str], list[tuple[int, list[dict]]]] = {}
+    for p in sw.points:
+        other = ", ".join(f"{k}={v}" for k, v in p.params.items() if k != "nproc")
+        for m in METHOD_ORDER:
+            docs = [d for d in (p.res.repeats.get(m) or []) if d.get("epochs")]
+            if docs and all(d.get("status", "completed") == "completed" for d in docs):
+                out.setdefault((m, other), []).append((_processes(docs[0]), docs))
+    return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
+
+
+def label(key: tuple[str, str]) -> str:
+    m, other = key
+    return SHORT[m] + (f" ({other})" if other else "")
+
+
+def scaling_rows(sw: Sweep) -> list[dict]:
+    """One row per method and process count: throughput with its CI, the ideal linear
+    throughput from the smallest point, the efficiency with its CI."""
+    rows = []
+    for key, pts in series(sw).items():
+        n0, base = pts[0]
+        t0 = stats.throughput(base)
+        for n, docs in pts:
+            t = stats.throughput(docs)
+            ratio = stats.speedup(docs, base)  # T(n) / T(n0), with its CI
+            k = n0 / n
+            eff = ratio.value * k if ratio.value else None
+            rows.append({
+                "Method": label(key), "Processes": n,
+                "Trainers": stats.images_per_step(docs[0]) // int(docs[0]["batch_size"]),
+                "Throughput (img/s)": f"{t.value:,.1f}" if t.value else "-",
+                "95% CI": t.ci_text(1),
+                "Ideal (img/s)": f"{t0.value * n / n0:,.1f}" if t0.value else "-",
+                "Efficiency": f"{eff:.2f}" if eff is not None else "-",
+                # n0 is the reference: 1.00 by definition, no interval
+                "Efficiency 95% CI": ("-" if n == n0 else f"{ratio.low * k:.2f}-{ratio.high * k:.2f}"
+                                      if ratio.available else "n/a"),
+                "CI over": t.basis if t.available else "-",
+            })
+    return rows
+
+
+def _label_points(ax, marks: list) -> None:
+    """Each (x, y, text, color) beside its point; labels at one x are kept a line apart,
+    highest first, so methods with about the same throughput stay readable."""
+    from matplotlib.transforms import offset_copy
+
+    if not marks:
+        return
+    gap = 0.06 * max(y for _, y, _, _ in marks)  # about one line of 8-point text
+    at = offset_copy(ax.transData, fig=ax.figure, x=6, y=0, units="points")
+    for x in sorted({m[0] for m in marks}):
+        last = None
+        for _, y, text, color in sorted((m for m in marks if m[0] == x), key=lambda m: -m[1]):
+            last = y if last is None else min(y, last - gap)
+            ax.text(x, last, text, transform=at, fontsize=8, color=color, va="center")
+
+
+def plot_scaling(sw: Sweep, ax) -> None:
+    """Throughput against processes (error bars: the 95% CI), dashed: ideal linear scaling."""
+    marks = []  # (processes, throughput, efficiency text, color)
+    for key, pts in series(sw).items():
+        color = COLORS[key[0]]
+        ns = [n for n, _ in pts]
+        ivs = [stats.throughput(docs) for _, docs in pts]
+        vals = [iv.value or 0.0 for iv in ivs]
+        err = [[v - iv.low if iv.available else 0.0 for v, iv in zip(vals, ivs)],
+               [iv.high - v if iv.available else 0.0 for v, iv in zip(vals, ivs)]]
+        ax.errorbar(ns, vals, yerr=err, fmt="-o", color=color, capsize=4, label=label(key))
+        if vals[0]:  # the efficiency beside each point past n0
+            marks += [(n, v, f"{v / (vals[0] * n / ns[0]):.2f}", color) for n, v in zip(ns[1:], vals[1:])]
+        if len(ns) > 1 and vals[0]:
+            ax.plot([ns[0], ns[-1]], [vals[0], vals[0] * ns[-1] / ns[0]], "--", color=color,
+                    alpha=0.6, label=f"ideal linear, {label(key)}")
+    _label_points(ax, marks)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("processes")
+    ax.set_ylabel("images / second (all trainers, steady state)")
+    ax.set_title("Throughput vs processes (error bars: 95% CI; dashed: ideal linear;\n"
+                 "numbers: scaling efficiency)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.margins(x=0.1)  # room for the efficiency labels at the last point
+    ax.set_ylim(bottom=0)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no completed grid point", transform=ax.transAxes, ha="center", color="#a00")
+
+
+def limits(sw: Sweep) -> list[str]:
+    """What bounds the scaling here, from the recorded environment: said, not implied."""
+    lines = []
+    ns = sorted({n for pts in series(sw).values() for n, _ in pts})
+    devices = {d.get("world", {}).get("device") for p in sw.points for ds in p.res.repeats.values()
+               for d in ds}
+    env = next((p.env for p in sw.points if p.env), {}) or {}
+    cores = env.get("cpu_count")
+    if "cpu" in devices:
+        lines.append(
+            f"CPU run (gloo) on {cores or '?'} CPU cores with {', '.join(map(str, ns))} processes: "
+            "every process computes on the same cores, so total compute cannot grow past the "
+            "core count; beyond it a process only takes time from the others and the ideal line "
+            f"is out of reach by construction (at n > {cores or 'cores'} processes the efficiency is at most "
+            f"{cores or 'cores'}/n). "
+            "The Jupyter kernel, torchrun and the data loading share those cores too, and "
+            "communication (gloo over loopback) competes with compute instead of overlapping it. "
+            "Read a CPU sweep as a check of the machinery; GPU runs, one process per GPU, are "
+            "where the ideal line is a reachable bound.")
+    no_ci = {iv.note for pts in series(sw).values() for _, docs in pts
+             for iv in [stats.throughput(docs)] if not iv.available and iv.note}
+    for note in sorted(no_ci):
+        lines.append(f"Some points have no confidence interval: {note}.")
+    if "ps" in {k[0] for k in series(sw)}:
+        lines.append("Parameter Server: rank 0 serves and trains nothing, so n processes are n-1 "
+                     "trainers (column Trainers); its ideal line is drawn per process, like the "
+                     "others, which charges it for the server.")
+    for p in sw.points:
+        for m, prob in p.res.problems.items():
+            lines.append(f"Problem at {p.name}: {SHORT.get(m, m)}: {prob}")
+    missing = [p["name"] for p in sw.doc.get("points", []) if not (sw.path / p["dir"]).is_dir()]
+    if missing:
+        lines.append(f"Not run: {', '.join(missing)}.")
+    return lines
+
+
+def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
+    """scaling.png and scaling.txt (the efficiency table and the limits) under ``out``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    plot_scaling(sw, ax)
+    fig.tight_layout()
+    png = out / "scaling.png"
+    with atomic_path(str(png)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    txt = out / "scaling.txt"
+    body = (f"Scaling study: {sw.path}\ngrid: {json.dumps(sw.grid)}\n\n"
+            + text_table(scaling_rows(sw), empty="(no completed grid point)")
+            + "\n\n" + "\n".join(f"- {l}" for l in limits(sw)) + "\n")
+    with atomic_path(str(txt)) as tmp:
+        Path(tmp).write_text(body)
+    return {"plot": png, "text": txt}

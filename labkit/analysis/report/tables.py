@@ -1,0 +1,222 @@
+"""The report's tables as rows of dicts, and as HTML or plain text."""
+from __future__ import annotations
+
+import html
+from typing import Optional
+
+from labkit.analysis.texttable import text_table as _text_table
+from labkit.analysis.texttable import two_decimals
+from labkit.analysis import stats
+from .load import METHOD_ORDER, SHORT, RunResults, _epochs, summary_value
+
+THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
+
+
+def method_runs(res: RunResults, m: str) -> list[dict]:
+    """Method ``m``'s result documents: one per repeat (``res.repeats``, when the run folder
+    has repeats), else its one result file."""
+    reps = [d for d in res.repeats.get(m) or [] if d.get("epochs")]
+    return reps or [res.ok[m]]
+
+
+def intervals(res: RunResults) -> dict[str, dict]:
+    """Per method with results: its throughput and, against DDP, its speedup, each a
+    ``stats.Interval`` (95% CI over steps, or over repeats)."""
+    docs = res.ok
+    base = method_runs(res, "ddp") if "ddp" in docs else None
+    out = {}
+    for m in METHOD_ORDER:
+        if m in docs:
+            runs = method_runs(res, m)
+            out[m] = {"throughput": stats.throughput(runs),
+                      "speedup": stats.speedup(runs, base) if base and m != "ddp" else None}
+    return out
+
+
+def comparison_rows(res: RunResults) -> list[dict]:
+    """Section 4.2, table 1: throughput with its 95% CI, time per epoch, best accuracy,
+    speedup vs DDP with its 95% CI ("n/a" where the files hold no step times)."""
+    docs, ivs = res.ok, intervals(res)
+    rows = []
+    for m in METHOD_ORDER:
+        if m not in docs:
+            rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-", THR_CI: "-",
+                         "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
+                         "Speedup vs DDP": "not available: " + res.problems.get(m, "no result"),
+                         SPEED_CI: "-"})
+            continue
+        thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
+        if m == "ddp":
+            speed, speed_ci = "1.00x (baseline)", "-"
+        elif sp is None or sp.value is None:
+            speed, speed_ci = "n/a (no DDP result)", "n/a"
+        else:
+            speed, speed_ci = f"{sp.value:.2f}x", sp.ci_text(ref=1.0)
+        rows.append({"Method": SHORT[m],
+                     "Avg throughput (img/s)": thr.value if thr.value is not None
+                     else summary_value(docs[m], "avg_train_throughput"),
+                     THR_CI: thr.ci_text(digits=1),
+                     "Avg train time/epoch (s)": summary_value(docs[m], "avg_train_time_per_epoch"),
+                     "Best accuracy (%)": summary_value(docs[m], "best_val_accuracy"),
+                     "Speedup vs DDP": speed, SPEED_CI: speed_ci})
+    return rows
+
+
+def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
+    """Per-step communication times in ms (trainer blocked in sync)."""
+    out = {}
+    docs = res.ok
+    if "allreduce" in docs:
+        out["allreduce"] = {"allreduce": 1000 * summary_value(docs["allreduce"], "avg_comm_time")}
+    if "ps" in docs:
+        pull = 1000 * summary_value(docs["ps"], "avg_comm_time_pull")
+        push = 1000 * summary_value(docs["ps"], "avg_comm_time_push")
+        out["ps"] = {"pull": pull, "push": push}
+    return out
+
+
+def communication_rows(res: RunResults) -> list[dict]:
+    """Section 4.2, table 2: parameter pull, gradient push, all-reduce, total (ms per step)."""
+    c = comm_ms(res)
+    rows = [{"Method": SHORT["ddp"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+             "All-Reduce (ms)": "-", "Total comm time (ms)": "(inside PyTorch)"}]
+    if "allreduce" in c:
+        a = c["allreduce"]["allreduce"]
+        rows.append({"Method": SHORT["allreduce"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+                     "All-Reduce (ms)": a, "Total comm time (ms)": a})
+    else:
+        rows.append({"Method": SHORT["allreduce"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+                     "All-Reduce (ms)": "-", "Total comm time (ms)": "not available"})
+    if "ps" in c:
+        p = c["ps"]
+        rows.append({"Method": SHORT["ps"], "Param pull (ms)": p["pull"], "Grad push (ms)": p["push"],
+                     "All-Reduce (ms)": "-", "Total comm time (ms)": p["pull"] + p["push"]})
+    else:
+        rows.append({"Method": SHORT["ps"], "Param pull (ms)": "-", "Grad push (ms)": "-",
+                     "All-Reduce (ms)": "-", "Total comm time (ms)": "not available"})
+    return rows
+
+
+def text_table(rows: list[dict]) -> str:
+    return _text_table(rows, lambda v: two_decimals("" if v is None else v), empty="(no results)")
+
+
+def html_table(rows: list[dict], columns: Optional[list[str]] = None) -> str:
+    columns = columns or (list(rows[0]) if rows else [])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(two_decimals(r.get(c, '')))}</td>" for c in columns)
+                   + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def epoch_rows(doc: dict) -> list[dict]:
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time",
+            "train_throughput", "avg_batch_time", "avg_comm_time", "avg_comm_time_pull",
+            "avg_comm_time_push")
+    rows = []
+    for e in doc["epochs"]:
+        r = {k: e[k] for k in keys if k in e}
+        if e.get("avg_data_time") is not None and e.get("avg_batch_time"):
+            # time a trainer waited for its next batch, as a share of the step (target: <= 5%)
+            r["data_wait_pct"] = 100 * e["avg_data_time"] / e["avg_batch_time"]
+        rows.append(r)
+    return rows
+
+
+def environment_rows(env: dict) -> list[dict]:
+    gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in env.get("gpus", [])) or "none"
+    git = env.get("git", {})
+    items = [("host", env.get("host")), ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
+             ("GPUs", gpus), ("driver", env.get("driver") or "-"), ("platform", env.get("platform")),
+             ("Python", env.get("python")), ("torch", env.get("torch")),
+             ("torchvision", env.get("torchvision")), ("CUDA", env.get("cuda") or "-"),
+             ("cuDNN", env.get("cudnn") or "-"), ("NCCL", env.get("nccl") or "-"),
+             ("git commit", f"{git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''}"),
+             ("seed", env.get("seed")), ("recorded", env.get("time"))]
+    items += _record_items(env)
+    return [{"": k, "value": v} for k, v in items]
+
+
+def _record_items(env: dict) -> list[tuple[str, str]]:
+    """The environment record's rows (labkit.lab.record), each one readable line; absent parts of
+    older run folders are left out."""
+    items = []
+    git, pk = env.get("git") or {}, env.get("packages") or {}
+    if git.get("diff_file"):
+        items.append(("uncommitted diff", f"{git['diff_file']} (sha256 {str(git.get('diff_sha256'))[:12]}); "
+                                          f"git apply it on the commit above"))
+    if git.get("untracked"):
+        shown = ", ".join(git["untracked"][:5])
+        items.append(("untracked files", f"{len(git['untracked'])}: {shown}"
+                                         + (", ..." if len(git["untracked"]) > 5 else "")))
+    if pk:
+        items.append(("Python packages", f"{pk.get('count')} installed, every version in "
+                                         f"{pk.get('file')} (pip install -r accepts it)"))
+    if env.get("debian"):
+        items.append(("Debian packages", ", ".join(f"{n} {v or '(not installed)'}"
+                                                   for n, v in env["debian"].items())))
+    d = env.get("determinism") or {}
+    if d:
+        items.append(("determinism", f"seed {d.get('seed')}, backend {d.get('backend')} on "
+                                     f"{d.get('device')}, {d.get('torch_num_threads')} torch threads "
+                                     f"(OMP_NUM_THREADS={d.get('omp_num_threads_env')}), deterministic "
+                                     f"algorithms {'on' if d.get('deterministic_algorithms') else 'off'}, "
+                                     f"cuDNN benchmark {'on' if d.get('cudnn_benchmark') else 'off'}"))
+    by_fp: dict[str, list[str]] = {}
+    for m, fp in (env.get("data") or {}).items():
+        extra = {k: v for k, v in fp.items() if k not in ("dataset", "sha256", "layout_sha256")}
+        text = (f"{fp.get('dataset')} sha256 {str(fp.get('sha256'))[:16]}"
+                + (" (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")" if extra else ""))
+        by_fp.setdefault(text, []).append(m)
+    for text, ms in by_fp.items():
+        items.append((f"data ({', '.join(ms)})", text))
+    return items
+
+
+def reproduction_rows(doc: dict) -> list[dict]:
+    """labkit reproduce's verdict per method, and the speed of the rerun (not a verdict)."""
+    rows = []
+    for m, v in doc["methods"].items():
+        why = "; ".join(v.get("reasons") or []) or "-"
+        t = v.get("timing") or {}
+        speed = "-"
+        if t.get("speed_ratio") is not None:
+            ci = t.get("ci95")
+            speed = f"{t['speed_ratio']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else " (no CI)")
+        mad = v.get("max_abs_diff")
+        rows.append({"Method": SHORT.get(m, m), "Verdict": v["verdict"],
+                     "Max abs difference": "-" if mad is None else f"{mad:.3g}",
+                     "Where it differs": why, "Speed vs recorded (95% CI)": speed})
+    return rows
+
+
+def config_rows(res: RunResults) -> list[dict]:
+    keys = ("world_size", "batch_size", "epochs", "dataset", "model", "backend", "lr", "momentum",
+            "weight_decay", "amp", "channels_last", "bucket_mb", "no_overlap", "ps_mode",
+            "max_steps_per_epoch", "workers", "pin_cpus")
+    rows = []
+    for k in keys:
+        row = {"setting": k}
+        for m, d in res.ok.items():
+            cfg = d.get("config", {})
+            v = cfg[k] if k in cfg else len(d["epochs"]) if k == "epochs" else d.get(k, "-")
+            row[SHORT[m]] = "-" if v is None else v
+        rows.append(row)
+    return rows
+
+
+def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, d in [*base.items(), *variants.items()]:
+        c, ep = d.get("config", {}), _epochs(d)
+        stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
+        rows.append({
+            "run": name, "servers": c.get("ps_servers") if c.get("method") == "ps" else None,
+            "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
+            "img/s": summary_value(d, "avg_train_throughput"),
+            "final train loss": ep[-1]["train_loss"] if ep else None,
+            "best val acc %": summary_value(d, "best_val_accuracy"),
+            "max staleness seen": max(stale) if stale else None,
+            "status": d.get("status"),
+        })
+    return rows

@@ -1,0 +1,206 @@
+"""Findings computed from the numbers, the plain-text report and the files `labkit report` writes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from statistics import mean
+from typing import Any, Optional
+
+from labkit.analysis import bench_view
+from labkit.analysis import stats
+from labkit.core.files import atomic_path
+from .captions import heading
+from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, load_reproduction, summary_value
+from .plots import write_plots
+from .repeats import repeats_text
+from .tables import comparison_rows, communication_rows, epoch_rows, method_runs, text_table
+
+
+RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
+        "slower only when the CI excludes 1.00")
+
+
+# A single run's interval comes from the epochs of one launch per method; what differs from one
+# launch of a method to the next (where the ranks ran, the machine's state) is not in it.
+# Measured 2026-11-23 on a 2-vCPU VM, five runs of the embedded default in 12 minutes:
+# Parameter Server 0.72x, 0.79x, 0.88x, 0.71x, 0.94x DDP, while run 1's interval was 0.69-0.74.
+ONE_LAUNCH = ("Each method ran once: a faster or slower verdict rests on the noise within each "
+              "launch, not on the spread between two launches of the same method, which a "
+              "shared machine adds; --repeats N (rotated order, an interval over the repeats) "
+              "measures that spread too.")
+
+
+def _against_ddp(res: RunResults, judge) -> list[stats.Verdict]:
+    docs = res.ok
+    if "ddp" not in docs:
+        return []
+    base = method_runs(res, "ddp")
+    return [judge(SHORT[m], method_runs(res, m), base) for m in METHOD_ORDER
+            if m in docs and m != "ddp"]
+
+
+def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
+    """Each method against DDP (stats.compare_speed): faster / slower only when the 95% CI of
+    its speedup excludes 1.00, else within the noise, or not available (no step times)."""
+    return _against_ddp(res, stats.compare_speed)
+
+
+def accuracy_verdicts(res: RunResults) -> list[stats.Verdict]:
+    """Each method's best validation accuracy against DDP's (stats.accuracy_verdict)."""
+    return _against_ddp(res, stats.accuracy_verdict)
+
+
+def load_line(res: RunResults) -> Optional[str]:
+    """How busy the rest of the machine was while each method's steps were timed (its busiest
+    epoch; stats.machine_load), or None when no result file records it."""
+    loads = {}
+    for m in METHOD_ORDER:
+        if m in res.ok:
+            vals = [x for x in map(stats.machine_load, method_runs(res, m)) if x is not None]
+            if vals:
+                loads[SHORT[m]] = max(vals)
+    if not loads:
+        return None
+    return ("Machine load (share of the CPU time that other work took in the busiest timed epoch; "
+            f"one run is judged only under {100 * stats.LOAD_LIMIT:.0f}%): "
+            + ", ".join(f"{k} {100 * v:.0f}%" for k, v in loads.items()) + ".")
+
+
+def verdict_lines(res: RunResults) -> list[str]:
+    """The speed and accuracy verdicts as sentences: the discussion's and the terminal's."""
+    docs = res.ok
+    if len(docs) < 2:
+        return []
+    if "ddp" not in docs:
+        return ["No Baseline DDP result, so no speedup or accuracy verdicts."]
+    lines = [f"Speed ({RULE}):"]
+    speed = speed_verdicts(res)
+    for v in speed:
+        lines.append(v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
+                     .get(v.label, "") + ".")
+    if any(v.label in ("faster", "slower") for v in speed) and len(method_runs(res, "ddp")) == 1:
+        lines.append(ONE_LAUNCH)
+    load = load_line(res)
+    if load:
+        lines.append(load)
+    if speed and all(v.label == "not available" for v in speed):
+        thr = {m: summary_value(d, "avg_train_throughput") for m, d in docs.items()}
+        top = max(thr, key=thr.get)
+        lines.append(f"{SHORT[top]} had the highest measured throughput ({thr[top]:.1f} img/s), "
+                     f"but without confidence intervals these files cannot say whether the "
+                     f"differences exceed the measurement noise.")
+    lines.append("Accuracy (best validation accuracy against DDP):")
+    lines += [v.sentence + "." for v in accuracy_verdicts(res)]
+    return lines
+
+
+def discussion(res: RunResults) -> list[str]:
+    """Short findings computed from the measured numbers (no claims the numbers don't make)."""
+    docs = res.ok
+    lines = verdict_lines(res)
+    for m, d in docs.items():
+        ep = _epochs(d)
+        step = mean(e["avg_batch_time"] for e in ep if "avg_batch_time" in e) if ep else NAN
+        if m == "allreduce" and step == step:
+            a = summary_value(d, "avg_comm_time")
+            lines.append(f"Manual All-Reduce: a trainer waited {1000 * a:.1f} ms per step for gradient "
+                         f"all-reduce after backward, {100 * a / step:.0f}% of its {1000 * step:.0f} ms step.")
+        if m == "ps" and step == step:
+            pull, push = summary_value(d, "avg_comm_time_pull"), summary_value(d, "avg_comm_time_push")
+            lines.append(f"Parameter Server: a worker spent {1000 * pull:.1f} ms per step pulling parameters and "
+                         f"{1000 * push:.1f} ms pushing gradients, {100 * (pull + push) / step:.0f}% of its "
+                         f"{1000 * step:.0f} ms step; with {d.get('num_workers', '?')} workers on one server.")
+        data = [e["avg_data_time"] for e in ep if "avg_data_time" in e]
+        if data and step == step and mean(data) / step > 0.05:
+            lines.append(f"{SHORT[m]}: waiting for data took {100 * mean(data) / step:.0f}% of the step time "
+                         f"(raise --workers).")
+    acc = {m: summary_value(d, "best_val_accuracy") for m, d in docs.items()}
+    acc = {m: a for m, a in acc.items() if a == a}
+    if len(acc) >= 2:
+        lo, hi = min(acc.values()), max(acc.values())
+        lines.append(f"Best validation accuracy ranged from {lo:.2f}% to {hi:.2f}%: the methods apply the same "
+                     f"averaged SGD step, so differences come from float summation order and, for PS, "
+                     f"a different number of trainers; repeats with different seeds (--repeats) measure "
+                     f"whether they exceed the seed-to-seed noise.")
+    cpu = [d for d in docs.values() if d.get("world", {}).get("device") == "cpu"]
+    if cpu:
+        bound = (", each rank bound to its share of them (--pin-cpus)"
+                 if all(d.get("config", {}).get("pin_cpus") for d in cpu) else "")
+        lines.append(f"These are CPU (gloo) figures: processes share the CPU cores{bound}, so "
+                     f"communication and computation compete; GPU/NCCL runs separate them.")
+    for k, p in res.problems.items():
+        lines.append(f"Problem: {p}")
+    return lines
+
+
+def terminal_summary(res: RunResults) -> str:
+    """What `labkit experiment` and `labkit report` end with: Table 1 and the verdicts."""
+    if not res.ok:
+        return ""
+    return "\n".join([heading("comparison"), "", text_table(comparison_rows(res)), "",
+                      *verdict_lines(res)])
+
+
+def reproduction_summary(doc: dict) -> str:
+    """"Reproduction of <run>: ..." in one sentence (doc: reproduction.json)."""
+    verdicts = [v["verdict"] for v in doc["methods"].values()]
+    counts = ", ".join(f"{n} {label}" for label in ("identical", "equal within tolerance", "different")
+                       if (n := verdicts.count(label)))
+    return (f"Reproduction of {Path(str(doc['original'])).name}: "
+            f"{'reproduced' if doc.get('reproduced') else 'NOT reproduced'} ({counts})")
+
+
+def text_report(res: RunResults, env: Optional[dict] = None) -> str:
+    parts = ["labkit performance report", "=" * 25, ""]
+    if res.run_dir:
+        parts.append(f"run: {res.run_dir}")
+    if env:
+        gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "none"
+        parts.append(f"machine: {env.get('host')} | CPU: {env.get('cpu')} ({env.get('cpu_count')} cores) | "
+                     f"GPUs: {gpus}")
+        parts.append(f"versions: python {env.get('python')}, torch {env.get('torch')}, "
+                     f"CUDA {env.get('cuda')}, NCCL {env.get('nccl')} | git {str(env.get('git', {}).get('commit'))[:10]}"
+                     f"{' (dirty)' if env.get('git', {}).get('dirty') else ''}")
+    for m, d in res.ok.items():
+        cfg = d.get("config", {})
+        parts.append(f"{SHORT[m]}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
+                     + (f", {cfg.get('model')} on {cfg.get('dataset')}, backend {cfg.get('backend')}" if cfg else "")
+                     + f", {len(d['epochs'])} epoch(s), {d.get('start_time')} -> {d.get('end_time')}")
+    rep = load_reproduction(res.run_dir) if res.run_dir else None
+    if rep:
+        parts += ["", reproduction_summary(rep) + f" ({rep['original']})"]
+        parts += [f"  {SHORT.get(m, m)}: {v['verdict']}" + "".join(f"; {r}" for r in v.get("reasons") or [])
+                  for m, v in rep["methods"].items()]
+    parts += ["", heading("comparison"), "",
+              text_table(comparison_rows(res)), "",
+              heading("communication"), "",
+              text_table(communication_rows(res)), ""]
+    parts += repeats_text(res)  # nothing without --repeats
+    for m, d in res.ok.items():
+        parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
+    parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]
+    doc = load_bench(res.run_dir) if res.run_dir else None
+    if doc and doc.get("results"):
+        parts += [heading("bench"), "", bench_view.text_table(doc), ""]
+    return "\n".join(parts)
+
+
+def write_report(res: RunResults, out_dir: str | os.PathLike, env: Optional[dict] = None) -> dict[str, Any]:
+    """plots/*.png and performance_report.txt in ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = write_plots(res, out) if res.docs or res.problems else []  # none for a bench folder
+    txt = out / "performance_report.txt"
+    with atomic_path(str(txt)) as tmp, open(tmp, "w") as f:
+        f.write(text_report(res, env))
+    return {"plots": pngs, "text": txt}
+
+
+
+
+def load_bench(run_dir: str | os.PathLike) -> Optional[dict]:
+    """The run folder's bench document, or None when it has none (or not a readable one)."""
+    try:
+        return bench_view.load(run_dir, need_results=False)
+    except bench_view.BenchError:
+        return None

@@ -1,0 +1,401 @@
+"""The launcher: validate, build the torchrun command, run it, stream, keep logs, explain failures.
+
+    from .launch import launch
+    result = launch(cfg, nproc=4, out_dir="runs/x/ddp")   # live output, per-rank logs
+    result.check()                                         # LaunchError with one clear message
+
+Every subprocess gets an argument list, never a shell string.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Optional
+
+from labkit.core.config import ConfigError, TrainConfig
+from labkit.core.files import atomic_write_json, now_str
+from .record import portable
+
+@dataclass(frozen=True)
+class Nodes:
+    """torchrun's multi-node options (single node on loopback by default)."""
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None  # host:port of the c10d rendezvous (multi-node)
+    rdzv_id: str = "labkit"
+    max_restarts: int = 0
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1 or self.rdzv_endpoint is not None
+
+
+class LaunchError(RuntimeError):
+    """A launch that failed: the message names the method, the rank, its exit code and the
+    last lines of that rank's log."""
+
+    # in a notebook cell, the message (with the rank's log lines) rather than launch.py's frames
+    _render_traceback_ = ConfigError._render_traceback_
+
+
+@dataclass
+class LaunchResult:
+    method: str
+    returncode: int
+    out_dir: str
+    log_dir: str
+    command: list[str]
+    wall_time: float
+    message: str = ""
+    failed_rank: Optional[int] = None
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self) -> "LaunchResult":
+        if not self.ok:
+            raise LaunchError(self.message)
+        return self
+
+
+def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
+    """Check the inputs in this process, in seconds, before any rank is spawned."""
+    from labkit.training.checks import find_checkpoint, preflight, refuse_overwrite
+    from labkit.training.data import build_datasets, check_image_folder, steps_per_epoch
+
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, else 4")
+    world = nproc * nodes.nnodes
+    cfg = preflight(cfg, world=world, local_world=nproc)
+    trainers = cfg.trainers(world)
+    if cfg.dataset == "imagefolder":
+        classes = check_image_folder(cfg.data_dir, cfg.skip_bad_images)  # ranks count images
+        num_classes = len(classes)
+    else:
+        data = build_datasets(cfg)
+        steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
+        num_classes = data.num_classes
+    if cfg.weights:  # torchvision (seconds to import) only to check a weights file
+        from labkit.training.models import build_model
+        build_model(cfg.model, num_classes, cfg.weights)
+    if cfg.resume:
+        if find_checkpoint(cfg) is None:  # --resume without --out raised inside already
+            raise ConfigError(f"nothing to resume in {cfg.out!r}")
+    elif cfg.out:
+        refuse_overwrite(cfg.out, cfg)
+    return cfg
+
+
+def config_flags(cfg: TrainConfig) -> list[str]:
+    """TrainConfig -> labkit.train flags (only values that differ from the defaults)."""
+    args = []
+    for f in dataclasses.fields(TrainConfig):
+        v = getattr(cfg, f.name)
+        if v == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(v, bool):
+            args.append(flag if v else "--no-" + f.name.replace("_", "-"))
+        elif v is not None:
+            args += [flag, str(v)]
+    return args
+
+
+def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = Nodes(),
+                     show_ranks: tuple[int, ...] = (0,), module: str = "labkit.train",
+                     extra: tuple[str, ...] = ()) -> list[str]:
+    """The torchrun command line for ``module`` (labkit.train, or the bench's ranks: labkit.training.bench_rank)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if nodes.multi:
+        cmd += [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.rdzv_endpoint}",
+                f"--rdzv-id={nodes.rdzv_id}"]
+    else:
+        # single node: torchrun's standalone c10d store on a free port, and the ranks' process
+        # group on loopback (--local-addr). An explicit "--rdzv-endpoint 127.0.0.1:0" instead
+        # breaks --max-restarts (the restarted ranks' gloo mesh never connects), and either
+        # way PyTorch's TCPStore listens on every interface: it has no bind address.
+        cmd += ["--standalone", "--local-addr=127.0.0.1"]
+    if nodes.max_restarts:
+        cmd.append(f"--max-restarts={nodes.max_restarts}")
+    cmd += [f"--log-dir={log_dir}", "--tee=3"]
+    if torchrun_knows("--log-line-prefix-template"):
+        cmd.append("--log-line-prefix-template=[rank${rank}]: ")
+    cmd += [f"--local-ranks-filter={','.join(map(str, show_ranks))}",
+            "-m", module, *config_flags(cfg), *extra]
+    return cmd
+
+
+def torchrun_knows(flag: str) -> bool:
+    """Whether this torch's torchrun has ``flag``. An older torchrun (2.11, the image of the
+    H100 machine labkit was measured on) takes an unknown option for the script to run, and
+    every rank then dies in ``python --log-line-prefix-template=...``; without the prefix its
+    lines read ``[default0]:`` instead of ``[rank0]:``."""
+    from torch.distributed.run import get_args_parser
+
+    return any(flag in a.option_strings for a in get_args_parser()._actions)
+
+
+def rank_logs(log_dir: str, local_rank: int) -> list[str]:
+    """torchrun's per-rank log files (newest attempt last)."""
+    pat = os.path.join(log_dir, "**", "attempt_*", str(local_rank), "*.log")
+    return sorted(glob.glob(pat, recursive=True), key=os.path.getmtime)
+
+
+def tail(path: str, n: int = 15) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().replace("\r", "\n")
+    except OSError:
+        return []
+    return [l for l in text.splitlines() if l.strip()][-n:]
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# errors a rank gets because another rank is gone: not the cause
+_SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
+                        r"NCCL communicator was aborted", re.I)
+_OWN_ERROR = re.compile(r"labkit\.(train|bench): error:")  # the one line a rank prints on failure
+_TIMEOUT = re.compile(r"timed out|Timeout", re.I)
+
+
+def _rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
+    lines: list[str] = []
+    logs = rank_logs(log_dir, local_rank)[::-1]  # the newest attempt first
+    for p in [p for p in logs if p.endswith("stderr.log")] + logs:
+        lines = tail(p)
+        if lines:
+            break
+    own = [l for l in lines if _OWN_ERROR.search(l)]
+    return own[-1:] if own else lines  # labkit's own last line says it all
+
+
+def explain_failure(method: str, returncode: int, output: str, log_dir: str,
+                    multi_node: bool = False) -> tuple[str, Optional[int], list[str]]:
+    """One message: which rank failed first, its exit code, the last lines of its log.
+
+    torchrun's "root cause" is the lowest rank among failures within the same second, which is
+    often a rank that only failed because its peer died; so we pick the first failure that is
+    neither torchrun's SIGTERM nor a lost-peer error. With several nodes, ``output`` and
+    ``log_dir`` cover this node's ranks only: when all of them merely lost their peers, the
+    cause is on another node, and no rank here is blamed.
+    """
+    seen, failures = set(), []
+    for m in _FAILURE.finditer(output):
+        key = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        if key not in seen:
+            seen.add(key)
+            failures.append(key)
+    if not failures:
+        last = [l for l in output.replace("\r", "\n").splitlines() if l.strip()][-10:]
+        why = ""
+        if multi_node and re.search(r"Rendezvous\w*Error", output):
+            why = (" (the rendezvous failed: is --rdzv-endpoint reachable from this node, and did "
+                   "every node start within torchrun's join timeout, 600 s?)")
+        return (f"{method} failed: torchrun exited with code {returncode}{why}\n" + "\n".join(last),
+                None, last)
+
+    def evidence(f) -> int:
+        """How surely this failure is the cause: 0 a crash with its own error, 1 killed by a
+        signal (no chance to say anything), 2 no message, 3 a consequence of another failure.
+
+        The log decides before the exit code: a rank that raised its own error can still be
+        recorded as SIGTERM when torchrun stops it while its interpreter is shutting down."""
+        _, local_rank, code = f
+        lines = _rank_error_lines(log_dir, local_rank)
+        if any(_SECONDARY.search(l) for l in lines):
+            return 3
+        if any(_OWN_ERROR.search(l) for l in lines):
+            return 0
+        if code == -signal.SIGTERM:
+            return 3
+        if code < 0:
+            return 1
+        return 0 if lines else 2
+
+    def secondary(f) -> bool:
+        return evidence(f) == 3
+
+    ranked = sorted(failures, key=lambda f: (evidence(f), f[0]))
+    primary = ranked[0] if not secondary(ranked[0]) else None
+    if primary is None:
+        # nobody crashed: ranks timed out waiting in a collective for a rank that hung
+        timed_out = [f for f in failures if any(_TIMEOUT.search(l) for l in _rank_error_lines(log_dir, f[1]))]
+        hung = [f[0] for f in failures if f not in timed_out] if timed_out else []
+        if hung:
+            lines = _rank_error_lines(log_dir, timed_out[0][1])
+            msg = (f"{method} failed: rank {', '.join(map(str, sorted(hung)))} hung: the other ranks "
+                   f"timed out waiting for it in a collective (--timeout); rank {timed_out[0][0]} said:\n"
+                   + "\n".join("  | " + l for l in lines))
+            return msg, sorted(hung)[0], lines
+        if multi_node:
+            lines = _rank_error_lines(log_dir, failures[0][1])
+            ranks = ", ".join(str(f[0]) for f in sorted(failures))
+            msg = (f"{method} failed on another node: rank {ranks} on this node only lost its peers "
+                   f"(or timed out waiting for them); the rank that failed first runs on another "
+                   f"node: see that node's labkit output and logs. Rank {failures[0][0]} said:\n"
+                   + "\n".join("  | " + l for l in lines))
+            return msg, None, lines
+        primary = failures[0]
+    rank, local_rank, code = primary
+    sig = ""
+    if code < 0:
+        try:
+            sig = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    lines = _rank_error_lines(log_dir, local_rank)
+    logs = rank_logs(log_dir, local_rank)
+    where = f" (logs: {os.path.dirname(logs[-1])})" if logs else ""
+    how = (f"failed first (torchrun then stopped it: exit code {code}{sig})"
+           if code == -signal.SIGTERM else f"exited with code {code}{sig}")
+    msg = (f"{method} failed: rank {rank} {how}{where}\n"
+           + "\n".join("  | " + l for l in lines))
+    return msg, rank, lines
+
+
+class Throttle:
+    """Pass lines through, but at most one progress-bar refresh per ``interval`` seconds, so a
+    notebook never floods."""
+
+    def __init__(self, stream: IO[str], interval: float = 2.0):
+        self.stream, self.interval, self.last = stream, interval, 0.0
+
+    def line(self, text: str, is_progress: bool) -> None:
+        now = time.monotonic()
+        if is_progress and now - self.last < self.interval:
+            return
+        if is_progress:
+            self.last = now
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
+           stream: Optional[IO[str]] = None, env: Optional[dict] = None,
+           throttle_s: float = 2.0, module: str = "labkit.train",
+           extra: tuple[str, ...] = ()) -> LaunchResult:
+    """Validate, then run one method under torchrun and wait for it.
+
+    Raises ConfigError (in seconds, before spawning) for bad input; returns a LaunchResult
+    whose ``message`` explains a failed rank.
+    """
+    stream = stream or sys.stdout
+    cfg = dataclasses.replace(cfg, out=out_dir)
+    cfg = validate(cfg, nproc, nodes)
+    os.makedirs(out_dir, exist_ok=True)
+    log_dir = os.path.join(out_dir, "logs")
+    if nodes.multi:
+        # every node may be given the same --out on a shared filesystem: each keeps its own logs
+        # (and launch file), so a failure is explained from this node's ranks only
+        log_dir = os.path.join(log_dir, f"node{nodes.node_rank}")
+    os.makedirs(log_dir, exist_ok=True)
+    show = (0, 1) if cfg.method == "ps" and nproc > 1 else (0,)
+    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    full_env["PYTHONUNBUFFERED"] = "1"
+    # restarted ranks sharing torchrun's rendezvous store read the previous attempt's
+    # addresses and cannot connect (pytorch/pytorch#135712): give each attempt its own store
+    full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    t0 = time.monotonic()
+    out = Throttle(stream, throttle_s)
+    captured: list[str] = []
+    # start_new_session: Ctrl-C in a notebook reaches us, and we stop the whole group
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+                            text=True, bufsize=1, errors="replace", start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    try:
+        for raw in proc.stdout:
+            captured.append(raw)
+            for piece in raw.rstrip("\n").split("\r"):
+                if not re.sub(r"^\[(?:rank|default)\d+\]:", "", piece).strip() or _torchrun_noise(piece):
+                    continue
+                out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
+        proc.wait()
+    except BaseException as e:
+        _stop(proc)
+        if isinstance(e, KeyboardInterrupt):
+            settle_results(out_dir, cfg.result_file, "interrupted", "interrupted by the user (Ctrl-C)")
+        raise
+    text = "".join(captured)
+    with open(os.path.join(log_dir, "torchrun.log"), "w") as f:
+        f.write(" ".join(cmd) + "\n\n" + text)
+    res = LaunchResult(cfg.method, proc.returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
+    if not res.ok:
+        res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
+                                                                     text, log_dir, nodes.multi)
+        settle_results(out_dir, cfg.result_file, "failed", res.message.splitlines()[0])
+    # paths inside out_dir relative to it (the command runs from there), so a run folder that
+    # is copied or moved does not point back at where it ran
+    atomic_write_json(os.path.join(out_dir, launch_file(nodes)), portable({
+        "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
+        "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
+        "message": res.message}, out_dir))
+    return res
+
+
+def launch_file(nodes: Nodes = Nodes()) -> str:
+    """launch.json, or launch_node<k>.json for node k > 0 (nodes may share one --out)."""
+    return "launch.json" if nodes.node_rank == 0 else f"launch_node{nodes.node_rank}.json"
+
+
+def settle_results(out_dir: str, result_file: str, status: str, why: str) -> None:
+    """A run that ended badly must not leave a result file saying "running" (rank 0 may have
+    been the rank that was killed): mark it, keeping every finished epoch."""
+    path = os.path.join(out_dir, result_file)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return
+    if doc.get("status") == "running" or (status == "interrupted" and doc.get("status") == "failed"):
+        doc["status"] = status
+        doc.setdefault("error", why)
+        doc["end_time"] = doc.get("end_time") or now_str()
+        atomic_write_json(path, doc)
+
+
+# the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
+_KINETO = re.compile(r"^(\[(?:rank|default)\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
+
+
+def _torchrun_noise(line: str) -> bool:
+    """torchrun's own warnings and failure dump, and the profiler's log: kept in torchrun.log
+    and the rank logs, not streamed."""
+    return bool(_KINETO.match(line)) or bool(re.match(r"^\[?(W|I|E)\d{4} |^frame #\d+: |^Exception raised from |^<omitting python frames>|^\*{5,}|^Setting OMP_NUM_THREADS|^\s*(Traceback|File \"|raise |torch\.distributed\.elastic)", line)) or line.startswith(("=====", "-----"))
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the launching process dies (a Jupyter kernel
+    shut down, a killed job), so torchrun stops its ranks instead of running on orphaned."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: Ctrl-C and _stop still stop the group
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop torchrun and every rank: SIGINT to the group, then SIGKILL after ``grace``."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,266 @@
+"""The rank side of `labkit bench`: what every rank runs under torchrun
+(``python -m labkit.training.bench_rank``), one (variant, process count) per job. Each rank, in one
+process group:
+
+1. runs warm-up steps (left out), then ``--trials`` trials of ``--steps`` synchronised steps;
+2. runs as many compute-only steps: the same forward, backward and optimizer step with no
+   communication at all (``Strategy.no_sync``; every trainer updates its own copy, so the
+   copies drift apart -- ``param_spread`` shows it);
+3. times the raw collectives on buffers of the bytes the method moves, in the same process
+   group: one all-reduce, one reduce, one broadcast, and an all-reduce size sweep (the cost
+   model fits latency and bandwidth to it, see labkit.analysis.costmodel).
+
+A trial's time is the slowest rank's: a step is over when its last rank is. Steps cycle over
+a few batches already on the device, so data loading is not in these figures (training
+reports its data wait per epoch). Rank 0 writes ``bench_result.json`` in ``--out``; the
+launcher (labkit.lab.bench) gathers those into the bench document (labkit.analysis.bench_view).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from labkit.analysis.bench_view import RESULT
+from labkit.core.config import ConfigError, TrainConfig, build_parser, config_from_args
+from .dist import is_distributed
+from labkit.core.files import atomic_path, atomic_write_json
+from .timers import Stopwatch
+
+
+def _stats(xs: list[float]) -> dict:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "iqr": q[2] - q[0], "trials": xs}
+
+
+def _slowest(t: float, device: torch.device) -> float:
+    """The largest of every rank's ``t``."""
+    if is_distributed():
+        v = torch.tensor([t], dtype=torch.float64, device=device)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        t = v.item()
+    return t
+
+
+def _barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def param_spread(model: torch.nn.Module, device: torch.device) -> float:
+    """Largest difference of any parameter element between any two ranks (0: all equal)."""
+    v = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    hi, lo = v.clone(), v.clone()
+    if is_distributed():
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    return (hi - lo).max().item()
+
+
+def time_collective(fn: Callable[[], Any], device: torch.device, reps: int) -> list[float]:
+    """The slowest rank's time for ``fn``, ``reps`` times (after one untimed call)."""
+    clock = Stopwatch(device)
+    fn()
+    times = []
+    for _ in range(reps):
+        _barrier()
+        clock.start()
+        fn()
+        times.append(_slowest(clock.stop(), device))
+    return times
+
+
+def _bw(nbytes: int, times: list[float], factor: float) -> dict:
+    """Median time and bandwidths; ``times`` kept, for the intervals of ratios to it."""
+    t = statistics.median(times)
+    alg = nbytes / t if t > 0 else float("nan")
+    return {"bytes": nbytes, "time": t, "algbw": alg, "busbw": alg * factor, "times": times}
+
+
+def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
+                        device: torch.device, reps: int = 5) -> dict:
+    """The raw reference: the bytes a method moves, moved by single collectives."""
+    n = dist.get_world_size()
+    esize = torch.tensor([], dtype=dtype).element_size()
+    push = torch.zeros(max(1, push_bytes // esize), dtype=dtype, device=device)
+    pull = torch.zeros(max(1, pull_bytes // 4), dtype=torch.float32, device=device)
+    t_ar = time_collective(lambda: dist.all_reduce(push), device, reps)
+    t_red = time_collective(lambda: dist.reduce(push, dst=0), device, reps)
+    t_bc = time_collective(lambda: dist.broadcast(pull, src=0), device, reps)
+    sweep = []
+    size = 4096
+    while size < push_bytes:
+        buf = torch.zeros(size // esize, dtype=dtype, device=device)
+        sweep.append({"bytes": size, "time": statistics.median(
+            time_collective(lambda: dist.all_reduce(buf), device, reps + 2))})
+        size *= 8
+    sweep.append({"bytes": push.numel() * esize, "time": statistics.median(t_ar)})
+    red, bc = _bw(push.numel() * esize, t_red, 1.0), _bw(pull.numel() * 4, t_bc, 1.0)
+    return {
+        "all_reduce": _bw(push.numel() * esize, t_ar, 2 * (n - 1) / n),
+        "reduce": red, "broadcast": bc,
+        # one reduce + broadcast sample per repetition: the i-th reduce with the i-th broadcast
+        "reduce_broadcast": {"bytes": red["bytes"] + bc["bytes"], "time": red["time"] + bc["time"],
+                             "times": [r + b for r, b in zip(t_red, t_bc)]},
+        "all_reduce_sweep": sweep,
+    }
+
+
+def moved_bytes(cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
+    """(bytes a trainer pushes or all-reduces per step, bytes it pulls per step)."""
+    push = grad_bytes // 2 if cfg.compress == "fp16" else grad_bytes
+    pull = grad_bytes if cfg.method == "ps" else 0  # PS pulls fp32 parameters
+    return push, pull
+
+
+def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_steps: int,
+            out: str) -> dict:
+    """This rank's part of one bench job; rank 0 returns the measurements (others: {})."""
+    from tqdm import tqdm
+
+    from .data import build_datasets
+    from .dist import env_world, init, teardown
+    from .timers import Lines
+    from .models import build_model
+    from .rank import Trainer
+
+    rank = env_world()[0]
+    data = build_datasets(cfg)
+    torch.manual_seed(cfg.seed)
+    model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
+    try:
+        tr = Trainer(cfg, ctx, None, data, model, steps)
+        s, dev = tr.strategy, ctx.device
+        batches = []
+        if s.is_trainer:  # a few real batches, on the device, cycled
+            it = iter(tr.train_loader)
+            for _ in range(min(4, len(tr.train_loader))):
+                batches.append(tr.to_device(*next(it)))
+        total = 2 * (warmup + trials * steps)
+        bar = (tqdm(total=total, desc=f"bench {cfg.method}", unit="batch", ncols=100,
+                    mininterval=5.0, file=Lines(sys.stderr))
+               if rank == s.first_trainer and cfg.progress else None)
+
+        def run(n: int, sync: bool) -> None:
+            for i in range(n):
+                x, y = batches[i % len(batches)] if batches else (None, None)
+                tr.train_step(x, y, sync)
+                if bar is not None:
+                    bar.update(1)
+
+        clock = Stopwatch(dev)
+
+        def trial(sync: bool) -> float:
+            _barrier()
+            clock.start()
+            run(steps, sync)
+            return _slowest(clock.stop(), dev) / steps
+
+        run(warmup, True)
+        s.timer.pop()
+        step_times, trial_phases = [], []
+        for _ in range(trials):  # the phases per trial, for the interval of sync / raw
+            step_times.append(trial(True))
+            trial_phases.append(s.timer.pop())
+        s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
+        spread_sync = param_spread(tr.model, dev)
+        run(warmup, False)
+        compute_times = [trial(False) for _ in range(trials)]
+        spread_compute = param_spread(tr.model, dev)
+        if bar is not None:
+            bar.close()
+
+        # phases: mean over the trainers of each one's time per step (servers count as 0),
+        # per trial (rows) and phase (columns)
+        vec = torch.tensor([[t.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
+                            for t in trial_phases], dtype=torch.float64, device=dev)
+        if ctx.distributed and vec.numel():
+            dist.all_reduce(vec)
+        per_trial = (vec / (s.trainers * steps)).cpu()
+        phases = {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)}
+        sync_trials = per_trial.sum(dim=1).tolist() if len(s.phases) else []
+
+        params = [p for p in tr.model.parameters() if p.requires_grad]
+        grad_bytes = sum(p.numel() * p.element_size() for p in params)
+        push, pull = moved_bytes(cfg, grad_bytes)
+        collectives = (measure_collectives(push, max(pull, 4), torch.float16 if cfg.compress == "fp16"
+                                           else params[0].dtype, dev)
+                       if ctx.distributed else {})
+
+        if profile_steps:
+            profile(tr, run, profile_steps, out, rank, dev)
+        if rank != 0:
+            return {}
+        return {
+            "method": cfg.method, "world_size": ctx.world_size, "trainers": s.trainers,
+            "servers": ctx.world_size - s.trainers, "batch_size": cfg.batch_size,
+            "global_batch": cfg.batch_size * s.trainers, "device": dev.type, "backend": cfg.backend,
+            "step_time": _stats(step_times), "compute_time": _stats(compute_times),
+            "phases": phases, "sync_trials": sync_trials, "grad_bytes": grad_bytes, "bytes_per_step": push + pull,
+            "bucket_mb": cfg.bucket_mb, "collectives": collectives,
+            "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
+        }
+    finally:
+        teardown()
+
+
+def profile(tr, run: Callable[[int, bool], None], steps: int, out: str, rank: int,
+            dev: torch.device) -> None:
+    """A torch.profiler trace of ``steps`` synchronised steps, in Chrome trace format (open
+    it in chrome://tracing or https://ui.perfetto.dev). The loop's phases are labelled
+    ``labkit.forward/backward/sync/step`` and the methods' ``labkit.comm/pull/push``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch_profile(activities=acts, record_shapes=False) as prof:
+        run(steps, True)
+    tr.strategy.finish_epoch(tr.model)  # e.g. async PS: drain in-flight messages
+    path = os.path.join(out, f"trace_rank{rank}.json")
+    with atomic_path(path) as tmp:
+        prof.export_chrome_trace(tmp)
+
+
+def worker_main(argv: Optional[list[str]] = None) -> int:
+    from .dist import env_world
+    from .checks import preflight
+
+    p = build_parser(prog="labkit.training.bench_rank")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
+    p.add_argument("--profile-steps", dest="profile_steps", type=int, default=0)
+    a = p.parse_args(argv)
+    rank = env_world()[0]
+    try:
+        cfg = preflight(config_from_args(a))
+        if not cfg.out:
+            raise ConfigError("--out is required (the folder for bench_result.json)")
+        os.makedirs(cfg.out, exist_ok=True)
+        doc = measure(cfg, a.steps, a.trials, a.bench_warmup, a.profile_steps, cfg.out)
+        if rank == 0:
+            atomic_write_json(os.path.join(cfg.out, RESULT), doc)
+    except ConfigError as e:
+        if rank == 0:
+            print(f"labkit.bench: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - full traceback in the rank's log, then one line
+        traceback.print_exc()
+        print(f"labkit.bench: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    from . import lifecycle
+
+    lifecycle.leave(worker_main())

@@ -1,0 +1,73 @@
+"""Model factory: torchvision ResNets, an optional small-image stem, local weights only."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+from labkit.core.config import ConfigError
+
+# torchvision's own layer tables (resnet10 is the smallest member, for quick checks)
+_ARCH = {
+    "resnet10": (BasicBlock, [1, 1, 1, 1]),
+    "resnet18": (BasicBlock, [2, 2, 2, 2]),
+    "resnet50": (Bottleneck, [3, 4, 6, 3]),
+}
+
+
+def build_model(name: str, num_classes: int, weights: str | None = None) -> tuple[nn.Module, str]:
+    """Return (model, note). ``name`` is resnet10|18|50 with an optional ``_small`` suffix."""
+    base, small = (name[: -len("_small")], True) if name.endswith("_small") else (name, False)
+    if base not in _ARCH:
+        raise ConfigError(f"unknown model {name!r}")
+    block, layers = _ARCH[base]
+    model = ResNet(block, layers, num_classes=num_classes)
+    if small:
+        # small inputs (16-32 px): a 3x3 stride-1 stem and no max-pool keep the 4 stages' resolution
+        model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    note = ""
+    if weights:
+        note = load_weights(model, weights, name)
+    return model, note
+
+
+def read_state_dict(path: str) -> Mapping[str, torch.Tensor]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"weights file {path!r} not found (pretrained weights are only read "
+                          f"from a local file; nothing is downloaded)")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line message
+        raise ConfigError(f"weights file {path!r} is not a loadable state_dict "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    if isinstance(sd, Mapping) and "state_dict" in sd and isinstance(sd["state_dict"], Mapping):
+        sd = sd["state_dict"]
+    if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ConfigError(f"weights file {path!r} does not hold a state_dict of tensors")
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def load_weights(model: nn.Module, path: str, name: str) -> str:
+    sd = dict(read_state_dict(path))
+    own = model.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    bad_shape = sorted(k for k in set(own) & set(sd) if own[k].shape != sd[k].shape)
+    head = {"fc.weight", "fc.bias"}
+    if missing or unexpected or set(bad_shape) - head:
+        first = (missing or unexpected or bad_shape)[0]
+        raise ConfigError(
+            f"weights file {path!r} does not match model {name}: "
+            f"{len(missing)} missing, {len(unexpected)} unexpected, {len(bad_shape)} mis-shaped "
+            f"tensors (first: {first})")
+    note = f"loaded weights from {path}"
+    if bad_shape:  # another class count: keep the backbone, start the classifier afresh
+        for k in bad_shape:
+            sd[k] = own[k]
+        note += f" (classifier re-initialised for {own['fc.weight'].shape[0]} classes)"
+    model.load_state_dict(sd)
+    return note

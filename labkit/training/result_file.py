@@ -1,0 +1,134 @@
+"""The guide's result files: same names, same keys, plus the lab's extras.
+
+Written by rank 0 only, atomically, after every epoch, so a crash keeps the finished epochs.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+from statistics import mean
+from typing import Optional
+
+import torch
+
+from labkit import __version__
+from . import lifecycle
+from labkit.core.config import METHOD_NAMES, TrainConfig
+from .dist import DistContext
+from labkit.core.files import atomic_write_json, now_str
+from labkit.lab.record import determinism, portable
+
+SCHEMA = "labkit.results/1"
+# the guide's per-epoch keys, common to every method
+EPOCH_KEYS = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput",
+              "avg_batch_time", "val_loss", "val_accuracy")
+
+
+def comm_key(phase: str) -> str:
+    """Result key of a communication phase: the guide's ``avg_comm_time`` for the all-reduce,
+    ``avg_comm_time_pull`` / ``avg_comm_time_push`` for the parameter server."""
+    return "avg_comm_time" if phase == "comm" else f"avg_comm_time_{phase}"
+
+
+def comm_times_key(phase: str) -> str:
+    """Per-epoch key of a phase's per-step times (steady-state steps, mean over trainers):
+    ``comm_times`` for the all-reduce, ``comm_times_pull`` / ``comm_times_push`` for the PS."""
+    return "comm_times" if phase == "comm" else f"comm_times_{phase}"
+
+
+def torchrun_world() -> dict:
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+    return {k.lower(): os.environ[k] for k in keys if k in os.environ}
+
+
+class Results:
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
+                 phases: tuple[str, ...], previous: Optional[dict] = None):
+        self.path = os.path.join(out, cfg.result_file)
+        # the main thread, the heartbeat and the SIGTERM thread all write the file
+        self.lock = threading.RLock()
+        self.phases = phases  # the strategy's timed communication phases
+        self.doc = {
+            "method": METHOD_NAMES[cfg.method],
+            "world_size": ctx.world_size,
+            "batch_size": cfg.batch_size,
+            "start_time": now_str(),
+            "end_time": None,
+            "epochs": [],
+            "summary": {},
+            "all_losses": [],
+            # --- extras ---
+            "schema": SCHEMA,
+            "status": "running",
+            "method_key": cfg.method,
+            "trainers": trainers,
+            # config.out relative to this file's folder ("."): the file stays right when its
+            # run folder is copied or moved (data_dir and weights, elsewhere, stay absolute)
+            "config": portable(cfg.to_dict(), out),
+            "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device)},
+            # this rank's threads and deterministic settings: what a bit-for-bit rerun needs
+            "determinism": determinism(cfg.seed, ctx.backend),
+            "versions": {"labkit": __version__, "python": platform.python_version(),
+                         "torch": str(torch.__version__), "host": socket.gethostname()},
+        }
+        if cfg.method == "ps":
+            self.doc["num_workers"] = trainers
+        if previous:  # a resumed run continues its own file: finished epochs, losses, start time
+            for k in ("start_time", "epochs", "all_losses", "summary"):
+                self.doc[k] = previous[k]
+            self.doc["resumed"] = previous.get("resumed", []) + [
+                {"at_epoch": len(previous["epochs"]) + 1, "time": now_str()}]
+
+    def add_epoch(self, epoch: int, m: dict) -> None:
+        e = {"epoch": epoch, **{k: m[k] for k in EPOCH_KEYS[1:]}}
+        for p in self.phases:
+            e[comm_key(p)] = m[comm_key(p)]
+        e.update({k: v for k, v in m.items() if k not in e})  # extras, all_losses included
+        with self.lock:  # the heartbeat never writes half an epoch
+            self.doc["epochs"].append(e)
+            self.doc["all_losses"].extend(m["all_losses"])
+            self.doc["summary"] = self.summary()
+            self.write()
+
+    def summary(self) -> dict:
+        ep = self.doc["epochs"]
+        s = {
+            "avg_train_throughput": mean(e["train_throughput"] for e in ep),
+            "avg_train_time_per_epoch": mean(e["train_time"] for e in ep),
+            "best_val_accuracy": max(e["val_accuracy"] for e in ep),
+            "final_train_accuracy": ep[-1]["train_accuracy"],
+            "final_val_accuracy": ep[-1]["val_accuracy"],
+        }
+        for p in self.phases:
+            s[comm_key(p)] = mean(e[comm_key(p)] for e in ep)
+        return s
+
+    def finish(self, status: str, error: Optional[str] = None) -> None:
+        with self.lock:
+            self.doc["status"] = status
+            self.doc["end_time"] = now_str()
+            if error:
+                self.doc["error"] = error
+            self.write()
+
+    def stop(self, why: str) -> None:
+        """Called from the SIGTERM thread: mark a still-running file failed and keep the lock,
+        so no later write of the main thread (about to die) can put "running" back."""
+        if self.lock.acquire(timeout=10) and self.doc["status"] == "running":
+            self.finish("failed", error=why)
+
+    def write(self) -> None:
+        with self.lock:
+            self.doc["heartbeat"] = lifecycle.stamp()
+            atomic_write_json(self.path, self.doc)
+
+    def beat(self) -> bool:
+        """One heartbeat while the run is running; False once it has ended."""
+        with self.lock:
+            if self.doc["status"] != "running":
+                return False
+            self.write()
+            return True

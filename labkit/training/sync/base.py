@@ -1,0 +1,113 @@
+"""The interface a synchronisation method implements for the one training loop.
+
+Per step the loop calls, on every rank:
+    zero_grad -> before_forward -> [trainers: forward, backward] -> after_backward -> step
+and once per epoch, before validation and saving, ``finish_epoch``.  ``labkit bench`` also
+runs compute-only steps inside ``no_sync()``: zero_grad -> forward, backward -> step with a
+local optimizer, and no communication.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.core.config import TrainConfig
+from labkit.training.dist import DistContext, is_distributed
+from labkit.training.timers import PhaseTimer
+
+
+class Strategy:
+    #: names of the communication phases this method times (keys of PhaseTimer.totals)
+    phases: tuple[str, ...] = ()
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.timer = PhaseTimer(ctx.device)
+        self.sync = True  # False inside no_sync(): compute-only steps
+
+    # --- roles: every rank trains unless a method says otherwise ---
+    @property
+    def trainers(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def trainer_index(self) -> Optional[int]:
+        """Index of this rank among the trainers, None for a rank that does not train."""
+        return self.ctx.rank
+
+    @property
+    def first_trainer(self) -> int:
+        """Global rank of trainer 0: it shows the training bar and owns the BatchNorm buffers."""
+        return 0
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.trainer_index is not None
+
+    @property
+    def steps_optimizer(self) -> bool:
+        """Whether this rank holds an optimizer and applies the update."""
+        return True
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Compute-only steps for ``labkit bench``: inside, the loop skips before_forward and
+        after_backward, and a method that communicates from elsewhere (DDP's reducer, the
+        all-reduce gradient hooks) must check ``self.sync`` or override this."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
+
+    # --- hooks ---
+    def setup(self, model: nn.Module) -> nn.Module:
+        """Prepare ``model`` (on its device); return the module trainers call forward on."""
+        return model
+
+    def zero_grad(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+
+    def before_forward(self) -> None:
+        pass
+
+    def after_backward(self) -> None:
+        pass
+
+    def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
+        if optimizer is None:
+            return
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    def epoch_metrics(self) -> dict:
+        """Method-specific figures for this epoch's results, read (and reset) by the loop at the
+        end of each epoch's training on every rank; rank 0's go into the result file."""
+        return {}
+
+    # report-quote: bn-finish-epoch  (quoted in the report: labkit/report/implementation.py)
+    def finish_epoch(self, model: nn.Module) -> None:
+        """Make every rank hold the model as the method defines it (for validation and saving).
+
+        BatchNorm running statistics follow DDP's default: the first trainer's are the model's.
+        Running statistics never feed back into training-mode forward passes, so copying them
+        once here gives the same model as DDP's broadcast before every forward, for less traffic.
+        """
+        if self.ctx.distributed:
+            for b in model.buffers():
+                dist.broadcast(b, src=self.first_trainer)
+
+
+def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
+    """Start every rank from rank ``src``'s weights (as DDP does when it wraps a model)."""
+    if is_distributed():
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, src=src)

@@ -1,0 +1,174 @@
+"""Honest timers, the machine's load, and tqdm's line-per-refresh stream (torch-side: the
+ranks import this; files and stamps are labkit.core.files).
+
+Metrics are dicts written by one rank to files the report reads; progress bars are for people.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from .dist import sync_device
+from labkit.core.files import atomic_path
+
+
+class PhaseTimer:
+    """Accumulates wall time per named phase (e.g. "pull", "push", "comm").
+
+    The device is synchronised before each clock read, so a phase's time is the time the rank
+    was really blocked in it, not the time it took to queue kernels.  Each phase is also a
+    ``record_function`` range, so it shows by name in a torch.profiler trace.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        with torch.profiler.record_function(f"labkit.{name}"):
+            sync_device(self.device)
+            t0 = time.perf_counter()
+            yield
+            sync_device(self.device)
+            self.totals[name] += time.perf_counter() - t0
+
+    def pop(self) -> dict[str, float]:
+        out, self.totals = dict(self.totals), defaultdict(float)
+        return out
+
+
+class Stopwatch:
+    """Times a stretch of device work. On a GPU with CUDA events (the GPU's own clock, and no
+    host synchronisation inside the stretch); on a CPU with perf_counter."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        """Seconds since start(), once the device has finished the work queued in between."""
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return self.begin.elapsed_time(end) / 1000.0
+        return time.perf_counter() - self.t0
+
+
+class StepClock:
+    """Timestamps at step boundaries, turned into per-step durations once per epoch.
+
+    On a GPU each mark records a CUDA event (the GPU's own clock), so no host synchronisation
+    is added inside the epoch and a method is not slowed by being measured; on a CPU it reads
+    perf_counter. Consecutive marks tile the measured window, so the durations sum to it.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> float:
+        """Close the previous step and open the next; returns the host time."""
+        t = time.perf_counter()
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(t)
+        return t
+
+    def durations(self) -> list[float]:
+        """Seconds between consecutive marks (after the device has reached the last one)."""
+        m = self.marks
+        if self.cuda:
+            if m:
+                m[-1].synchronize()
+            return [a.elapsed_time(b) / 1000.0 for a, b in zip(m, m[1:])]
+        return [b - a for a, b in zip(m, m[1:])]
+
+
+class MachineLoad:
+    """What the rest of the machine did while a stretch of steps was timed.
+
+    A within-run confidence interval cannot tell a method's own speed from a machine that was
+    busier while that method ran (labkit runs the methods one after another), so rank 0 notes,
+    per epoch, the share of the machine's CPU time that went elsewhere: ``background``, used by
+    processes outside this run (this run: the torchrun agent that started this rank and all
+    its descendants, i.e. every local rank and its data-loader workers), and ``steal``, taken
+    by the hypervisor on a virtual machine. Both are fractions of all CPU time the kernel
+    accounted over the window (``cpus`` CPUs x wall time), from psutil. Only this node is seen.
+    """
+
+    def __init__(self):
+        import psutil
+        self.psutil = psutil
+        me = psutil.Process()
+        # under torchrun the parent is the elastic agent, whose tree is the whole local run
+        self.root = me.parent() if "TORCHELASTIC_RUN_ID" in os.environ and me.parent() else me
+        self.start()
+
+    def _ours(self) -> float:
+        total = 0.0
+        procs = [self.root]
+        try:
+            procs += self.root.children(recursive=True)
+        except self.psutil.Error:
+            pass
+        for p in procs:
+            try:
+                t = p.cpu_times()  # its own CPU and that of children it has reaped
+                total += t.user + t.system + t.children_user + t.children_system
+            except self.psutil.Error:  # exited (or became a zombie) meanwhile
+                pass
+        return total
+
+    def start(self) -> None:
+        self.cpu0, self.ours0 = self.psutil.cpu_times(), self._ours()
+
+    def stop(self) -> dict:
+        """Shares of the machine's CPU time since start(): {"run": this run's, "background":
+        other processes', "steal": the hypervisor's, "cpus": n}."""
+        c1, ours = self.psutil.cpu_times(), self._ours() - self.ours0
+        d = {f: getattr(c1, f) - getattr(self.cpu0, f) for f in c1._fields}
+        # guest time is already counted in user time (Linux)
+        total = sum(v for f, v in d.items() if f not in ("guest", "guest_nice"))
+        busy = total - d["idle"] - d.get("iowait", 0.0) - d.get("steal", 0.0)
+        total = max(total, 1e-9)
+        return {"run": round(min(ours, busy) / total, 4),
+                "background": round(max(0.0, busy - ours) / total, 4),
+                "steal": round(d.get("steal", 0.0) / total, 4),
+                "cpus": self.psutil.cpu_count()}
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+class Lines:
+    """A file for tqdm when stderr is a log or a pipe (torchrun --tee, the launcher, papermill):
+    each refresh becomes one whole line instead of a carriage-return overwrite."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        s = s.replace("\r", "").strip("\n")
+        if s.strip():
+            self.stream.write(s + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
