@@ -222,7 +222,11 @@ def profile(tr, run: Callable[[int, bool], None], steps: int, out: str, rank: in
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with torch_profile(activities=acts, record_shapes=False) as prof:
         run(steps, True)
-    tr.strategy.finish_epoch(tr.model)  # e.g. async PS: drain in-flight messages
+        # Drain what is still in flight (the PS's next pull, the async PS's messages) before
+        # the profiler stops: stopping it with collectives running on gloo's threads corrupted
+        # the heap once ('malloc(): unsorted double linked list corrupted' on the PS server,
+        # right after profiler_stop, in the test suite).
+        tr.strategy.finish_epoch(tr.model)
     path = os.path.join(out, f"trace_rank{rank}.json")
     with atomic_path(path) as tmp:
         prof.export_chrome_trace(tmp)
