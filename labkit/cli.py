@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import sys
 from typing import Optional
 
-from .core.config import (DEFAULT_VARIANTS, METHODS, VARIANTS, ConfigError, TrainConfig,
-                     add_config_arguments)
+from .core import layout, params
+from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
+from .core.methods import METHODS
+from .core.status import Status
 
 
 def _nproc(text: str) -> Optional[int]:
@@ -54,7 +55,7 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     e.add_argument("--no-report", dest="report", action="store_false",
                    help="results only: skip the report notebook, HTML and PDF"
                         + (" of each grid point (the sweep report is always written)" if sweep else ""))
-    add_config_arguments(e, skip=("method", "out"), defaults=False)
+    params.add_arguments(e, TrainConfig, skip=("method", "out"), defaults=False)
     _add_nodes(e)
 
 
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                        argument_default=argparse.SUPPRESS)
     r.add_argument("method", choices=METHODS)
     r.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
-    add_config_arguments(r, skip=("method",), defaults=False)
+    params.add_arguments(r, TrainConfig, skip=("method",), defaults=False)
     _add_nodes(r)
 
     e = sub.add_parser("experiment", help="all methods via papermill notebooks, then the report",
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tag", help="suffix of the run folder name (default: bench)")
     b.add_argument("--no-report", dest="report", action="store_false",
                    help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
-    add_config_arguments(b, skip=("method", "out"), defaults=False)
+    params.add_arguments(b, TrainConfig, skip=("method", "out"), defaults=False)
 
     sub.add_parser("model", add_help=False, prefix_chars="\0",
                    help="cost model: validate against a bench.json and project to 1024 GPUs "
@@ -140,37 +141,25 @@ def _load_yaml(path: str) -> dict:
     return data
 
 
-def _split(params: dict) -> tuple[TrainConfig, dict]:
-    """Separate TrainConfig fields from the rest; check names and types like the notebook does."""
-    from .lab.experiment import check_params, machine_defaults
+def _split(values: dict):
+    """Flags and file values -> (TrainConfig with the machine's defaults, LaunchParams), checked
+    like the notebook's parameters."""
+    from .lab.params import machine_defaults, split_params
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    train = {k: v for k, v in params.items() if k in names}
-    rest = {k: v for k, v in params.items() if k not in names}
-    check_params(params)
+    train, launch_params = split_params(values)
     for k, v in machine_defaults().items():
         if k != "nproc":
             train.setdefault(k, v)
-    return TrainConfig(**train), rest
+    return TrainConfig(**train), launch_params
 
 
-def _nodes(rest: dict):
-    from .lab.launch import Nodes
+def cmd_run(values: dict) -> int:
+    from .lab.launch import Nodes, launch
+    from .lab.params import nproc_or_default
 
-    return Nodes(rest.get("nnodes") or 1, rest.get("node_rank") or 0, rest.get("rdzv_endpoint"),
-                 max_restarts=rest.get("max_restarts") or 0)
-
-
-def cmd_run(params: dict) -> int:
-    from .lab.experiment import machine_defaults
-    from .lab.launch import launch
-    from .training.checks import default_out
-
-    cfg, rest = _split(params)
-    nproc = rest.get("nproc")
-    nproc = machine_defaults()["nproc"] if nproc is None else nproc  # 0 is bad input, not auto
-    out = cfg.out or default_out(cfg.method)
-    res = launch(cfg, nproc, out, _nodes(rest))
+    cfg, lp = _split(values)
+    out = cfg.out or layout.default_out(cfg.method)
+    res = launch(cfg, nproc_or_default(lp.nproc), out, Nodes.of(lp))
     if not res.ok:
         print(f"labkit: {res.message}", file=sys.stderr)
         return 1
@@ -182,27 +171,28 @@ def cmd_run(params: dict) -> int:
     return 0
 
 
-def _experiment_params(params: dict):
+def _experiment_params(values: dict):
     """Flags and the -f file -> (TrainConfig, Experiment, what is left: e.g. a YAML sweep)."""
     from .lab.experiment import Experiment
+    from .lab.launch import Nodes
 
-    if "parameters_file" in params:
-        params = {**_load_yaml(params.pop("parameters_file")), **params}
-    if params.get("nproc") == "auto":  # as in a parameters file; the flag gives None already
-        params["nproc"] = None
+    if "parameters_file" in values:
+        values = {**_load_yaml(values.pop("parameters_file")), **values}
+    if values.get("nproc") == "auto":  # as in a parameters file; the flag gives None already
+        values["nproc"] = None
     exp_keys = ("methods", "runs_dir", "tag", "cell_timeout", "repeats", "report")
-    exp_kw = {k: params.pop(k) for k in exp_keys if k in params}
+    exp_kw = {k: values.pop(k) for k in exp_keys if k in values}
     if isinstance(exp_kw.get("methods"), str):
         exp_kw["methods"] = [m.strip() for m in exp_kw["methods"].split(",") if m.strip()]
-    extra = {k: params.pop(k) for k in ("sweep", "grid") if k in params}
-    cfg, rest = _split(params)
-    return cfg, Experiment(**exp_kw, nproc=rest.get("nproc"), nodes=_nodes(rest)), extra
+    extra = {k: values.pop(k) for k in ("sweep", "grid") if k in values}
+    cfg, lp = _split(values)
+    return cfg, Experiment(**exp_kw, nproc=lp.nproc, nodes=Nodes.of(lp)), extra
 
 
-def cmd_experiment(params: dict) -> int:
+def cmd_experiment(args: dict) -> int:
     from .lab.experiment import run_experiment
 
-    cfg, exp, extra = _experiment_params(params)
+    cfg, exp, extra = _experiment_params(args)
     if "sweep" in extra:
         raise ConfigError("a sweep: in the parameters file belongs to labkit sweep, not experiment")
     run, status = run_experiment(cfg, exp)
@@ -212,13 +202,13 @@ def cmd_experiment(params: dict) -> int:
     print(f"report: {status['report']}")
     from .analysis.report import load_run, terminal_summary
     print("\n" + terminal_summary(load_run(run)))  # Table 1 with its CIs and the verdicts
-    return 0 if status["status"] == "completed" else 1
+    return 0 if status["status"] == Status.COMPLETED else 1
 
 
-def cmd_sweep(params: dict) -> int:
+def cmd_sweep(args: dict) -> int:
     from .lab.sweep import parse_grid, sweep
 
-    cfg, exp, extra = _experiment_params(params)
+    cfg, exp, extra = _experiment_params(args)
     specs = extra.get("grid") or []
     yaml_grid = extra.get("sweep") or {}
     if not isinstance(yaml_grid, dict):
@@ -231,10 +221,10 @@ def cmd_sweep(params: dict) -> int:
     for p in doc["points"]:
         print(f"  {p['name']:24s} {p['status']}")
     print(f"sweep report: {doc.get('report')}")
-    return 0 if doc["status"] == "completed" else 1
+    return 0 if doc["status"] == Status.COMPLETED else 1
 
 
-def cmd_bench(params: dict) -> int:
+def cmd_bench(args: dict) -> int:
     import torch
 
     from .lab.bench import BenchPlan, bench, parse_list
@@ -242,24 +232,25 @@ def cmd_bench(params: dict) -> int:
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
             "report")
-    kw = {k: params.pop(k) for k in keys if k in params}
+    kw = {k: args.pop(k) for k in keys if k in args}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
     kw["nprocs"] = parse_list(kw.pop("nproc", str(gpus) if gpus else "2,4"), "--nproc", int)
-    cfg, _ = _split(params)
+    cfg, _ = _split(args)
     run, doc = bench(cfg, BenchPlan(**kw))
     print("\n" + text_table(doc))
     print(f"\nrun folder: {run}\nbench.json, bench.txt, bench.png"
-          + ("" if not doc["failed"] else f"\nfailed: {', '.join(f['variant'] + ' x' + str(f['nproc']) for f in doc['failed'])}"))
-    return 0 if doc["status"] == "completed" else 1
+          + ("" if not doc[Status.FAILED] else "\nfailed: " + ", ".join(
+              f"{f['variant']} x{f['nproc']}" for f in doc[Status.FAILED])))
+    return 0 if doc["status"] == Status.COMPLETED else 1
 
 
-def cmd_report(params: dict) -> int:
+def cmd_report(args: dict) -> int:
     from pathlib import Path
 
     from .analysis import report
 
-    paths = params["paths"]
+    paths = args["paths"]
     for p in paths:
         if not os.path.exists(p):
             raise ConfigError(f"{p!r} does not exist")
@@ -272,7 +263,7 @@ def cmd_report(params: dict) -> int:
             sw = rs.load_sweep(paths[0])
         except rs.SweepError as e:
             raise ConfigError(str(e)) from None
-        files = rs.write_sweep_report(sw, params.get("out") or Path(paths[0]) / "report")
+        files = rs.write_sweep_report(sw, args.get("out") or Path(paths[0]) / layout.REPORT_DIR)
         print(files["text"].read_text() + f"plot: {files['plot']}")
         return 0 if sw.points and all(not p.res.problems for p in sw.points) else 1
     res = report.load_files(paths)
@@ -284,8 +275,8 @@ def cmd_report(params: dict) -> int:
     if not res.docs and not res.problems and not has_bench:
         raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) or "
                           f"bench.json in {', '.join(paths)}")
-    run_folder = single_run and ((Path(paths[0]) / "experiment.json").exists() or has_bench)
-    out = params.get("out") or (str(Path(paths[0]) / "report") if run_folder else ".")
+    run_folder = single_run and ((Path(paths[0]) / layout.EXPERIMENT).exists() or has_bench)
+    out = args.get("out") or (str(Path(paths[0]) / layout.REPORT_DIR) if run_folder else ".")
     files = report.write_report(res, out, report.load_env(res.run_dir))
     print(report.text_report(res, report.load_env(res.run_dir)))
     print(f"plots: {Path(out) / 'plots'}/ ({len(files['plots'])} files)\nreport: {files['text']}")
@@ -294,16 +285,16 @@ def cmd_report(params: dict) -> int:
     return 1 if res.problems else 0
 
 
-def cmd_reproduce(params: dict) -> int:
+def cmd_reproduce(args: dict) -> int:
     from .lab import reproduce
 
-    methods = params.get("methods")
+    methods = args.get("methods")
     if methods is not None:
         methods = [m.strip() for m in methods.split(",") if m.strip()]
-    plan = reproduce.plan(params["run_dir"], methods, params.get("out"), params.get("tolerance"))
-    new_run, doc, status = reproduce.run(plan, params.get("tolerance"))
+    plan = reproduce.plan(args["run_dir"], methods, args.get("out"), args.get("tolerance"))
+    new_run, doc, status = reproduce.run(plan, args.get("tolerance"))
     print("\n".join(reproduce.report_lines(new_run, doc, status)))
-    return 0 if doc["reproduced"] and status["status"] == "completed" else 1
+    return 0 if doc["reproduced"] and status["status"] == Status.COMPLETED else 1
 
 
 def _sigterm(signum, frame):

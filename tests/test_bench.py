@@ -103,7 +103,7 @@ def test_profile_trace_labels_the_phases(bench_run):
     for v in ("ddp", "allreduce", "ps"):
         trace = json.loads((run / "bench" / f"{v}_x2" / "trace_rank0.json").read_text())
         names[v] = {e.get("name") for e in trace["traceEvents"]}
-    assert {"labkit.forward", "labkit.backward", "labkit.training.sync", "labkit.step"} <= names["ddp"]
+    assert {"labkit.forward", "labkit.backward", "labkit.sync", "labkit.step"} <= names["ddp"]
     assert "labkit.comm" in names["allreduce"] and any("all_reduce" in n for n in names["allreduce"] if n)
     assert {"labkit.pull", "labkit.push"} <= names["ps"]  # rank 0 is the server
 

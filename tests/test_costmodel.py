@@ -282,7 +282,7 @@ def test_cli_not_json(tmp_path, capsys):
 
 
 def test_cli_not_a_bench_file(tmp_path, capsys):
-    (tmp_path / "b.json").write_text(json.dumps({"kind": "labkit.training.result_file", "results": []}))
+    (tmp_path / "b.json").write_text(json.dumps({"kind": "labkit.results", "results": []}))
     assert costmodel.main([str(tmp_path / "b.json")]) == 2
     one_error_line(capsys, "not a labkit bench file")
     assert not (tmp_path / "projection.json").exists()

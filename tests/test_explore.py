@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from labkit.analysis import explore  # noqa: E402
-from labkit.core.config import METHOD_NAMES, RESULT_FILES  # noqa: E402
+from labkit.core.methods import METHOD_NAMES, RESULT_FILES  # noqa: E402
 
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
 OLD, NEW = "2026-01-01_10-00-00", "2026-01-02_09-30-00"

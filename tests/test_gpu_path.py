@@ -85,8 +85,8 @@ def test_compile_keeps_the_synchronisation(tmp_path, equivalence_runs):
     (graph capture with aot_eager; inductor's code generation is the same graph, minutes slower)."""
     eager_dir, _ = equivalence_runs["allreduce"]
     out = tmp_path / "compiled"
-    p = torchrun(2, TINY + ["--method", "allreduce", "--bucket-mb", "1", "--compile", "--out", str(out)],
-                 cwd=tmp_path, env={"LABKIT_COMPILE_BACKEND": "aot_eager"})
+    p = torchrun(2, TINY + ["--method", "allreduce", "--bucket-mb", "1", "--compile",
+                            "--compile-backend", "aot_eager", "--out", str(out)], cwd=tmp_path)
     check_ok(p)
     a = torch.load(out / "final_model.pt", weights_only=True)
     b = torch.load(eager_dir / "final_model.pt", weights_only=True)

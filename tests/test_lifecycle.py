@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from conftest import load_json
-from labkit.training import lifecycle
+from labkit.core import status
 from labkit.analysis import report
 
 pytestmark = pytest.mark.xdist_group("lifecycle")
@@ -119,7 +119,7 @@ def test_sigterm_reaches_rank_0_blocked_in_a_collective(tmp_path):
 # ------------------------------------------------------------------ the heartbeat, reader side
 def running_doc(tmp_path, **heartbeat) -> str:
     doc = {"method": "Manual All-Reduce", "method_key": "allreduce", "status": "running",
-           "epochs": [], "all_losses": [], "heartbeat": {**lifecycle.stamp(), **heartbeat}}
+           "epochs": [], "all_losses": [], "heartbeat": {**status.stamp(), **heartbeat}}
     path = tmp_path / "results_all_reduce.json"
     path.write_text(json.dumps(doc))
     return str(path)
@@ -145,7 +145,7 @@ def test_other_host_by_heartbeat_age(tmp_path):
     now = time.time()
     fresh = running_doc(tmp_path, host="elsewhere", unix_time=now - 60)
     assert report.load_result(fresh)["status"] == "running"
-    old = running_doc(tmp_path, host="elsewhere", unix_time=now - 2 * lifecycle.STALE_S)
+    old = running_doc(tmp_path, host="elsewhere", unix_time=now - 2 * status.STALE_S)
     assert "no heartbeat for" in report.load_result(old)["error"]
 
 

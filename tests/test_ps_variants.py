@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY, check_ok, load_json, torchrun
-from labkit.core.config import ConfigError, TrainConfig, resolve
+from labkit.core.config import ConfigError, TrainConfig
 from labkit.training.sync.ps import shard_bounds
 from test_equivalence import ATOL, RTOL, STEPS, reference_state  # the single-process reference
 
@@ -110,8 +110,11 @@ def test_shards_cover_the_parameters_once():
     (dict(ps_staleness=-1), "0 or more"),
 ])
 def test_variant_flags_that_do_not_combine(kw, needle):
+    """Refused before any process starts (the strategy classes' rules, checked in preflight)."""
+    from labkit.training.checks import preflight
+
     with pytest.raises(ConfigError, match=needle):
-        resolve(TrainConfig(method="ps", **kw), False, 4)
+        preflight(TrainConfig(method="ps", backend="gloo", **kw), world=4, local_world=4)
 
 
 def test_buckets_start_strictly_in_order():

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, TINY
 from labkit.lab import record
 from labkit.analysis import compare
-from labkit.core.config import ConfigError, build_parser, config_from_args
-from labkit.lab.experiment import environment
+from labkit.core import layout, lockfile
+from labkit.core.config import ConfigError, build_parser, from_args
 from labkit.core.files import atomic_write_json
 from labkit.analysis.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
 from labkit.training.checks import preflight
@@ -31,15 +31,15 @@ def make_run(root: Path, name: str, trained: Path) -> Path:
     ddp_rerun)."""
     run = root / name
     run.mkdir()
-    cfg = preflight(config_from_args(build_parser().parse_args(TINY + ["--method", "ddp"])),
+    cfg = preflight(from_args(build_parser().parse_args(TINY + ["--method", "ddp"])),
                     world=2, local_world=2)
-    snap = record.snapshot({"ddp": cfg}, ROOT)
-    atomic_write_json(str(run / "config.json"), record.portable(
+    snap = record.snapshot({"ddp": cfg}, cfg.seed, ROOT)
+    atomic_write_json(str(run / "config.json"), layout.portable(
         {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
          "resolved": {"ddp": cfg.to_dict()}}, run))
-    env = {**environment(cfg.seed), **record.write_record(run, snap)}
-    atomic_write_json(str(run / "environment.json"), record.portable(env, run))
-    atomic_write_json(str(run / "experiment.json"), record.portable(
+    env = record.write_record(run, snap)
+    atomic_write_json(str(run / "environment.json"), layout.portable(env, run))
+    atomic_write_json(str(run / "experiment.json"), layout.portable(
         {"run_dir": str(run), "methods": {"ddp": {"status": "completed",
                                                   "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
     shutil.copytree(trained, run / "ddp")
@@ -149,7 +149,7 @@ def test_a_copied_run_folder_still_works(runs, tmp_path):
         text = (moved / name).read_text()
         assert str(runs[0]) not in text, name  # nothing points back at the original place
     assert json.loads((moved / "experiment.json").read_text())["methods"]["ddp"]["notebook"] == "ddp/x.ipynb"
-    assert record.resolve_in_run(moved, "ddp/x.ipynb") == moved / "ddp" / "x.ipynb"
+    assert layout.resolve_in_run(moved, "ddp/x.ipynb") == moved / "ddp" / "x.ipynb"
     rec = compare.load_run_record(moved)
     assert compare.load_environment(rec)["package_versions"]  # its lock, found in the copy
     assert compare.compare_runs(rec, compare.load_run_record(runs[1]))["reproduced"]
@@ -164,7 +164,7 @@ def test_portable_paths():
     doc = {"run_dir": run, "nb": f"{run}/ddp/run_method.ipynb", "data_dir": "/data/imagenet",
            "cmd": f"python -m torch.distributed.run --log-dir={run}/ddp/logs --out {run}/ddp",
            "other": "/x/runs/r10/ddp", "n": 3}
-    assert record.portable(doc, run) == {
+    assert layout.portable(doc, run) == {
         "run_dir": ".", "nb": "ddp/run_method.ipynb", "data_dir": "/data/imagenet",
         "cmd": "python -m torch.distributed.run --log-dir=ddp/logs --out ddp",
         "other": "/x/runs/r10/ddp", "n": 3}
@@ -203,14 +203,14 @@ def test_bad_run_folders_are_one_clear_error(runs, tmp_path):
     one_line_error(lambda: compare.compare_runs(a, a, tolerance=-1.0), "--tolerance")
     # nothing was written by any of these
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["file.txt", "empty", "missing", "corrupt"])
-    assert not (Path(runs[0]) / compare.REPRODUCTION_FILE).exists()
+    assert not (Path(runs[0]) / layout.REPRODUCTION).exists()
 
 
 # ------------------------------------------------------------------ the environment record
 def test_requirements_lock_is_pip_installable_format(runs):
     import torch
 
-    text = (runs[0] / record.LOCK_FILE).read_text()
+    text = (runs[0] / layout.LOCK).read_text()
     reqs = {}
     for line in text.splitlines():
         assert line.startswith("#") or (line.count("==") == 1 and " " not in line), line
@@ -224,7 +224,7 @@ def test_requirements_lock_is_pip_installable_format(runs):
                 (spec,) = r.specifier
                 assert spec.operator == "==" and not r.marker and not r.url, line
                 name, ver = r.name, spec.version
-            key = record.normalize(name)
+            key = lockfile.normalize(name)
             assert key not in reqs, f"{name} twice"
             reqs[key] = ver
     from importlib.metadata import version
@@ -233,7 +233,7 @@ def test_requirements_lock_is_pip_installable_format(runs):
     assert reqs["torch"] == version("torch") and torch.__version__.startswith(reqs["torch"])
     assert "numpy" in reqs
     assert "labkit" not in reqs and "# labkit==" in text  # this project: a comment, not a pin
-    assert record.parse_lock(text) == reqs
+    assert lockfile.parse_lock(text) == reqs
     assert len(reqs) > 50
 
 
@@ -241,10 +241,10 @@ def test_requirements_lock_comments_out_what_no_index_has():
     dists = {"labkit": {"name": "labkit", "version": "0.1.0", "direct_url": "editable: file:///w"},
              "my-tool": {"name": "My_Tool", "version": "1.0", "direct_url": "file:///src/my_tool"},
              "typing-extensions": {"name": "typing_extensions", "version": "4.12.2", "direct_url": None}}
-    lines = record.requirements_lock(dists).splitlines()
+    lines = lockfile.requirements_lock(dists).splitlines()
     assert "typing_extensions==4.12.2" in lines
     assert any(l.startswith("# My_Tool==1.0  (not from an index: file:///src/my_tool)") for l in lines)
-    assert record.parse_lock("\n".join(lines)) == {"typing-extensions": "4.12.2"}
+    assert lockfile.parse_lock("\n".join(lines)) == {"typing-extensions": "4.12.2"}
 
 
 def test_data_fingerprints(tmp_path):
@@ -304,7 +304,7 @@ def test_labkit_reproduce_runs_latest_identical_and_relocatable(runs, tmp_path):
     new = next(runs_dir.glob("*_repro"))
     assert os.readlink(runs_dir / "latest") == new.name  # the link moved; the original did not
     assert snapshot_tree(orig) == before  # never written to
-    doc = json.loads((new / compare.REPRODUCTION_FILE).read_text())
+    doc = json.loads((new / layout.REPRODUCTION).read_text())
     # compared with the original, not with itself through the moved link
     assert doc["original"] == str(orig.resolve()) and doc["reproduction"] == "."
     assert doc["methods"]["ddp"]["verdict"] == IDENTICAL and doc["methods"]["ddp"]["compared"]["steps"] == 5
@@ -338,7 +338,7 @@ def test_labkit_reproduce_names_an_edited_loss_and_exits_1(runs, tmp_path):
     assert "  ddp: different\n    first differs at step 3 (epoch 1, step 3): loss" in p.stdout
     assert "NOT REPRODUCED: 0 of 1 methods" in p.stdout
     (new,) = (tmp_path / "elsewhere").glob("*_repro")
-    v = json.loads((new / compare.REPRODUCTION_FILE).read_text())["methods"]["ddp"]
+    v = json.loads((new / layout.REPRODUCTION).read_text())["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT and v["first_divergence"]["step"] == 3
     assert not list(tmp_path.glob("*_repro"))  # not beside the recorded run
 

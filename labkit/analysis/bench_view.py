@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Optional
 
 from . import stats
+from labkit.core import layout
+from labkit.core.methods import spec
 from labkit.core.files import atomic_path
 from .texttable import short_number
 from .texttable import text_table as _table
 
 KIND = "labkit.bench"
-RESULT = "bench_result.json"    # one job's measurements, written by rank 0 of labkit.training.bench_rank
 
 
 class BenchError(ValueError):
@@ -33,7 +34,7 @@ def load(path: str | os.PathLike, need_results: bool = True) -> dict:
     failed or was skipped (the report still lists them)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "bench.json"
+        p = p / layout.BENCH
     try:
         doc = json.loads(p.read_text())
     except OSError as e:
@@ -97,7 +98,7 @@ def sync_raw_interval(r: dict) -> Optional[stats.Interval]:
     with its 95% CI over the sync time's trials and the collective's repetitions; None when
     the method has no timed phases (DDP)."""
     c = r.get("collectives") or {}
-    raw = c.get("reduce_broadcast") if r["method"] == "ps" else c.get("all_reduce")
+    raw = c.get("reduce_broadcast") if spec(r["method"]).serves else c.get("all_reduce")
     if not r.get("phases") or not raw:
         return None
     if not r.get("sync_trials") or not raw.get("times"):  # a bench.json from before they were kept
@@ -133,7 +134,7 @@ def rows(doc: dict) -> list[dict]:
         # the method's own communication phases (time a trainer was blocked in them), next to
         # the raw collective moving the same bytes: all-reduce, or reduce + broadcast for PS
         sync = sum(r.get("phases", {}).values()) if r.get("phases") else None
-        raw = rb if r["method"] == "ps" else ar
+        raw = rb if spec(r["method"]).serves else ar
         out.append({
             "variant": r["variant"], "procs": r["nproc"], "trainers": r["trainers"],
             "step ms (median)": 1000 * st["median"],
@@ -198,9 +199,9 @@ def plot(doc: dict, path: str | os.PathLike) -> Optional[Path]:
     a.bar(x, exposed, bottom=comp, color="#dd8452", label="exposed communication")
     a.errorbar(x, step, yerr=err, fmt="none", ecolor="black", capsize=3, label="step: min-max of trials")
     raw = [(i, 1000 * r["collectives"]["all_reduce"]["time"]) for i, r in enumerate(rs)
-           if r.get("collectives") and r["method"] != "ps"]
+           if r.get("collectives") and not spec(r["method"]).serves]
     raw += [(i, 1000 * r["collectives"]["reduce_broadcast"]["time"]) for i, r in enumerate(rs)
-            if r.get("collectives") and r["method"] == "ps"]
+            if r.get("collectives") and spec(r["method"]).serves]
     if raw:
         a.scatter([i for i, _ in raw], [c + t for (i, t), c in zip(raw, [comp[i] for i, _ in raw])],
                   marker="_", s=400, color="crimson", zorder=3,
@@ -230,6 +231,6 @@ def plot(doc: dict, path: str | os.PathLike) -> Optional[Path]:
 
 
 def write_outputs(doc: dict, run: Path) -> None:
-    with atomic_path(str(run / "bench.txt")) as tmp, open(tmp, "w") as f:
+    with atomic_path(str(run / layout.BENCH_TEXT)) as tmp, open(tmp, "w") as f:
         f.write(text_table(doc) + "\n")
-    plot(doc, run / "bench.png")
+    plot(doc, run / layout.BENCH_PLOT)

@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from labkit.core.config import METHODS, RESULT_FILES, ConfigError
+from labkit.core import layout
+from labkit.core.config import ConfigError
 from labkit.core.files import atomic_write_json
-from labkit.lab.record import PROJECT, parse_lock, portable, resolve_in_run
+from labkit.core.layout import portable, resolve_in_run
+from labkit.core.lockfile import PROJECT, parse_lock
+from labkit.core.methods import METHODS, RESULT_FILES
+from labkit.core.status import Status, status_of
 
 SCHEMA = "labkit.reproduction/1"
-REPRODUCTION_FILE = "reproduction.json"
-FINAL_MODEL = "final_model.pt"
 # per-epoch metrics that must reproduce (timings are compared apart, never for equality)
 EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
 STEP_LOSSES = "all_losses"  # the guide's per-epoch list of per-step losses (mean over trainers)
@@ -80,9 +82,9 @@ def load_run_record(run_dir: str | os.PathLike) -> RunRecord:
     if not run.is_dir():
         raise ReproduceError(f"{str(run)!r} is not a folder (expected a run folder made by "
                              f"labkit experiment)")
-    cfg_path = run / "config.json"
+    cfg_path = run / layout.CONFIG
     if not cfg_path.exists():
-        if (run / "experiment.json").exists() or (run / "environment.json").exists():
+        if (run / layout.EXPERIMENT).exists() or (run / layout.ENVIRONMENT).exists():
             raise ReproduceError(f"{str(run)!r} has no config.json: the run folder is incomplete "
                                  f"and cannot be reproduced")
         raise ReproduceError(f"{str(run)!r} is not a run folder (no config.json; labkit "
@@ -93,7 +95,7 @@ def load_run_record(run_dir: str | os.PathLike) -> RunRecord:
             isinstance(c, dict) and c.get("method") in METHODS for c in resolved.values()):
         raise ReproduceError(f"{str(cfg_path)!r} is not a labkit experiment config (no "
                              f"'resolved' methods)")
-    env_path = run / "environment.json"
+    env_path = run / layout.ENVIRONMENT
     env = _read_json(env_path, "environment record") if env_path.exists() else {}
     return RunRecord(run, config, resolved, env if isinstance(env, dict) else {})
 
@@ -176,13 +178,13 @@ def _compare_models(pa: Path, pb: Path, diff: _Diff, reasons: list[str]) -> Opti
     if not pa.exists() and not pb.exists():
         return None  # neither run kept its final model: losses and metrics decide
     if not (pa.exists() and pb.exists()):
-        reasons.append(f"{FINAL_MODEL} only in the {'recorded run' if pa.exists() else 'reproduction'}")
+        reasons.append(f"{layout.FINAL_MODEL} only in the {'recorded run' if pa.exists() else 'reproduction'}")
         return None
     try:
         ma = torch.load(pa, map_location="cpu", weights_only=True)
         mb = torch.load(pb, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is one reason
-        reasons.append(f"{FINAL_MODEL} unreadable ({type(e).__name__})")
+        reasons.append(f"{layout.FINAL_MODEL} unreadable ({type(e).__name__})")
         return None
     if set(ma) != set(mb):
         reasons.append(f"the final models hold different tensors "
@@ -222,14 +224,14 @@ def compare_method(a: RunRecord, b: RunRecord, method: str,
         reasons.append("no readable result file in the reproduction")
     if da is not None and db is not None:
         for doc, who in ((da, "recorded run"), (db, "reproduction")):
-            if doc.get("status", "completed") != "completed":
+            if status_of(doc) != Status.COMPLETED:
                 reasons.append(f"the {who} has status {doc['status']}")
         compared = _compare_results(da, db, diff, reasons)
         if not compared["steps"]:
             notes.append("no per-step losses recorded")
     if method in b.methods:
-        compared["parameters"] = _compare_models(a.method_dir(method) / FINAL_MODEL,
-                                                 b.method_dir(method) / FINAL_MODEL, diff, reasons)
+        compared["parameters"] = _compare_models(a.method_dir(method) / layout.FINAL_MODEL,
+                                                 b.method_dir(method) / layout.FINAL_MODEL, diff, reasons)
     fa, fb = _data_of(a, method), _data_of(b, method)
     data_why = _fingerprint_reason(fa, fb)
     if data_why:
@@ -378,13 +380,18 @@ def environment_diff(recorded: dict, current: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------ the whole comparison
+def check_tolerance(tolerance: Optional[float]) -> None:
+    """None (bit for bit) or a non-negative largest absolute difference."""
+    if tolerance is not None and not tolerance >= 0:
+        raise ReproduceError(f"--tolerance must be 0 or more (got {tolerance})")
+
+
 def compare_runs(a: RunRecord, b: RunRecord, methods: Optional[Iterable[str]] = None,
                  tolerance: Optional[float] = None) -> dict:
     """Every chosen method of ``a`` against ``b``, plus the environments' differences; the
     document reproduction.json holds. ``reproduced``: every method identical (or within
     ``tolerance`` when one is given)."""
-    if tolerance is not None and not tolerance >= 0:
-        raise ReproduceError(f"--tolerance must be 0 or more (got {tolerance})")
+    check_tolerance(tolerance)
     chosen = select_methods(a, methods)
     verdicts = {m: compare_method(a, b, m, tolerance) for m in chosen}
     return {"schema": SCHEMA, "original": str(a.path), "reproduction": str(b.path),
@@ -408,6 +415,6 @@ def summary_lines(doc: dict) -> list[str]:
 
 def write_reproduction(out_dir: str | os.PathLike, doc: dict) -> Path:
     """reproduction.json in ``out_dir`` (atomic; paths inside it stored relative to it)."""
-    path = Path(out_dir) / REPRODUCTION_FILE
+    path = Path(out_dir) / layout.REPRODUCTION
     atomic_write_json(str(path), portable(doc, out_dir))
     return path

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from . import report
-from labkit.core.config import METHOD_NAMES, RESULT_FILES
+from labkit.core import layout
+from labkit.core.methods import METHOD_NAMES, RESULT_FILES
+from labkit.core.status import status_of
 
 # What can be overlaid: (key, axis label with its unit).  Per-epoch keys come first; "all_losses"
 # is the per-step loss over the whole run.  A tuple, not a dict: modules are re-imported in live
@@ -53,7 +55,8 @@ def has_results(run_dir: str | os.PathLike) -> bool:
     """Whether report.load_run would find a result file: in a method subfolder or directly."""
     run = Path(run_dir)
     return any((run / m / RESULT_FILES[m]).is_file() or (run / RESULT_FILES[m]).is_file()
-               or (run / "repeat-1" / m / RESULT_FILES[m]).is_file() for m in report.METHOD_ORDER)
+               or (layout.method_dir(run, m, 1, 2) / RESULT_FILES[m]).is_file()
+               for m in report.METHOD_ORDER)
 
 
 def _started(run: Path) -> float:
@@ -192,7 +195,7 @@ def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
             doc = run.docs.get(m)
             if doc is not None:
                 row["method"] = doc.get("method", row["method"])
-                row["status"] = doc.get("status", "completed")
+                row["status"] = status_of(doc)
                 epochs = doc["epochs"]
                 row["epochs"] = len(epochs)
                 # summary_value falls back to the epochs when the summary lacks a figure; a

@@ -17,10 +17,21 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from labkit.analysis.bench_view import KIND, RESULT, compare_to_ddp, derive, summary_line, write_outputs
+from labkit.analysis.bench_view import KIND, compare_to_ddp, derive, summary_line, write_outputs
+from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
-from .record import portable
+from labkit.core.methods import spec
+from labkit.core.status import Status
+
+from .kernels import kernel_name
+from .launch import launch, validate
+from .params import with_absolute_paths
+from .record import snapshot, write_record
+from .render import make_report
+from .run_folder import new_run_dir
+
+RANK_MODULE = "labkit.training.bench_rank"  # what torchrun runs on every rank of a bench job
 
 
 @dataclasses.dataclass
@@ -48,10 +59,43 @@ def parse_list(text: str, what: str, conv=str) -> list:
 
 def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Run every (variant, process count) of ``plan``; return (run folder, bench document)."""
-    from .experiment import environment, new_run_dir, with_absolute_paths
-    from .launch import launch, validate
-
     stream = stream or sys.stdout
+    _check(plan)
+    jobs, skipped = _jobs(with_absolute_paths(cfg), plan)
+    run = new_run_dir(plan.runs_dir, plan.tag or "bench").resolve()
+    env = write_record(run, snapshot({f"{v}_x{n}": c for v, n, c in jobs}, cfg.seed))
+    atomic_write_json(str(run / layout.ENVIRONMENT), layout.portable(env, run))
+    doc: dict[str, Any] = {
+        "kind": KIND, "version": 1, "created": now_str(),
+        "status": Status.RUNNING, "device": "cuda" if jobs[0][2].backend == "nccl" else "cpu",
+        "backend": jobs[0][2].backend, "steps": plan.steps, "trials": plan.trials,
+        "warmup": plan.warmup, "config": jobs[0][2].to_dict(),
+        # the jobs that failed are listed under the status's name
+        "plan": dataclasses.asdict(plan), "results": [], "skipped": skipped, Status.FAILED: [],
+    }
+    path = str(run / layout.BENCH)
+    atomic_write_json(path, doc)
+    stream.write(f"bench: {run}\n")
+    for s in skipped:
+        stream.write(f"  skipped {s['variant']} with {s['nproc']} processes: {s['reason']}\n")
+    try:
+        for v, n, vcfg in jobs:
+            _run_job(run, doc, v, n, vcfg, plan, stream)
+            atomic_write_json(path, doc)
+    except KeyboardInterrupt:
+        doc["status"] = Status.INTERRUPTED
+        atomic_write_json(path, doc)
+        raise
+    doc["status"] = Status.FAILED if doc[Status.FAILED] else Status.COMPLETED
+    doc["finished"] = now_str()
+    atomic_write_json(path, doc)
+    write_outputs(doc, run)
+    if plan.report and doc["results"]:
+        _report(run, stream)
+    return run, doc
+
+
+def _check(plan: BenchPlan) -> None:
     unknown = [v for v in plan.variants if v not in VARIANTS]
     if unknown:
         raise ConfigError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
@@ -62,9 +106,13 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
         raise ConfigError("--warmup and --profile-steps must be 0 or more")
     if any(n < 1 for n in plan.nprocs):
         raise ConfigError(f"--nproc values must be at least 1 (got {plan.nprocs})")
-    cfg = with_absolute_paths(cfg)
+
+
+def _jobs(cfg: TrainConfig, plan: BenchPlan) -> tuple[list, list]:
+    """Every (variant, process count, checked config); those that cannot run are skipped with
+    their reason. All bad input fails here, before a folder or a process exists."""
     jobs, skipped = [], []
-    for n in plan.nprocs:  # all bad input fails here, before a folder or a process exists
+    for n in plan.nprocs:
         for v in plan.variants:
             vcfg = dataclasses.replace(cfg, out=None, **VARIANTS[v])
             try:
@@ -74,55 +122,33 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     if not jobs:
         raise ConfigError("nothing to run: " + "; ".join(f"{s['variant']} x{s['nproc']}: "
                                                          f"{s['reason']}" for s in skipped))
-    run = new_run_dir(plan.runs_dir, plan.tag or "bench").resolve()
-    env = environment(cfg.seed)
-    atomic_write_json(str(run / "environment.json"), portable(env, run))  # as labkit experiment's
-    doc: dict[str, Any] = {
-        "kind": KIND, "version": 1, "created": now_str(),
-        "status": "running", "device": "cuda" if jobs[0][2].backend == "nccl" else "cpu",
-        "backend": jobs[0][2].backend, "steps": plan.steps, "trials": plan.trials,
-        "warmup": plan.warmup, "config": jobs[0][2].to_dict(),
-        "plan": dataclasses.asdict(plan), "results": [], "skipped": skipped, "failed": [],
-    }
-    path = str(run / "bench.json")
-    atomic_write_json(path, doc)
-    stream.write(f"bench: {run}\n")
-    for s in skipped:
-        stream.write(f"  skipped {s['variant']} with {s['nproc']} processes: {s['reason']}\n")
-    try:
-        for v, n, vcfg in jobs:
-            out = run / "bench" / f"{v}_x{n}"
-            stream.write(f"\n=== {v}: {n} processes ===\n")
-            stream.flush()
-            extra = ("--steps", str(plan.steps), "--trials", str(plan.trials),
-                     "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps))
-            res = launch(vcfg, n, str(out), stream=stream, module="labkit.training.bench_rank", extra=extra)
-            if not res.ok:
-                doc["failed"].append({"variant": v, "nproc": n, "error": res.message})
-                stream.write(f"{v} x{n} FAILED: {res.message}\n")
-            else:
-                r = json.loads((out / RESULT).read_text())
-                r.update(variant=v, nproc=n, folder=str(out.relative_to(run)),
-                         compress=vcfg.compress, ps_mode=vcfg.ps_mode if vcfg.method == "ps" else None)
-                doc["results"].append(derive(r))
-                stream.write(summary_line(doc["results"][-1]) + "\n")
-            compare_to_ddp(doc["results"])
-            atomic_write_json(path, doc)
-    except KeyboardInterrupt:
-        doc["status"] = "interrupted"
-        atomic_write_json(path, doc)
-        raise
-    doc["status"] = "failed" if doc["failed"] else "completed"
-    doc["finished"] = now_str()
-    atomic_write_json(path, doc)
-    write_outputs(doc, run)
-    if plan.report and doc["results"]:
-        from .kernels import kernel_name
-        from .experiment import make_report
-        import papermill as pm
+    return jobs, skipped
 
-        try:
-            make_report(run, kernel_name(), 3600, stream)
-        except pm.PapermillExecutionError as e:  # the measurements are safe; say what broke
-            stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (notebook: {run / 'report'})\n")
-    return run, doc
+
+def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: BenchPlan,
+             stream: IO[str]) -> None:
+    out = run / layout.BENCH_JOBS_DIR / f"{v}_x{n}"
+    stream.write(f"\n=== {v}: {n} processes ===\n")
+    stream.flush()
+    extra = ("--steps", str(plan.steps), "--trials", str(plan.trials),
+             "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps))
+    res = launch(vcfg, n, str(out), stream=stream, module=RANK_MODULE, extra=extra)
+    if not res.ok:
+        doc[Status.FAILED].append({"variant": v, "nproc": n, "error": res.message})
+        stream.write(f"{v} x{n} FAILED: {res.message}\n")
+    else:
+        r = json.loads((out / layout.BENCH_RESULT).read_text())
+        r.update(variant=v, nproc=n, folder=str(out.relative_to(run)), compress=vcfg.compress,
+                 ps_mode=vcfg.ps_mode if spec(vcfg.method).serves else None)
+        doc["results"].append(derive(r))
+        stream.write(summary_line(doc["results"][-1]) + "\n")
+    compare_to_ddp(doc["results"])
+
+
+def _report(run: Path, stream: IO[str]) -> None:
+    import papermill as pm
+
+    try:
+        make_report(run, kernel_name(), 3600, stream)
+    except pm.PapermillExecutionError as e:  # the measurements are safe; say what broke
+        stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (notebook: {run / layout.REPORT_DIR})\n")

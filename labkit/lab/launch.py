@@ -21,9 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Optional
 
+from labkit.core import layout, params
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
-from .record import portable
+from labkit.core.methods import server_ranks
+from labkit.core.status import Status
 
 @dataclass(frozen=True)
 class Nodes:
@@ -37,6 +39,12 @@ class Nodes:
     @property
     def multi(self) -> bool:
         return self.nnodes > 1 or self.rdzv_endpoint is not None
+
+    @classmethod
+    def of(cls, lp) -> "Nodes":
+        """From the launcher's parameters (labkit.lab.params.LaunchParams)."""
+        return cls(lp.nnodes or 1, lp.node_rank or 0, lp.rdzv_endpoint,
+                   max_restarts=lp.max_restarts or 0)
 
 
 class LaunchError(RuntimeError):
@@ -97,21 +105,6 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
     return cfg
 
 
-def config_flags(cfg: TrainConfig) -> list[str]:
-    """TrainConfig -> labkit.train flags (only values that differ from the defaults)."""
-    args = []
-    for f in dataclasses.fields(TrainConfig):
-        v = getattr(cfg, f.name)
-        if v == f.default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(v, bool):
-            args.append(flag if v else "--no-" + f.name.replace("_", "-"))
-        elif v is not None:
-            args += [flag, str(v)]
-    return args
-
-
 def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = Nodes(),
                      show_ranks: tuple[int, ...] = (0,), module: str = "labkit.train",
                      extra: tuple[str, ...] = ()) -> list[str]:
@@ -133,7 +126,7 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
     if torchrun_knows("--log-line-prefix-template"):
         cmd.append("--log-line-prefix-template=[rank${rank}]: ")
     cmd += [f"--local-ranks-filter={','.join(map(str, show_ranks))}",
-            "-m", module, *config_flags(cfg), *extra]
+            "-m", module, *params.to_flags(cfg), *extra]
     return cmd
 
 
@@ -173,7 +166,7 @@ _TIMEOUT = re.compile(r"timed out|Timeout", re.I)
 def _rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
     lines: list[str] = []
     logs = rank_logs(log_dir, local_rank)[::-1]  # the newest attempt first
-    for p in [p for p in logs if p.endswith("stderr.log")] + logs:
+    for p in [p for p in logs if p.endswith(layout.RANK_STDERR)] + logs:
         lines = tail(p)
         if lines:
             break
@@ -295,13 +288,14 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     cfg = dataclasses.replace(cfg, out=out_dir)
     cfg = validate(cfg, nproc, nodes)
     os.makedirs(out_dir, exist_ok=True)
-    log_dir = os.path.join(out_dir, "logs")
+    log_dir = os.path.join(out_dir, layout.LOGS_DIR)
     if nodes.multi:
         # every node may be given the same --out on a shared filesystem: each keeps its own logs
         # (and launch file), so a failure is explained from this node's ranks only
         log_dir = os.path.join(log_dir, f"node{nodes.node_rank}")
     os.makedirs(log_dir, exist_ok=True)
-    show = (0, 1) if cfg.method == "ps" and nproc > 1 else (0,)
+    # rank 0, and the first trainer where ranks serve (a parameter server's training bar)
+    show = tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
     cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -327,40 +321,37 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     except BaseException as e:
         _stop(proc)
         if isinstance(e, KeyboardInterrupt):
-            settle_results(out_dir, cfg.result_file, "interrupted", "interrupted by the user (Ctrl-C)")
+            mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, "interrupted by the user (Ctrl-C)")
         raise
     text = "".join(captured)
-    with open(os.path.join(log_dir, "torchrun.log"), "w") as f:
+    with open(os.path.join(log_dir, layout.TORCHRUN_LOG), "w") as f:
         f.write(" ".join(cmd) + "\n\n" + text)
     res = LaunchResult(cfg.method, proc.returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
     if not res.ok:
         res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
                                                                      text, log_dir, nodes.multi)
-        settle_results(out_dir, cfg.result_file, "failed", res.message.splitlines()[0])
+        mark_ended(out_dir, cfg.result_file, Status.FAILED, res.message.splitlines()[0])
     # paths inside out_dir relative to it (the command runs from there), so a run folder that
     # is copied or moved does not point back at where it ran
-    atomic_write_json(os.path.join(out_dir, launch_file(nodes)), portable({
+    atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
         "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
         "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
         "message": res.message}, out_dir))
     return res
 
 
-def launch_file(nodes: Nodes = Nodes()) -> str:
-    """launch.json, or launch_node<k>.json for node k > 0 (nodes may share one --out)."""
-    return "launch.json" if nodes.node_rank == 0 else f"launch_node{nodes.node_rank}.json"
-
-
-def settle_results(out_dir: str, result_file: str, status: str, why: str) -> None:
-    """A run that ended badly must not leave a result file saying "running" (rank 0 may have
-    been the rank that was killed): mark it, keeping every finished epoch."""
+def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None:
+    """A run that ended badly must not leave a result file that says it is running (rank 0
+    may have been the rank that was killed): write how it ended, keeping every finished
+    epoch. (A Ctrl-C also overrides the failure the ranks recorded as they were stopped.)"""
     path = os.path.join(out_dir, result_file)
     try:
         with open(path) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return
-    if doc.get("status") == "running" or (status == "interrupted" and doc.get("status") == "failed"):
+    if doc.get("status") == Status.RUNNING or (
+            status == Status.INTERRUPTED and doc.get("status") == Status.FAILED):
         doc["status"] = status
         doc.setdefault("error", why)
         doc["end_time"] = doc.get("end_time") or now_str()

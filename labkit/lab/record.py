@@ -1,103 +1,38 @@
-"""The environment record of a run folder: what is needed to run it again and to tell why a
-rerun differs.
+"""The environment record of a run folder: what ran where, what is needed to run it again, and
+what tells why a rerun differs. Read once per run, before any folder exists (:func:`snapshot`),
+and written into the run folder by :func:`write_record`:
 
-    requirements.lock   every installed distribution as name==version (pip install -r accepts it)
+    environment.json    the machine (host, CPU, GPUs, versions), "git" (commit, dirty, diff
+                        file, untracked files), "packages", "debian", "determinism", "data"
+                        (a fingerprint per method)
+    requirements.lock   every installed distribution as name==version (labkit.core.lockfile)
     code.diff           `git diff HEAD --binary` when the working tree was dirty
-    environment.json    + "packages", "debian", "git" (diff file, untracked files),
-                          "determinism", "data" (a fingerprint per method)
 
-Paths that point inside a run folder are stored relative to it (:func:`portable`), so a copied
-or moved run folder still works; readers resolve them with :func:`resolve_in_run`. Paths outside
-it (a --data-dir, the Python executable) stay absolute.
+Paths inside the run folder are stored relative to it (labkit.core.layout.portable).
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
-import re
+import platform
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from labkit.core import layout
 from labkit.core.config import TrainConfig
 from labkit.core.files import atomic_path
+from labkit.core.lockfile import PROJECT, distributions, requirements_lock
 
-LOCK_FILE = "requirements.lock"
-DIFF_FILE = "code.diff"
-PROJECT = "labkit"
+# a source checkout (its git state goes into environment.json)
+REPO_DIR = Path(__file__).resolve().parents[2]
 # Debian packages the lab depends on outside Python (the PDF report, the PDF checks)
 DEBIAN_PACKAGES = ("chromium", "poppler-utils")
-
-
-# ------------------------------------------------------------------ packages
-def normalize(name: str) -> str:
-    """PEP 503 name normalisation: ``Jinja2``, ``jinja2`` and ``jinja_2`` differ only in form,
-    ``typing_extensions`` and ``typing-extensions`` are one distribution."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def distributions() -> dict[str, dict]:
-    """Every distribution the running interpreter can import, by normalised name:
-    {"name": as published, "version", "direct_url": PEP 610 URL or None (editable, local
-    path or VCS install: not on an index under that version)}.
-
-    A name found twice on sys.path keeps its first, the one ``import`` would load."""
-    from importlib import metadata
-
-    found: dict[str, dict] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if not name:
-            continue  # a broken .dist-info without metadata
-        key = normalize(name)
-        if key in found:
-            continue
-        url = None
-        raw = dist.read_text("direct_url.json")
-        if raw:
-            try:
-                info = json.loads(raw)
-                url = info.get("url")
-                if info.get("dir_info", {}).get("editable"):
-                    url = f"editable: {url}"
-            except ValueError:
-                pass
-        found[key] = {"name": name, "version": dist.version, "direct_url": url}
-    return dict(sorted(found.items()))
-
-
-def requirements_lock(dists: Optional[dict[str, dict]] = None) -> str:
-    """requirements.lock text: ``name==version`` per distribution, sorted by normalised name.
-
-    This project, and anything installed from a local path, a VCS or in editable mode, cannot
-    be fetched from an index by version: such lines are comments naming where they came from
-    (the project itself is installed with ``pip install -e .`` from the recorded commit)."""
-    dists = distributions() if dists is None else dists
-    lines = ["# every distribution installed where this run ran (labkit.lab.record); "
-             "pip install -r requirements.lock"]
-    for key, d in dists.items():
-        if key == PROJECT:
-            lines.append(f"# {d['name']}=={d['version']}  (this project: install the recorded "
-                         f"commit with pip install -e .)")
-        elif d["direct_url"]:
-            lines.append(f"# {d['name']}=={d['version']}  (not from an index: {d['direct_url']})")
-        else:
-            lines.append(f"{d['name']}=={d['version']}")
-    return "\n".join(lines) + "\n"
-
-
-def parse_lock(text: str) -> dict[str, str]:
-    """requirements.lock text -> {normalised name: version}; comments, this project included,
-    are not packages to install."""
-    out = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, _, version = line.partition("==")
-        out[normalize(name)] = version.strip()
-    return out
 
 
 def debian_packages(names: Iterable[str] = DEBIAN_PACKAGES) -> dict[str, Optional[str]]:
@@ -132,29 +67,6 @@ def code_state(repo: str | os.PathLike) -> dict:
     files = [f for f in untracked.decode(errors="replace").splitlines() if f]
     return {"commit": commit.decode().strip(), "dirty": bool(diff or files), "diff": diff or None,
             "untracked": files}
-
-
-# ------------------------------------------------------------------ determinism
-def determinism(seed: Optional[int], backend: Optional[str]) -> dict:
-    """What decides whether two runs from one seed agree bit for bit, in this process."""
-    import torch
-
-    cudnn = torch.backends.cudnn
-    return {
-        "seed": seed, "backend": backend,
-        "torch_num_threads": torch.get_num_threads(),
-        "torch_num_interop_threads": torch.get_num_interop_threads(),
-        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-        # the cores this process may run on (labkit.training.dist.bind_cpus); None: no affinity call here
-        "cpu_affinity": (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                         else None),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "cudnn_deterministic": bool(cudnn.deterministic),
-        "cudnn_benchmark": bool(cudnn.benchmark),
-        "cudnn_allow_tf32": bool(cudnn.allow_tf32),
-        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-    }
 
 
 # ------------------------------------------------------------------ data
@@ -221,77 +133,100 @@ def data_fingerprints(configs: dict[str, TrainConfig]) -> dict[str, dict]:
     return out
 
 
+# ------------------------------------------------------------------ the machine
+def machine() -> dict:
+    """What ran where: host, CPU, GPUs, Python and the versions that decide the numbers."""
+    import torch
+    import torchvision  # its __version__ names the build (+cu130), as torch's does
+
+    env: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0], "executable": sys.executable,
+        "torch": torch.__version__, "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None, "gpus": [], "driver": None,
+    }
+    if torch.cuda.is_available():
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        env["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+                       for i in range(torch.cuda.device_count())]
+        out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        env["driver"] = out.decode().strip() if out else None
+    for pkg in ("papermill", "nbconvert", "matplotlib", "numpy"):
+        if _version(pkg):
+            env[pkg] = _version(pkg)
+    return env
+
+
+def _version(pkg: str) -> Optional[str]:
+    """The installed version, without importing the package (matplotlib: 0.5 s)."""
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 # ------------------------------------------------------------------ the record
 def _write_bytes(path: Path, data: bytes) -> None:
     with atomic_path(str(path)) as tmp:
         Path(tmp).write_bytes(data)
 
 
-def snapshot(configs: dict[str, TrainConfig], repo: str | os.PathLike) -> dict:
+def snapshot(configs: dict[str, TrainConfig], seed: Optional[int] = None,
+             repo: str | os.PathLike = REPO_DIR) -> dict:
     """The record of this machine for the methods' resolved ``configs`` ({method: config}):
-    the entries environment.json adds (packages, debian, git, determinism, data) plus the
-    bytes that go to files ("_dists", "_diff"), without writing anything."""
-    import torch
+    every entry of environment.json plus the bytes that go to files ("_dists", "_diff"),
+    without writing anything. The git state is read here and nowhere else."""
+    from labkit.training.dist import determinism
 
     dists = distributions()
     code = code_state(repo)
     backends = sorted({c.backend for c in configs.values() if c.backend})
     seeds = sorted({c.seed for c in configs.values()})
+    env = machine()
     return {
-        "packages": {"file": LOCK_FILE, "count": len(dists),
-                     **({PROJECT: dists[PROJECT]["version"]} if PROJECT in dists else {})},
-        "debian": debian_packages(),
+        **env, "seed": seed,
         "git": {"commit": code["commit"], "dirty": code["dirty"],
-                "diff_file": DIFF_FILE if code["diff"] else None,
+                "diff_file": layout.DIFF if code["diff"] else None,
                 "diff_sha256": hashlib.sha256(code["diff"]).hexdigest() if code["diff"] else None,
                 "untracked": code["untracked"]},
+        "packages": {"file": layout.LOCK, "count": len(dists),
+                     **({PROJECT: dists[PROJECT]["version"]} if PROJECT in dists else {})},
+        "debian": debian_packages(),
         # the launcher's view; each result file records its rank 0's own ("determinism")
         "determinism": {**determinism(seeds[0] if len(seeds) == 1 else None, ",".join(backends)),
-                        "device": "cuda" if torch.cuda.is_available() else "cpu"},
+                        "device": "cuda" if env["cuda_available"] else "cpu"},
         "data": data_fingerprints(configs),
         "_dists": dists, "_diff": code["diff"],
     }
+
+
+def public(snap: dict) -> dict:
+    """A snapshot's entries for environment.json (the file contents left out)."""
+    return {k: v for k, v in snap.items() if not k.startswith("_")}
 
 
 def write_record(run_dir: str | os.PathLike, snap: dict) -> dict:
     """Write requirements.lock (and code.diff when the tree was dirty) of a :func:`snapshot`
     into ``run_dir``; return the entries for environment.json."""
     run = Path(run_dir)
-    _write_bytes(run / LOCK_FILE, requirements_lock(snap["_dists"]).encode())
+    _write_bytes(run / layout.LOCK, requirements_lock(snap["_dists"]).encode())
     if snap["_diff"]:
-        _write_bytes(run / DIFF_FILE, snap["_diff"])
-    return {k: v for k, v in snap.items() if not k.startswith("_")}
-
-
-# ------------------------------------------------------------------ portable paths
-def portable(doc: Any, run_dir: str | os.PathLike) -> Any:
-    """``doc`` with every path inside ``run_dir`` made relative to it (also inside command
-    lines); paths elsewhere are kept as they are. For writing run-folder JSON files."""
-    root = os.path.abspath(run_dir).rstrip(os.sep)
-    real = os.path.realpath(root)
-
-    def fix(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        if not isinstance(v, str):
-            return v
-        for r in {root, real}:
-            if v == r:
-                return "."
-            if v.startswith(r + os.sep):
-                return v[len(r) + 1:]
-            v = v.replace(r + os.sep, "")  # inside a command line
-        return v
-
-    return fix(doc)
-
-
-def resolve_in_run(run_dir: str | os.PathLike, path: Optional[str]) -> Optional[Path]:
-    """A path read from a run folder's JSON: relative ones are relative to that folder, wherever
-    it lies now."""
-    if path is None:
-        return None
-    p = Path(path)
-    return p if p.is_absolute() else Path(run_dir) / p
+        _write_bytes(run / layout.DIFF, snap["_diff"])
+    return public(snap)

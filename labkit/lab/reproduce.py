@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import IO, Iterable, Optional
 
 from labkit.analysis import compare
-from labkit.core.config import TrainConfig
 from labkit.analysis.compare import ReproduceError
+from labkit.core import layout
+from labkit.core.config import TrainConfig
+from labkit.core.lockfile import parse_lock, requirements_lock
 
 TAG = "repro"
 
@@ -53,8 +55,7 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
     """Read and check everything; ReproduceError (or ConfigError) names the first problem."""
     from .launch import validate
 
-    if tolerance is not None and not tolerance >= 0:
-        raise ReproduceError(f"--tolerance must be 0 or more (got {tolerance})")
+    compare.check_tolerance(tolerance)
     # resolved now: runs/latest is a link that the new run folder will move
     rec = compare.load_run_record(Path(run_dir).resolve())
     chosen = compare.select_methods(rec, methods)
@@ -68,13 +69,13 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
                              f"(--repeats): labkit reproduce re-runs single-repeat experiments only")
     nproc = exp.get("nproc")
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
-        raise ReproduceError(f"{str(rec.path / 'config.json')!r} records no process count "
+        raise ReproduceError(f"{str(rec.path / layout.CONFIG)!r} records no process count "
                              f"(experiment.nproc): cannot re-run it the same way")
     runs_dir = Path(out).resolve() if out else rec.path.parent
     if runs_dir == rec.path or rec.path in runs_dir.parents:
         raise ReproduceError(f"--out {out!r} is inside the run folder being reproduced; the "
                              f"reproduction never writes into the original")
-    where = f"{str(rec.path / 'config.json')!r}"
+    where = f"{str(rec.path / layout.CONFIG)!r}"
     configs = {m: _config(rec.methods[m], f"{where} (method {m})") for m in chosen}
     for m, c in configs.items():  # bad data dir, nccl without GPUs...: before anything exists
         validate(c, nproc)
@@ -85,12 +86,10 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
 
 def current_environment(p: Plan) -> dict:
     """This machine described like a recorded environment (labkit.analysis.compare.load_environment)."""
-    from .experiment import REPO_DIR, environment
-    from .record import parse_lock, requirements_lock, snapshot
+    from .record import public, snapshot
 
-    snap = snapshot(p.configs, REPO_DIR)
-    return {**environment(p.train.seed), **{k: v for k, v in snap.items() if not k.startswith("_")},
-            "package_versions": parse_lock(requirements_lock(snap["_dists"]))}
+    snap = snapshot(p.configs, p.train.seed)
+    return {**public(snap), "package_versions": parse_lock(requirements_lock(snap["_dists"]))}
 
 
 def _recorded_line(rec: compare.RunRecord) -> str:
@@ -136,7 +135,7 @@ def report_lines(new_run: Path, doc: dict, status: dict) -> list[str]:
     lines += [f"  {l}" for l in compare.summary_lines(doc)]
     lines += ["speed of the reproduction (not part of the verdict):"]
     lines += [f"  {l}" for l in compare.timing_lines(doc)]
-    lines += [f"reproduction.json: {new_run / compare.REPRODUCTION_FILE}",
+    lines += [f"reproduction.json: {new_run / layout.REPRODUCTION}",
               f"report: {status.get('report')}",
               f"{'REPRODUCED' if doc['reproduced'] else 'NOT REPRODUCED'}: {ok} of "
               f"{len(doc['methods'])} methods"

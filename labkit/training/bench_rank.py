@@ -26,8 +26,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from labkit.analysis.bench_view import RESULT
-from labkit.core.config import ConfigError, TrainConfig, build_parser, config_from_args
+from labkit.core import layout
+from labkit.core.methods import spec
+from labkit.core.config import ConfigError, TrainConfig, build_parser, from_args
 from .dist import is_distributed
 from labkit.core.files import atomic_path, atomic_write_json
 from .timers import Stopwatch
@@ -115,7 +116,7 @@ def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
 def moved_bytes(cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
     """(bytes a trainer pushes or all-reduces per step, bytes it pulls per step)."""
     push = grad_bytes // 2 if cfg.compress == "fp16" else grad_bytes
-    pull = grad_bytes if cfg.method == "ps" else 0  # PS pulls fp32 parameters
+    pull = grad_bytes if spec(cfg.method).serves else 0  # a PS worker pulls fp32 parameters
     return push, pull
 
 
@@ -244,13 +245,13 @@ def worker_main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
     rank = env_world()[0]
     try:
-        cfg = preflight(config_from_args(a))
+        cfg = preflight(from_args(a))
         if not cfg.out:
             raise ConfigError("--out is required (the folder for bench_result.json)")
         os.makedirs(cfg.out, exist_ok=True)
         doc = measure(cfg, a.steps, a.trials, a.bench_warmup, a.profile_steps, cfg.out)
         if rank == 0:
-            atomic_write_json(os.path.join(cfg.out, RESULT), doc)
+            atomic_write_json(os.path.join(cfg.out, layout.BENCH_RESULT), doc)
     except ConfigError as e:
         if rank == 0:
             print(f"labkit.bench: error: {e}", file=sys.stderr, flush=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, resolve
-from labkit.core.files import folder_stamp
 
 
 def preflight(cfg: TrainConfig, world: Optional[int] = None,
@@ -24,6 +24,7 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     import torch
 
     from .dist import env_world
+    from .sync import strategy_class
 
     cuda = torch.cuda.is_available()
     _, env_ws, _, env_lws = env_world()
@@ -33,28 +34,8 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     if cfg.backend == "nccl" and local_world > torch.cuda.device_count():
         raise ConfigError(f"{local_world} processes per node but only {torch.cuda.device_count()} "
                           f"GPU(s): nccl needs one GPU per process (lower --nproc_per_node)")
-    if cfg.method == "ps" and world <= cfg.ps_servers:
-        need = cfg.ps_servers + 1
-        raise ConfigError(f"ps needs at least {need} processes ({cfg.ps_servers} server"
-                          f"{'s' if cfg.ps_servers > 1 else ''} + workers); got {world} (use {need} "
-                          f"or more: --nproc with labkit, --nproc_per_node with torchrun)")
-    if cfg.method == "ps" and cfg.ps_mode == "p2p" and cfg.channels_last:
-        raise ConfigError("--channels-last is not supported with --ps-mode p2p (send/recv need "
-                          "contiguous tensors); use --ps-mode collective")
-    if cfg.method == "ps" and cfg.amp == "fp16":
-        raise ConfigError("--amp fp16 is not supported with ps (the server would have to unscale "
-                          "gradients); use --amp bf16")
+    strategy_class(cfg).check(cfg, world)  # the method's own rules (processes, options)
     return cfg
-
-
-def default_out(method: str, runs_dir: str = "runs") -> str:
-    """A new folder under ``runs_dir`` for a run started without --out (never an existing one)."""
-    base = os.path.join(runs_dir, folder_stamp() + f"_{method}")
-    out, i = base, 1
-    while os.path.exists(out):
-        i += 1
-        out = f"{base}-{i}"
-    return out
 
 
 def refuse_overwrite(out: str, cfg: TrainConfig) -> None:
@@ -67,7 +48,7 @@ def refuse_overwrite(out: str, cfg: TrainConfig) -> None:
 
 
 def prepare_out(cfg: TrainConfig, resuming: bool = False) -> str:
-    out = cfg.out or default_out(cfg.method)
+    out = cfg.out or layout.default_out(cfg.method)
     if not resuming:
         refuse_overwrite(out, cfg)
     try:
@@ -77,9 +58,6 @@ def prepare_out(cfg: TrainConfig, resuming: bool = False) -> str:
     if not os.access(out, os.W_OK):
         raise ConfigError(f"output folder {out!r} is not writable")
     return out
-
-
-CHECKPOINT = "checkpoint.pt"
 
 
 def find_checkpoint(cfg: TrainConfig) -> Optional[dict]:
@@ -92,10 +70,10 @@ def find_checkpoint(cfg: TrainConfig) -> Optional[dict]:
         if cfg.resume:
             raise ConfigError("--resume needs --out DIR: the folder of the run to continue")
         return None
-    path = os.path.join(cfg.out, CHECKPOINT)
+    path = os.path.join(cfg.out, layout.CHECKPOINT)
     if not os.path.exists(path):
         if cfg.resume:
-            raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {cfg.out!r} (a run writes it "
+            raise ConfigError(f"nothing to resume: no {layout.CHECKPOINT} in {cfg.out!r} (a run writes it "
                               f"after its first epoch)")
         return None
     import torch

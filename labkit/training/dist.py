@@ -121,3 +121,23 @@ def sync_device(device: torch.device) -> None:
     """Wait for queued device work, so a host clock read after it means something."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def determinism(seed: Optional[int], backend: Optional[str]) -> dict:
+    """What decides whether two runs from one seed agree bit for bit, in this process."""
+    cudnn = torch.backends.cudnn
+    return {
+        "seed": seed, "backend": backend,
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        # the cores this process may run on (bind_cpus); None: no affinity call here
+        "cpu_affinity": (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                         else None),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": bool(cudnn.deterministic),
+        "cudnn_benchmark": bool(cudnn.benchmark),
+        "cudnn_allow_tf32": bool(cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+    }

@@ -21,14 +21,17 @@ import torch.nn.functional as F
 from labkit import __version__
 from . import hooks
 from . import lifecycle
-from labkit.core.config import ConfigError, TrainConfig, build_parser, config_from_args
+from labkit.core import layout
+from labkit.core.config import ConfigError, TrainConfig, build_parser, from_args
+from labkit.core.methods import comm_key, comm_times_key
+from labkit.core.status import Status
 from .data import (Datasets, ShardSampler, build_datasets, default_workers, make_loader,
                    steps_per_epoch, train_sampler)
 from .dist import DistContext, all_reduce_sum, env_world, init, sync_device, teardown
-from .checks import CHECKPOINT, find_checkpoint, preflight, prepare_out
+from .checks import find_checkpoint, preflight, prepare_out
 from .timers import Lines, MachineLoad, StepClock, atomic_torch_save
 from .models import build_model
-from .result_file import Results, comm_key, comm_times_key
+from .result_file import ResultFile
 from .sync import make_strategy
 
 
@@ -44,10 +47,7 @@ class Trainer:
         if cfg.compile:
             # compiles the forward (and, through AOTAutograd, its backward); the strategy's
             # hooks stay on the parameters, so synchronisation is unchanged
-            # (LABKIT_COMPILE_BACKEND=aot_eager: the same graph capture without code generation,
-            # which the tests use because inductor takes minutes to compile on a 2-core CPU)
-            self.forward_model = torch.compile(
-                self.forward_model, backend=os.environ.get("LABKIT_COMPILE_BACKEND", "inductor"))
+            self.forward_model = torch.compile(self.forward_model, backend=cfg.compile_backend)
         self.optimizer = (torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                           weight_decay=cfg.weight_decay)
                           if s.steps_optimizer else None)
@@ -78,7 +78,7 @@ class Trainer:
         if self.ctx.is_main:
             print(msg, flush=True)
             if self.out:
-                with open(os.path.join(self.out, "train.log"), "a") as f:
+                with open(os.path.join(self.out, layout.TRAIN_LOG), "a") as f:
                     f.write(msg + "\n")
 
     def autocast(self):
@@ -130,7 +130,7 @@ class Trainer:
                     (self.scaler.scale(loss) if self.scaler else loss).backward()
                 out = loss.detach(), logits.detach()
             if sync:
-                with label("labkit.training.sync"):
+                with label("labkit.sync"):
                     s.after_backward()
             with label("labkit.step"):
                 s.step(opt, self.scaler if opt is self.optimizer else None)
@@ -297,24 +297,24 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         return ckpt["epoch"] + 1
 
-    def save_checkpoint(self, epoch: int, results: Results) -> None:
+    def save_checkpoint(self, epoch: int, results: ResultFile) -> None:
         """Rank 0, after every epoch: everything needed to continue (rank 0 holds the optimizer
         for every method: it is a trainer for ddp/allreduce and the server for ps)."""
         atomic_torch_save({"epoch": epoch, "model": self.model.state_dict(),
                            "optimizer": self.optimizer.state_dict(),
                            "scaler": self.scaler.state_dict() if self.scaler else None,
                            "results": results.doc},
-                          os.path.join(self.out, CHECKPOINT))
+                          os.path.join(self.out, layout.CHECKPOINT))
 
-    def fit(self, results: Optional[Results], start_epoch: int = 1) -> None:
+    def fit(self, results: Optional[ResultFile], start_epoch: int = 1) -> None:
         cfg, s = self.cfg, self.strategy
-        self.log(f"labkit {__version__} | {cfg.method}"
-                 f"{' (' + cfg.ps_mode + ')' if cfg.method == 'ps' else ''} | world {self.ctx.world_size}"
+        self.log(f"labkit {__version__} | {s.describe()} | world {self.ctx.world_size}"
                  f" ({s.trainers} trainer{'s' if s.trainers > 1 else ''}) | {cfg.backend} on "
                  f"{self.ctx.device.type} | {cfg.model} on {cfg.dataset} ({self.num_train} train / "
                  f"{self.num_val} val) | batch {cfg.batch_size}/trainer | {self.steps} steps/epoch")
         if start_epoch > 1:
-            self.log(f"resuming at epoch {start_epoch} from {os.path.join(self.out or cfg.out, CHECKPOINT)}")
+            self.log(f"resuming at epoch {start_epoch} from "
+                     f"{os.path.join(self.out or cfg.out, layout.CHECKPOINT)}")
         for epoch in range(start_epoch, cfg.epochs + 1):
             m = self.train_epoch(epoch)
             m.update(self.validate())
@@ -330,7 +330,7 @@ class Trainer:
                 self.save_checkpoint(epoch, results)
         if self.ctx.is_main and self.out:
             # after finish_epoch every rank, the PS server included, holds the final model
-            atomic_torch_save(self.model.state_dict(), os.path.join(self.out, "final_model.pt"))
+            atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))
 
 
 def run(cfg: TrainConfig) -> Optional[str]:
@@ -355,8 +355,8 @@ def run(cfg: TrainConfig) -> Optional[str]:
         trainer = Trainer(cfg, ctx, out, data, model, steps)
         start = trainer.load_checkpoint(ckpt) if ckpt else 1
         if ctx.is_main:
-            results = Results(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
-                              previous=ckpt["results"] if ckpt else None)
+            results = ResultFile(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
+                                 previous=ckpt["results"] if ckpt else None)
             results.write()
             # torchrun stops this rank with SIGTERM when another one dies: say so in the file
             lifecycle.on_sigterm(lambda: results.stop(
@@ -364,12 +364,12 @@ def run(cfg: TrainConfig) -> Optional[str]:
             lifecycle.heartbeat(results.beat)
         trainer.fit(results, start)
         if results is not None:
-            results.finish("completed")
+            results.finish(Status.COMPLETED)
             print(f"results: {results.path}", flush=True)
         return out
     except BaseException as e:
         if results is not None:
-            results.finish("interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+            results.finish(Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED,
                            error=f"{type(e).__name__}: {e}")
         raise
     finally:
@@ -380,7 +380,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     rank = env_world()[0]
     try:
-        cfg = preflight(config_from_args(args))
+        cfg = preflight(from_args(args))
         run(cfg)
     except ConfigError as e:
         # Bad input is seen by every rank alike: one message, from rank 0.  The others wait a

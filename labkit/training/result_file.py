@@ -14,28 +14,18 @@ from typing import Optional
 import torch
 
 from labkit import __version__
-from . import lifecycle
-from labkit.core.config import METHOD_NAMES, TrainConfig
-from .dist import DistContext
+from labkit.core.config import TrainConfig
 from labkit.core.files import atomic_write_json, now_str
-from labkit.lab.record import determinism, portable
+from labkit.core.layout import portable
+from labkit.core.methods import comm_key, spec
+from labkit.core.status import Status, stamp
+
+from .dist import DistContext, determinism
 
 SCHEMA = "labkit.results/1"
 # the guide's per-epoch keys, common to every method
 EPOCH_KEYS = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput",
               "avg_batch_time", "val_loss", "val_accuracy")
-
-
-def comm_key(phase: str) -> str:
-    """Result key of a communication phase: the guide's ``avg_comm_time`` for the all-reduce,
-    ``avg_comm_time_pull`` / ``avg_comm_time_push`` for the parameter server."""
-    return "avg_comm_time" if phase == "comm" else f"avg_comm_time_{phase}"
-
-
-def comm_times_key(phase: str) -> str:
-    """Per-epoch key of a phase's per-step times (steady-state steps, mean over trainers):
-    ``comm_times`` for the all-reduce, ``comm_times_pull`` / ``comm_times_push`` for the PS."""
-    return "comm_times" if phase == "comm" else f"comm_times_{phase}"
 
 
 def torchrun_world() -> dict:
@@ -44,7 +34,9 @@ def torchrun_world() -> dict:
     return {k.lower(): os.environ[k] for k in keys if k in os.environ}
 
 
-class Results:
+class ResultFile:
+    """The rank-0 writer of one method's result file (readers: labkit.analysis.report.load)."""
+
     def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
                  phases: tuple[str, ...], previous: Optional[dict] = None):
         self.path = os.path.join(out, cfg.result_file)
@@ -52,7 +44,7 @@ class Results:
         self.lock = threading.RLock()
         self.phases = phases  # the strategy's timed communication phases
         self.doc = {
-            "method": METHOD_NAMES[cfg.method],
+            "method": spec(cfg.method).guide_name,
             "world_size": ctx.world_size,
             "batch_size": cfg.batch_size,
             "start_time": now_str(),
@@ -62,7 +54,7 @@ class Results:
             "all_losses": [],
             # --- extras ---
             "schema": SCHEMA,
-            "status": "running",
+            "status": Status.RUNNING.value,  # plain values: the checkpoint pickles this doc
             "method_key": cfg.method,
             "trainers": trainers,
             # config.out relative to this file's folder ("."): the file stays right when its
@@ -74,7 +66,7 @@ class Results:
             "versions": {"labkit": __version__, "python": platform.python_version(),
                          "torch": str(torch.__version__), "host": socket.gethostname()},
         }
-        if cfg.method == "ps":
+        if spec(cfg.method).serves:  # the guide's PS file names its workers
             self.doc["num_workers"] = trainers
         if previous:  # a resumed run continues its own file: finished epochs, losses, start time
             for k in ("start_time", "epochs", "all_losses", "summary"):
@@ -106,9 +98,9 @@ class Results:
             s[comm_key(p)] = mean(e[comm_key(p)] for e in ep)
         return s
 
-    def finish(self, status: str, error: Optional[str] = None) -> None:
+    def finish(self, status: Status, error: Optional[str] = None) -> None:
         with self.lock:
-            self.doc["status"] = status
+            self.doc["status"] = Status(status).value
             self.doc["end_time"] = now_str()
             if error:
                 self.doc["error"] = error
@@ -116,19 +108,19 @@ class Results:
 
     def stop(self, why: str) -> None:
         """Called from the SIGTERM thread: mark a still-running file failed and keep the lock,
-        so no later write of the main thread (about to die) can put "running" back."""
-        if self.lock.acquire(timeout=10) and self.doc["status"] == "running":
-            self.finish("failed", error=why)
+        so no later write of the main thread (about to die) can mark it running again."""
+        if self.lock.acquire(timeout=10) and self.doc["status"] == Status.RUNNING:
+            self.finish(Status.FAILED, error=why)
 
     def write(self) -> None:
         with self.lock:
-            self.doc["heartbeat"] = lifecycle.stamp()
+            self.doc["heartbeat"] = stamp()
             atomic_write_json(self.path, self.doc)
 
     def beat(self) -> bool:
         """One heartbeat while the run is running; False once it has ended."""
         with self.lock:
-            if self.doc["status"] != "running":
+            if self.doc["status"] != Status.RUNNING:
                 return False
             self.write()
             return True

@@ -9,11 +9,10 @@ from pathlib import Path
 from statistics import mean
 from typing import Optional
 
-from labkit.training import lifecycle
-from labkit.core.config import METHOD_NAMES, RESULT_FILES, VARIANTS
-
-METHOD_ORDER = ("ddp", "allreduce", "ps")
-SHORT = {"ddp": "Baseline DDP", "allreduce": "Manual All-Reduce", "ps": "Parameter Server"}
+from labkit.core import layout
+from labkit.core.config import VARIANTS
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, SHORT
+from labkit.core.status import Status, as_seen, status_of
 NAN = float("nan")
 
 
@@ -49,7 +48,7 @@ def load_result(path: str | os.PathLike) -> dict:
             raise ResultError(f"{path}: an epoch lacks the guide's keys ({', '.join(needed)})")
     if method_key(doc, path) is None:
         raise ResultError(f"{path}: unknown method {doc.get('method')!r}")
-    return lifecycle.settle(doc)  # "running" with its writer gone: stopped without finishing
+    return as_seen(doc)  # running with its writer gone: stopped without finishing
 
 
 @dataclass
@@ -70,24 +69,19 @@ class RunResults:
         return {m: d for m, d in self.docs.items() if d["epochs"]}
 
 
-def repeat_dirs(run: Path) -> list[Path]:
-    """repeat-1/, repeat-2/, ... of a run with --repeats, in order; [] without repeats."""
-    dirs = [d for d in run.glob("repeat-*") if d.is_dir() and d.name[7:].isdigit()]
-    return sorted(dirs, key=lambda d: int(d.name[7:]))
-
-
 def load_run(run_dir: str | os.PathLike) -> RunResults:
     """A run folder (method subfolders, or repeat-<i>/ folders holding them) or a folder holding
     results_*.json directly."""
     run = Path(run_dir)
     res = RunResults(run_dir=run)
     status = {}
-    if (run / "experiment.json").exists():
+    exp_file = run / layout.EXPERIMENT
+    if exp_file.exists():
         try:
-            status = json.loads((run / "experiment.json").read_text()).get("methods", {})
+            status = json.loads(exp_file.read_text()).get("methods", {})
         except (OSError, json.JSONDecodeError):
-            res.problems["experiment.json"] = f"{run / 'experiment.json'}: unreadable"
-    reps = repeat_dirs(run)
+            res.problems[layout.EXPERIMENT] = f"{exp_file}: unreadable"
+    reps = layout.repeat_dirs(run)
     for m in METHOD_ORDER:
         if reps:
             for i, rdir in enumerate(reps):
@@ -105,7 +99,7 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
             else:
                 _add(res, path, m)
         st = status.get(m, {})
-        if st.get("status") not in (None, "completed"):
+        if st.get("status") not in (None, Status.COMPLETED):
             res.problems[m] = f"{st['status']}: {st.get('error', '').strip()}".strip(": ")
     return res
 
@@ -137,7 +131,7 @@ def _add(res: RunResults, path: Path, expected: Optional[str], first: bool = Tru
         res.repeats[m] = [doc]
     else:
         res.repeats[m].append(doc)
-    if doc.get("status", "completed") != "completed":
+    if status_of(doc) != Status.COMPLETED:
         res.problems.setdefault(m, f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else ""))
 
 
@@ -167,9 +161,9 @@ def summary_value(doc: dict, key: str) -> float:
 
 
 def load_env(run_dir: Optional[Path]) -> Optional[dict]:
-    if run_dir and (run_dir / "environment.json").exists():
+    if run_dir and (run_dir / layout.ENVIRONMENT).exists():
         try:
-            return json.loads((run_dir / "environment.json").read_text())
+            return json.loads((run_dir / layout.ENVIRONMENT).read_text())
         except (OSError, json.JSONDecodeError):
             return None
     return None
@@ -178,7 +172,7 @@ def load_env(run_dir: Optional[Path]) -> Optional[dict]:
 def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
     """reproduction.json of a run made by ``labkit reproduce``, or None (none, or unreadable)."""
     try:
-        doc = json.loads((Path(run_dir) / "reproduction.json").read_text()) if run_dir else None
+        doc = json.loads((Path(run_dir) / layout.REPRODUCTION).read_text()) if run_dir else None
     except (OSError, json.JSONDecodeError):
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("methods"), dict) else None

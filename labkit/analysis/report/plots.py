@@ -7,6 +7,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Optional
 
+from labkit.core import layout
 from labkit.core.files import atomic_path
 from .load import METHOD_ORDER, SHORT, RunResults, _epochs, method_key, summary_value
 from .tables import comm_ms, intervals
@@ -154,7 +155,7 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots = Path(out_dir) / "plots"
+    plots = Path(out_dir) / layout.PLOTS_DIR
     plots.mkdir(parents=True, exist_ok=True)
     makers = {"throughput_comparison": plot_throughput, "training_time_comparison": plot_training_time,
               "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,

@@ -7,6 +7,8 @@ import json
 from typing import Optional
 
 from labkit.analysis import stats
+from labkit.core import layout
+from labkit.core.status import status_of
 from .captions import caption
 from .load import METHOD_ORDER, SHORT, RunResults
 from .tables import html_table
@@ -15,7 +17,7 @@ from .tables import html_table
 def run_order(res: RunResults) -> Optional[list[list[str]]]:
     """experiment.json's ``order``: the methods of each repeat in the order they ran."""
     try:
-        return json.loads((res.run_dir / "experiment.json").read_text()).get("order")
+        return json.loads((res.run_dir / layout.EXPERIMENT).read_text()).get("order")
     except (TypeError, OSError, ValueError):
         return None
 
@@ -36,7 +38,7 @@ def repeat_rows(res: RunResults) -> list[dict]:
                          "Ran as": f"{pos} of {len(order[i - 1])}" if pos else "-",
                          "Throughput (img/s)": agg["throughput_per_repeat"][0],
                          "Best accuracy (%)": agg["best_val_accuracy"],
-                         "Status": d.get("status", "completed")})
+                         "Status": status_of(d)})
     return rows
 
 

@@ -10,7 +10,10 @@ from labkit.analysis import bench_view
 from labkit.analysis import costmodel
 from labkit.core.config import VARIANTS
 from labkit.core.files import atomic_path
-from labkit.lab.record import parse_lock, resolve_in_run
+from labkit.core import layout
+from labkit.core.layout import resolve_in_run
+from labkit.core.lockfile import parse_lock
+from labkit.core.status import Status
 from .captions import caption, figure_caption
 from .load import SHORT, RunResults, _epochs, load_reproduction, load_variants
 from .plots import figure_html
@@ -26,7 +29,7 @@ def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
         return [("md", "No benchmark in this run folder. `labkit bench` measures each method's "
                        "step against compute-only steps and the raw collectives; "
                        "`labkit report` on its run folder shows it here, with the cost costmodel.")]
-    plots = Path(out) / "plots"
+    plots = Path(out) / layout.PLOTS_DIR
     plots.mkdir(parents=True, exist_ok=True)
     c = doc["config"]
     blocks = [("md", caption("bench", created=doc["created"], model=c.get("model"),
@@ -37,9 +40,10 @@ def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
         blocks.append(("html", html_table(bench_view.rows(doc))))
         if bench_view.verdicts(doc):
             blocks.append(("md", "\n".join(f"- {v}" for v in bench_view.verdicts(doc))))
-        png = bench_view.plot(doc, plots / "bench.png")
+        png = bench_view.plot(doc, plots / layout.BENCH_PLOT)
         blocks.append(("html", figure_html(png, figure_caption("bench_figure"))))
-    for s in doc.get("skipped", []) + doc.get("failed", []):
+    # the bench document lists its failed jobs under the status's name
+    for s in doc.get("skipped", []) + doc.get(Status.FAILED, []):
         blocks.append(("md", f"- {s['variant']} with {s['nproc']} processes: "
                              f"{'skipped: ' + s['reason'] if 'reason' in s else 'failed: ' + s['error']}"))
     if not doc.get("results"):
@@ -95,7 +99,7 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[tuple[str, s
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    png = Path(out) / "plots" / "variants.png"
+    png = Path(out) / layout.PLOTS_DIR / "variants.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(str(png)) as tmp:
         fig.savefig(tmp, dpi=110, format="png")

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Optional
 
 from labkit.analysis import stats
+from labkit.core import layout
 from labkit.core.files import atomic_path
+from labkit.core.status import Status, status_of
 from labkit.analysis.texttable import text_table
 from .load import METHOD_ORDER, SHORT, RunResults, load_env, load_run
 
-SWEEP_FILE = "sweep.json"
 COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
 
 
@@ -48,17 +49,17 @@ class Sweep:
 
 
 def is_sweep(path: str | os.PathLike) -> bool:
-    return (Path(path) / SWEEP_FILE).is_file()
+    return (Path(path) / layout.SWEEP).is_file()
 
 
 def load_sweep(path: str | os.PathLike) -> Sweep:
     root = Path(path)
     try:
-        doc = json.loads((root / SWEEP_FILE).read_text())
+        doc = json.loads((root / layout.SWEEP).read_text())
     except FileNotFoundError:
-        raise SweepError(f"{root}: no {SWEEP_FILE} (labkit sweep makes sweep folders)") from None
+        raise SweepError(f"{root}: no {layout.SWEEP} (labkit sweep makes sweep folders)") from None
     except (OSError, json.JSONDecodeError) as e:
-        raise SweepError(f"{root / SWEEP_FILE}: unreadable ({e.__class__.__name__})") from None
+        raise SweepError(f"{root / layout.SWEEP}: unreadable ({e.__class__.__name__})") from None
     sw = Sweep(root, doc)
     for p in doc.get("points", []):
         d = root / p["dir"]
@@ -79,7 +80,7 @@ def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[dict]]]]:
         other = ", ".join(f"{k}={v}" for k, v in p.params.items() if k != "nproc")
         for m in METHOD_ORDER:
             docs = [d for d in (p.res.repeats.get(m) or []) if d.get("epochs")]
-            if docs and all(d.get("status", "completed") == "completed" for d in docs):
+            if docs and all(status_of(d) == Status.COMPLETED for d in docs):
                 out.setdefault((m, other), []).append((_processes(docs[0]), docs))
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 

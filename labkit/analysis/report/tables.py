@@ -7,6 +7,8 @@ from typing import Optional
 from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import stats
+from labkit.core.methods import spec
+
 from .load import METHOD_ORDER, SHORT, RunResults, _epochs, summary_value
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
@@ -211,7 +213,7 @@ def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]
         c, ep = d.get("config", {}), _epochs(d)
         stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
         rows.append({
-            "run": name, "servers": c.get("ps_servers") if c.get("method") == "ps" else None,
+            "run": name, "servers": c.get("ps_servers") if spec(c.get("method", "ddp")).serves else None,
             "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
             "img/s": summary_value(d, "avg_train_throughput"),
             "final train loss": ep[-1]["train_loss"] if ep else None,

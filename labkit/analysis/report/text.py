@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from labkit.analysis import bench_view
 from labkit.analysis import stats
+from labkit.core import layout
 from labkit.core.files import atomic_path
 from .captions import heading
 from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, load_reproduction, summary_value
@@ -190,7 +191,7 @@ def write_report(res: RunResults, out_dir: str | os.PathLike, env: Optional[dict
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pngs = write_plots(res, out) if res.docs or res.problems else []  # none for a bench folder
-    txt = out / "performance_report.txt"
+    txt = out / layout.TEXT_REPORT
     with atomic_path(str(txt)) as tmp, open(tmp, "w") as f:
         f.write(text_report(res, env))
     return {"plots": pngs, "text": txt}

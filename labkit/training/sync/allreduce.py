@@ -19,8 +19,6 @@ from .buckets import Bucket, InOrder, backward_order, make_buckets
 
 
 class AllReduceStrategy(Strategy):
-    phases = ("comm",)
-
     def setup(self, model: nn.Module) -> nn.Module:
         broadcast_parameters(model)
         self.buckets: list[Bucket] = make_buckets(backward_order(model), self.cfg.bucket_mb * 2**20,
@@ -34,14 +32,14 @@ class AllReduceStrategy(Strategy):
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         return model
 
-    # report-quote: allreduce-grad-ready  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: allreduce-grad-ready  (quoted in the report: labkit/analysis/report/implementation.py)
     def _grad_ready(self, p: nn.Parameter) -> None:
         if not self.sync:
             return
         for i in self.order.ready(self.bucket_of[p]):
             self._start(self.buckets[i])
 
-    # report-quote: allreduce-start  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: allreduce-start  (quoted in the report: labkit/analysis/report/implementation.py)
     def _start(self, b: Bucket) -> None:
         if b.half is None:
             b.flat.div_(self.ctx.world_size)  # average as DDP does: divide first, then sum
@@ -54,7 +52,7 @@ class AllReduceStrategy(Strategy):
         for b in self.buckets:
             b.flat.zero_()
 
-    # report-quote: allreduce-after-backward  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: allreduce-after-backward  (quoted in the report: labkit/analysis/report/implementation.py)
     def after_backward(self) -> None:
         if not self.ctx.distributed:
             return

@@ -16,18 +16,28 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.core.config import TrainConfig
+from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
 from labkit.training.timers import PhaseTimer
 
 
 class Strategy:
-    #: names of the communication phases this method times (keys of PhaseTimer.totals)
-    phases: tuple[str, ...] = ()
-
     def __init__(self, cfg: TrainConfig, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
+        #: names of the communication phases this method times (keys of PhaseTimer.totals,
+        #: and of its result keys: labkit.core.methods)
+        self.phases: tuple[str, ...] = spec(cfg.method).phases
         self.timer = PhaseTimer(ctx.device)
         self.sync = True  # False inside no_sync(): compute-only steps
+
+    @classmethod
+    def check(cls, cfg: TrainConfig, world: int) -> None:
+        """Reject a config this method cannot run with ``world`` processes (ConfigError, one
+        line), before any process group exists. Nothing to check by default."""
+
+    def describe(self) -> str:
+        """The method as the first line of a run names it."""
+        return self.cfg.method
 
     # --- roles: every rank trains unless a method says otherwise ---
     @property
@@ -93,7 +103,7 @@ class Strategy:
         end of each epoch's training on every rank; rank 0's go into the result file."""
         return {}
 
-    # report-quote: bn-finish-epoch  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: bn-finish-epoch  (quoted in the report: labkit/analysis/report/implementation.py)
     def finish_epoch(self, model: nn.Module) -> None:
         """Make every rank hold the model as the method defines it (for validation and saving).
 

@@ -18,9 +18,8 @@ from .base import Strategy
 class DDPStrategy(Strategy):
     # DDP's all-reduce runs inside backward and is not timed here; its exposed cost is
     # measured by `labkit bench` as step time with sync minus step time without.
-    phases = ()
 
-    # report-quote: ddp-setup  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ddp-setup  (quoted in the report: labkit/analysis/report/implementation.py)
     def setup(self, model: nn.Module) -> nn.Module:
         if not self.ctx.distributed:
             return model

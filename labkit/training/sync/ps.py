@@ -56,8 +56,6 @@ def shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
 
 
 class PSStrategy(ServerRoles, Strategy):
-    phases = ("pull", "push")
-
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
         self.servers = cfg.ps_servers  # ranks 0..servers-1 serve
@@ -157,7 +155,7 @@ class PSStrategy(ServerRoles, Strategy):
         if not self.layer_waits:  # a server (its sends must finish before its next step), or
             self._await_pull()    # --compile: the whole pull now
 
-    # report-quote: ps-start-pull  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-start-pull  (quoted in the report: labkit/analysis/report/implementation.py)
     def _start_pull(self) -> None:
         """Every bucket's broadcast, in the order the forward needs them (the flat layout is
         backward's order, so the last bucket first)."""
@@ -175,7 +173,7 @@ class PSStrategy(ServerRoles, Strategy):
             w.wait()
         self.timer.totals[phase] += time.perf_counter() - t0
 
-    # report-quote: ps-await-layer  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-await-layer  (quoted in the report: labkit/analysis/report/implementation.py)
     def _await_layer(self, buckets: list[int], module, args) -> None:
         """Forward pre-hook: a layer's forward waits for its own parameters only."""
         if self.pulls is not None:
@@ -200,7 +198,7 @@ class PSStrategy(ServerRoles, Strategy):
                 dist.recv(p.data, src=SERVER)
 
     # (3) push and (4) average
-    # report-quote: ps-grad-ready  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-grad-ready  (quoted in the report: labkit/analysis/report/implementation.py)
     def _grad_ready(self, p: nn.Parameter) -> None:
         """A worker's gradient hook: push every consecutive bucket, from the next one in
         order, whose gradients are all in."""
@@ -209,7 +207,7 @@ class PSStrategy(ServerRoles, Strategy):
         for i in self.order.ready(self.bucket_of[p]):
             self._push(i)
 
-    # report-quote: ps-push  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-push  (quoted in the report: labkit/analysis/report/implementation.py)
     def _push(self, i: int) -> None:
         for s, lo, hi, g in self.buckets[i]:
             if self.half is None:
@@ -219,7 +217,7 @@ class PSStrategy(ServerRoles, Strategy):
                 t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
             self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))
 
-    # report-quote: ps-after-backward  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-after-backward  (quoted in the report: labkit/analysis/report/implementation.py)
     def after_backward(self) -> None:
         if not self.collective:
             with self.timer("push"):

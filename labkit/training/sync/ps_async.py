@@ -97,8 +97,6 @@ class _Recv:
 
 
 class AsyncPSStrategy(ServerRoles, Strategy):
-    phases = ("pull", "push")
-
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
         self.servers = 1  # rank 0 (the config refuses --ps-servers > 1 with --ps-staleness)

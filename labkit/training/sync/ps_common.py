@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from labkit.core.config import ConfigError
+
 SERVER = 0  # the (first) server's rank
 
 
@@ -16,11 +18,28 @@ class ServerRoles:
     ``self.ctx``."""
     servers: int
 
+    @classmethod
+    def check(cls, cfg, world: int) -> None:
+        if world <= cfg.ps_servers:
+            need = cfg.ps_servers + 1
+            raise ConfigError(f"ps needs at least {need} processes ({cfg.ps_servers} server"
+                              f"{'s' if cfg.ps_servers > 1 else ''} + workers); got {world} (use "
+                              f"{need} or more: --nproc with labkit, --nproc_per_node with torchrun)")
+        if cfg.amp == "fp16":
+            raise ConfigError("--amp fp16 is not supported with ps (the server would have to "
+                              "unscale gradients); use --amp bf16")
+        if cfg.ps_mode == "p2p" and cfg.channels_last:
+            raise ConfigError("--channels-last is not supported with --ps-mode p2p (send/recv "
+                              "need contiguous tensors); use --ps-mode collective")
+
+    def describe(self) -> str:
+        return f"{self.cfg.method} ({self.cfg.ps_mode})"
+
     @property
     def trainers(self) -> int:
         return self.ctx.world_size - self.servers
 
-    # report-quote: ps-trainer-index  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-trainer-index  (quoted in the report: labkit/analysis/report/implementation.py)
     @property
     def trainer_index(self) -> Optional[int]:
         return None if self.is_server else self.ctx.rank - self.servers
@@ -29,7 +48,7 @@ class ServerRoles:
     def first_trainer(self) -> int:
         return self.servers
 
-    # report-quote: ps-steps-optimizer  (quoted in the report: labkit/report/implementation.py)
+    # report-quote: ps-steps-optimizer  (quoted in the report: labkit/analysis/report/implementation.py)
     @property
     def steps_optimizer(self) -> bool:
         return self.is_server

@@ -1,0 +1,123 @@
+"""Every file and folder name of a run folder, in one place.
+
+    runs/
+      latest -> <the newest run folder>
+      <YYYY-MM-DD_HH-MM-SS>[_<tag>]/           one experiment (labkit experiment, reproduce)
+        config.json  environment.json  experiment.json  requirements.lock  [code.diff]
+        [reproduction.json]                      labkit reproduce: the comparison
+        <method>/                                one per method; with --repeats N:
+          results_<...>.json                     repeat-<i>/<method>/
+          run_method.ipynb  launch.json  train.log  checkpoint.pt  final_model.pt
+          logs/                                  torchrun's per-rank logs, torchrun.log
+        report/                                  report.ipynb .html .pdf,
+          plots/  performance_report.txt         the guide's plots and text report
+      <...>_bench/    bench.json bench.txt bench.png  bench/<variant>_x<n>/bench_result.json
+      <...>_sweep/    sweep.json  <point>/ (an experiment each)  report/ (scaling.png ...)
+
+Paths stored in a run folder's JSON that point inside it are relative to it (:func:`portable`),
+so a copied or moved folder still works; readers resolve them with :func:`resolve_in_run`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from .files import folder_stamp
+from .methods import RESULT_FILES
+
+# ---- a run folder
+LATEST = "latest"                      # runs/latest: a link to the newest run folder
+CONFIG = "config.json"                 # the experiment's configs (labkit reproduce reruns them)
+ENVIRONMENT = "environment.json"       # what ran where (labkit.lab.record)
+EXPERIMENT = "experiment.json"         # the methods' statuses, the run order
+LOCK = "requirements.lock"             # every installed distribution
+DIFF = "code.diff"                     # uncommitted changes of the code that ran
+REPRODUCTION = "reproduction.json"     # a reproduction's verdicts against the recorded run
+REPORT_DIR = "report"                  # the executed report notebook, HTML and PDF
+PLOTS_DIR = "plots"                    # under the report folder: the guide's five plots
+TEXT_REPORT = "performance_report.txt"
+REPEAT_PREFIX = "repeat-"              # repeat-<i>/<method>/ with --repeats
+
+# ---- a method's folder (its --out)
+METHOD_NOTEBOOK = "run_method.ipynb"
+CHECKPOINT = "checkpoint.pt"           # after every epoch: what --resume continues from
+FINAL_MODEL = "final_model.pt"
+TRAIN_LOG = "train.log"                # rank 0's lines for people
+LOGS_DIR = "logs"                      # torchrun's per-rank logs
+TORCHRUN_LOG = "torchrun.log"          # the command and everything torchrun printed
+RANK_STDERR = "stderr.log"             # torchrun's: logs/.../attempt_<k>/<local rank>/stderr.log
+
+# ---- a bench and a sweep
+BENCH = "bench.json"
+BENCH_TEXT = "bench.txt"
+BENCH_PLOT = "bench.png"
+BENCH_JOBS_DIR = "bench"               # bench/<variant>_x<nproc>/
+BENCH_RESULT = "bench_result.json"     # one job's measurements, by its rank 0
+SWEEP = "sweep.json"
+
+
+def result_file(method: str) -> str:
+    """The guide's result file name of ``method`` (ddp, allreduce, ps)."""
+    return RESULT_FILES[method]
+
+
+def launch_file(node_rank: int = 0) -> str:
+    """launch.json, or launch_node<k>.json for node k > 0 (nodes may share one --out)."""
+    return "launch.json" if node_rank == 0 else f"launch_node{node_rank}.json"
+
+
+def method_dir(run: Path, method: str, repeat: int = 1, repeats: int = 1) -> Path:
+    """A method's folder: <run>/<method>/, or <run>/repeat-<i>/<method>/ with repeats."""
+    return run / method if repeats == 1 else run / f"{REPEAT_PREFIX}{repeat}" / method
+
+
+def repeat_dirs(run: Path) -> list[Path]:
+    """repeat-1/, repeat-2/, ... of a run with --repeats, in order; [] without repeats."""
+    n = len(REPEAT_PREFIX)
+    dirs = [d for d in run.glob(REPEAT_PREFIX + "*") if d.is_dir() and d.name[n:].isdigit()]
+    return sorted(dirs, key=lambda d: int(d.name[n:]))
+
+
+def default_out(method: str, runs_dir: str | os.PathLike = "runs") -> str:
+    """A new folder under ``runs_dir`` for a run started without --out (never an existing one)."""
+    base = os.path.join(runs_dir, folder_stamp() + f"_{method}")
+    out, i = base, 1
+    while os.path.exists(out):
+        i += 1
+        out = f"{base}-{i}"
+    return out
+
+
+# ------------------------------------------------------------------ portable paths
+def portable(doc: Any, run_dir: str | os.PathLike) -> Any:
+    """``doc`` with every path inside ``run_dir`` made relative to it (also inside command
+    lines); paths elsewhere are kept as they are. For writing run-folder JSON files."""
+    root = os.path.abspath(run_dir).rstrip(os.sep)
+    real = os.path.realpath(root)
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if not isinstance(v, str):
+            return v
+        for r in {root, real}:
+            if v == r:
+                return "."
+            if v.startswith(r + os.sep):
+                return v[len(r) + 1:]
+            v = v.replace(r + os.sep, "")  # inside a command line
+        return v
+
+    return fix(doc)
+
+
+def resolve_in_run(run_dir: str | os.PathLike, path: Optional[str]) -> Optional[Path]:
+    """A path read from a run folder's JSON: relative ones are relative to that folder, wherever
+    it lies now."""
+    if path is None:
+        return None
+    p = Path(path)
+    return p if p.is_absolute() else Path(run_dir) / p

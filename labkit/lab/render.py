@@ -1,0 +1,57 @@
+"""papermill runs labkit's notebooks; the report notebooks are then exported as one HTML file
+and a PDF (labkit.lab.export).
+
+The notebooks ship as package data (labkit/notebooks links to the repository's notebooks/),
+so an installed labkit runs experiments from any folder.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import IO, Optional
+
+from labkit.core import layout
+
+from .kernels import kernel_options
+
+NOTEBOOKS = Path(str(resources.files("labkit") / "notebooks"))
+
+
+def execute(name: str, out: Path, parameters: dict, kernel: str, timeout: int,
+            stream: Optional[IO[str]] = None) -> None:
+    """Run notebooks/<name>.ipynb with papermill into ``out``, its kernel working in ``out``'s
+    folder; with ``stream``, the kernel's output goes there as it comes."""
+    import papermill as pm
+
+    streams = {"stdout_file": stream, "stderr_file": stream} if stream is not None else {}
+    pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=parameters,
+                        kernel_name=kernel, cwd=str(out.parent), execution_timeout=timeout,
+                        progress_bar=False, **streams, **kernel_options())
+
+
+def render_notebook(name: str, folder: Path, parameters: dict, kernel: str, timeout: int,
+                    stream: IO[str], label: str = "report") -> Path:
+    """Execute notebooks/<name>.ipynb into ``folder``/report/ (its kernel runs there) and export
+    it as one HTML file and a PDF; return the HTML's path."""
+    from .export import export_html, export_pdf
+
+    rdir = folder / layout.REPORT_DIR
+    rdir.mkdir(exist_ok=True)
+    nb_out = rdir / f"{name}.ipynb"
+    execute(name, nb_out, parameters, kernel, timeout)
+    html = export_html(nb_out, rdir / f"{name}.html")
+    pdf, msg = export_pdf(html, rdir / f"{name}.pdf")
+    stream.write(f"{label}: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
+    return html
+
+
+def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
+    """The report of a run folder (an experiment or a bench)."""
+    # the kernel runs in run/report: ".." is the run folder, wherever it is moved
+    return render_notebook("report", run, {"run_dir": ".."}, kernel, timeout, stream)
+
+
+def make_sweep_report(root: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:
+    """The scaling report of a sweep folder."""
+    return render_notebook("sweep", root, {"sweep_dir": ".."}, kernel, timeout, stream,
+                           "sweep report")

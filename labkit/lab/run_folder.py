@@ -1,0 +1,46 @@
+"""New run folders: runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/, never an existing one, and the
+runs/latest link that points at the newest."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from labkit.core import layout
+from labkit.core.config import ConfigError
+from labkit.core.files import folder_stamp
+
+
+def new_run_dir(runs_dir: str | os.PathLike, tag: Optional[str] = None) -> Path:
+    """Create runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/; an existing folder is never reused."""
+    if tag and not all(c.isalnum() or c in "-_." for c in tag):
+        raise ConfigError(f"tag {tag!r} may only hold letters, digits, '-', '_' and '.'")
+    root = Path(runs_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create runs folder {str(root)!r}: {e.strerror}") from None
+    if not os.access(root, os.W_OK):
+        raise ConfigError(f"runs folder {str(root)!r} is not writable")
+    while True:
+        name = folder_stamp() + (f"_{tag}" if tag else "")
+        d = root / name
+        try:
+            d.mkdir()
+            break
+        except FileExistsError:
+            time.sleep(1.0)  # same second as another experiment: take the next one
+    _point_latest(root, name)
+    return d
+
+
+def _point_latest(root: Path, name: str) -> None:
+    link, tmp = root / layout.LATEST, root / f".{layout.LATEST}-{os.getpid()}"
+    try:
+        if tmp.is_symlink():
+            tmp.unlink()
+        tmp.symlink_to(name)
+        os.replace(tmp, link)  # atomic switch of the pointer
+    except OSError:
+        pass  # a file system without symlinks: the folder itself is what matters
