@@ -62,18 +62,29 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description="Measure what data-parallel training costs.")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_run_parser, _experiment_parser, _sweep_parser, _bench_parser, _model_parser,
+                _report_parser, _reproduce_parser):
+        add(sub)
+    return p
 
-    # argument_default=SUPPRESS: only flags the user gave appear, so they can override a YAML file
-    r = sub.add_parser("run", help="run one method under torchrun (validated, live output, per-rank logs)",
-                       argument_default=argparse.SUPPRESS)
+
+# argument_default=SUPPRESS: only flags the user gave appear, so they can override a YAML file
+def _run_parser(sub) -> None:
+    r = sub.add_parser("run", help="run one method under torchrun (validated, live output, "
+                       "per-rank logs)", argument_default=argparse.SUPPRESS)
     r.add_argument("method", choices=METHODS)
     r.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
     params.add_arguments(r, TrainConfig, skip=("method",), defaults=False)
     _add_nodes(r)
 
+
+def _experiment_parser(sub) -> None:
     e = sub.add_parser("experiment", help="all methods via papermill notebooks, then the report",
                        argument_default=argparse.SUPPRESS)
     _add_experiment(e)
+
+
+def _sweep_parser(sub) -> None:
     s = sub.add_parser("sweep", help="a scaling study: one experiment per grid point (e.g. "
                        "nproc=2,4), then throughput vs processes and scaling efficiency",
                        argument_default=argparse.SUPPRESS)
@@ -83,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "`sweep: {nproc: [2, 4]}` in the -f file)")
     _add_experiment(s, sweep=True)
 
+
+def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="time each method against DDP and the raw collectives "
                        "(compute-only steps, exposed communication, bandwidths)",
                        argument_default=argparse.SUPPRESS)
@@ -104,15 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
     params.add_arguments(b, TrainConfig, skip=("method", "out"), defaults=False)
 
+
+def _model_parser(sub) -> None:
     sub.add_parser("model", add_help=False, prefix_chars="\0",
                    help="cost model: validate against a bench.json and project to 1024 GPUs "
                         "(labkit model --help)").add_argument("argv", nargs="*")
 
+
+def _report_parser(sub) -> None:
     rp = sub.add_parser("report", help="tables, the guide's five plots and performance_report.txt")
     rp.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FILES",
                     help="a run folder, a folder with results_*.json, or result files")
-    rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: <run>/report "
-                    "for a run folder, else the current folder, as the guide's analyze_results.py)")
+    rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: "
+                    "<run>/report for a run folder, else the current folder, as the guide's "
+                    "analyze_results.py)")
+
+
+def _reproduce_parser(sub) -> None:
     rr = sub.add_parser("reproduce", help="run a recorded experiment again into a new run folder "
                         "and compare: identical, equal within tolerance, or different")
     rr.add_argument("run_dir", metavar="RUN_DIR", help="a run folder made by labkit experiment")
@@ -121,7 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "holding RUN_DIR, e.g. runs/)")
     rr.add_argument("--tolerance", type=float, help="largest absolute difference of a loss, "
                     "metric or parameter that still counts as reproduced (default: bit for bit)")
-    return p
 
 
 def _load_yaml(path: str) -> dict:

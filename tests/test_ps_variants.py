@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY, check_ok, load_json, torchrun
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.training.sync.ps import shard_bounds
+from labkit.training.sync.ps_sharded import shard_bounds
 from test_equivalence import ATOL, RTOL, STEPS, reference_state  # the single-process reference
 
 

@@ -138,8 +138,8 @@ def test_nothing_to_report_is_one_message(tmp_path):
 
 def test_implementation_section_quotes_the_current_source():
     md = report.implementation_markdown()
-    from labkit.training.sync import ps
-    src = open(ps.__file__).read()
+    from labkit.training.sync import ps_collective
+    src = open(ps_collective.__file__).read()
     for line in ("dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)",
                  "self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))",
                  "def _await_layer(self, buckets: list[int], module, args) -> None:"):

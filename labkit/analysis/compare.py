@@ -15,101 +15,27 @@ have) raises :class:`ReproduceError`, a ConfigError: one line, exit 2 in the CLI
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from labkit.core import layout
-from labkit.core.config import ConfigError
 from labkit.core.files import atomic_write_json
-from labkit.core.layout import portable, resolve_in_run
-from labkit.core.lockfile import PROJECT, parse_lock
-from labkit.core.methods import METHODS, RESULT_FILES
+from labkit.core.layout import portable
 from labkit.core.status import Status, status_of
+
+from .environments import environment_diff, fingerprint_reason, load_environment
+from .run_record import ReproduceError, RunRecord, load_run_record, select_methods
+
+__all__ = ["ReproduceError", "RunRecord", "load_run_record", "select_methods", "compare_runs",
+           "environment_diff", "load_environment"]
 
 SCHEMA = "labkit.reproduction/1"
 # per-epoch metrics that must reproduce (timings are compared apart, never for equality)
 EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
 STEP_LOSSES = "all_losses"  # the guide's per-epoch list of per-step losses (mean over trainers)
 IDENTICAL, WITHIN, DIFFERENT = "identical", "equal within tolerance", "different"
-
-
-class ReproduceError(ConfigError):
-    """Bad input for a comparison: one line naming the problem."""
-
-
-# ------------------------------------------------------------------ reading run folders
-@dataclass
-class RunRecord:
-    """A run folder as the comparison reads it."""
-    path: Path
-    config: dict                       # config.json
-    methods: dict[str, dict]           # method (or variant) -> its resolved TrainConfig dict
-    env: dict = field(default_factory=dict)  # environment.json ({} when absent)
-
-    def method_dir(self, method: str) -> Path:
-        return self.path / method
-
-    def result_path(self, method: str) -> Path:
-        return self.method_dir(method) / RESULT_FILES[self.methods[method]["method"]]
-
-    def result(self, method: str) -> Optional[dict]:
-        """The method's result file, or None when it is missing or unreadable."""
-        try:
-            return json.loads(self.result_path(method).read_text())
-        except (OSError, ValueError):
-            return None
-
-
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ReproduceError(f"{str(path)!r} is not valid JSON (line {e.lineno}, column "
-                             f"{e.colno}): the {what} is corrupt") from None
-    except OSError as e:
-        raise ReproduceError(f"cannot read {str(path)!r}: {e.strerror}") from None
-
-
-def load_run_record(run_dir: str | os.PathLike) -> RunRecord:
-    """Read a run folder written by ``labkit experiment``; ReproduceError when it is not one."""
-    run = Path(run_dir)
-    if not run.exists():
-        raise ReproduceError(f"{str(run)!r} does not exist")
-    if not run.is_dir():
-        raise ReproduceError(f"{str(run)!r} is not a folder (expected a run folder made by "
-                             f"labkit experiment)")
-    cfg_path = run / layout.CONFIG
-    if not cfg_path.exists():
-        if (run / layout.EXPERIMENT).exists() or (run / layout.ENVIRONMENT).exists():
-            raise ReproduceError(f"{str(run)!r} has no config.json: the run folder is incomplete "
-                                 f"and cannot be reproduced")
-        raise ReproduceError(f"{str(run)!r} is not a run folder (no config.json; labkit "
-                             f"experiment makes run folders)")
-    config = _read_json(cfg_path, "run's config")
-    resolved = config.get("resolved") if isinstance(config, dict) else None
-    if not isinstance(resolved, dict) or not resolved or not all(
-            isinstance(c, dict) and c.get("method") in METHODS for c in resolved.values()):
-        raise ReproduceError(f"{str(cfg_path)!r} is not a labkit experiment config (no "
-                             f"'resolved' methods)")
-    env_path = run / layout.ENVIRONMENT
-    env = _read_json(env_path, "environment record") if env_path.exists() else {}
-    return RunRecord(run, config, resolved, env if isinstance(env, dict) else {})
-
-
-def select_methods(rec: RunRecord, methods: Optional[Iterable[str]] = None) -> list[str]:
-    """The methods to compare: all of the run's, or those asked for, each one the run had."""
-    if methods is None:
-        return list(rec.methods)
-    chosen = list(methods)
-    missing = [m for m in chosen if m not in rec.methods]
-    if missing or not chosen:
-        raise ReproduceError(f"run {str(rec.path)!r} has no method {', '.join(missing) or '(none)'}"
-                             f" (it ran: {', '.join(rec.methods)})")
-    return chosen
 
 
 # ------------------------------------------------------------------ comparing numbers
@@ -194,18 +120,6 @@ def _compare_models(pa: Path, pb: Path, diff: _Diff, reasons: list[str]) -> Opti
     return len(set(ma) & set(mb))
 
 
-def _fingerprint_reason(a: Optional[dict], b: Optional[dict]) -> Optional[str]:
-    if not a or not b:
-        return None
-    if a.get("sha256") == b.get("sha256"):
-        return None
-    why = (f"data fingerprint differs ({a.get('dataset')}: recorded {str(a.get('sha256'))[:12]}, "
-           f"reproduced {str(b.get('sha256'))[:12]})")
-    if a.get("layout_sha256") and a.get("layout_sha256") == b.get("layout_sha256"):
-        why += "; same image paths and sizes, only modification times differ (a copy?)"
-    return why
-
-
 def _data_of(rec: RunRecord, method: str) -> Optional[dict]:
     return (rec.env.get("data") or {}).get(method)
 
@@ -233,7 +147,7 @@ def compare_method(a: RunRecord, b: RunRecord, method: str,
         compared["parameters"] = _compare_models(a.method_dir(method) / layout.FINAL_MODEL,
                                                  b.method_dir(method) / layout.FINAL_MODEL, diff, reasons)
     fa, fb = _data_of(a, method), _data_of(b, method)
-    data_why = _fingerprint_reason(fa, fb)
+    data_why = fingerprint_reason(fa, fb)
     if data_why:
         reasons.insert(0, data_why)
     elif not (fa and fb):
@@ -296,87 +210,6 @@ def timing_lines(doc: dict) -> list[str]:
     """One line per method: the reproduction's speed relative to the recording."""
     return [f"{m}: {(v.get('timing') or {}).get('note', 'no result files to compare')}"
             for m, v in doc["methods"].items()]
-
-
-# ------------------------------------------------------------------ environments
-def load_environment(rec: RunRecord) -> dict:
-    """What the comparison of environments reads from a run folder: environment.json, the
-    packages of its requirements.lock, and each method's rank-0 determinism facts."""
-    env = dict(rec.env)
-    lock = (env.get("packages") or {}).get("file")
-    path = resolve_in_run(rec.path, lock) if lock else None
-    env["package_versions"] = parse_lock(path.read_text()) if path and path.exists() else None
-    env["rank_determinism"] = {m: d.get("determinism") for m in rec.methods
-                               if (d := rec.result(m)) and d.get("determinism")}
-    return env
-
-
-def _short(commit: Optional[str]) -> str:
-    return commit[:10] if commit else "unknown"
-
-
-def _code(git: dict) -> str:
-    if not git.get("dirty"):
-        return f"{_short(git.get('commit'))} (clean)"
-    h = git.get("diff_sha256")
-    return f"{_short(git.get('commit'))} (dirty" + (f", diff {h[:12]}" if h else "") + ")"
-
-
-def environment_diff(recorded: dict, current: dict) -> list[str]:
-    """Readable lines naming what differs between two environment records (as
-    :func:`load_environment` returns, or environment.json plus "package_versions" for this
-    machine): commit and uncommitted diff, package versions, data fingerprints, thread counts,
-    device. No lines: nothing that matters differs."""
-    lines: list[str] = []
-    ga, gb = recorded.get("git") or {}, current.get("git") or {}
-    if (ga.get("commit"), bool(ga.get("dirty")), ga.get("diff_sha256")) != \
-            (gb.get("commit"), bool(gb.get("dirty")), gb.get("diff_sha256")):
-        lines.append(f"code: recorded {_code(ga)}, now {_code(gb)}")
-    ua, ub = set(ga.get("untracked") or []), set(gb.get("untracked") or [])
-    if ua != ub:
-        lines.append(f"untracked files: {len(ua - ub)} only in the recorded run, "
-                     f"{len(ub - ua)} only now" + (f" (e.g. {sorted(ua ^ ub)[0]})" if ua ^ ub else ""))
-    pa, pb = recorded.get("package_versions"), current.get("package_versions")
-    if pa is None or pb is None:
-        if pa is None:
-            lines.append("packages: the recorded run has no requirements.lock (not compared)")
-    else:
-        changed = [f"{n} {pa[n]} -> {pb[n]}" for n in sorted(set(pa) & set(pb)) if pa[n] != pb[n]]
-        gone = [f"{n} {pa[n]}" for n in sorted(set(pa) - set(pb))]
-        new = [f"{n} {pb[n]}" for n in sorted(set(pb) - set(pa))]
-        for what, items in (("changed", changed), ("missing now", gone), ("added", new)):
-            if items:
-                shown = ", ".join(items[:8]) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
-                lines.append(f"packages {what}: {shown}")
-    va = (recorded.get("packages") or {}).get(PROJECT)
-    vb = (current.get("packages") or {}).get(PROJECT)
-    if va and vb and va != vb:
-        lines.append(f"{PROJECT} version: recorded {va}, now {vb}")
-    for k in ("python", "torch", "platform"):
-        if recorded.get(k) and current.get(k) and recorded[k] != current[k]:
-            lines.append(f"{k}: recorded {recorded[k]}, now {current[k]}")
-    da, db = recorded.get("data") or {}, current.get("data") or {}
-    for m in sorted(set(da) & set(db)):
-        why = _fingerprint_reason(da[m], db[m])
-        if why:
-            lines.append(f"data ({m}): {why}")
-    xa, xb = recorded.get("determinism") or {}, current.get("determinism") or {}
-    for k in ("torch_num_threads", "omp_num_threads_env", "deterministic_algorithms",
-              "cudnn_deterministic", "cudnn_benchmark", "backend", "device", "seed"):
-        if k in xa and k in xb and xa[k] != xb[k]:
-            lines.append(f"{k}: recorded {xa[k]}, now {xb[k]}")
-    ra, rb = recorded.get("rank_determinism") or {}, current.get("rank_determinism") or {}
-    for m in sorted(set(ra) & set(rb)):
-        for k in ("torch_num_threads", "deterministic_algorithms", "backend"):
-            if ra[m].get(k) != rb[m].get(k):
-                lines.append(f"{m} rank 0 {k}: recorded {ra[m].get(k)}, now {rb[m].get(k)}")
-    gpa = [g.get("name") for g in recorded.get("gpus") or []]
-    gpb = [g.get("name") for g in current.get("gpus") or []]
-    if gpa != gpb:
-        lines.append(f"GPUs: recorded {', '.join(gpa) or 'none'}, now {', '.join(gpb) or 'none'}")
-    if recorded.get("cpu") and current.get("cpu") and recorded["cpu"] != current["cpu"]:
-        lines.append(f"CPU: recorded {recorded['cpu']}, now {current['cpu']}")
-    return lines
 
 
 # ------------------------------------------------------------------ the whole comparison

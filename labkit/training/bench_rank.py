@@ -17,21 +17,31 @@ launcher (labkit.lab.bench) gathers those into the bench document (labkit.analys
 """
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # the same life as a training rank (labkit/train.py): SIGTERM taken by a thread before
+    # torch is imported, errors as one line and torchrun's error file, then leave()
+    from labkit.training.lifecycle import start_rank
+
+    start_rank("labkit.training.bench_rank")
+
 import os
 import statistics
 import sys
-import traceback
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from labkit.core import layout
-from labkit.core.methods import spec
 from labkit.core.config import ConfigError, TrainConfig, build_parser, from_args
-from .dist import is_distributed
 from labkit.core.files import atomic_path, atomic_write_json
+from labkit.core.methods import spec
+
+from . import lifecycle
+from .dist import is_distributed
 from .timers import Stopwatch
+
+PROG = "labkit.bench"  # how the rank names itself in its one-line errors
 
 
 def _stats(xs: list[float]) -> dict:
@@ -120,16 +130,52 @@ def moved_bytes(cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
     return push, pull
 
 
+class StepTimer:
+    """Times trials of steps of one Trainer: synchronised, or compute-only (Strategy.no_sync).
+    Steps cycle over a few real batches already on the device, so data loading is not in
+    these figures. A trial's time is the slowest rank's: a step is over when its last rank is."""
+
+    def __init__(self, tr, steps: int, show_bar: bool, total: int):
+        from tqdm import tqdm
+
+        from .timers import Lines
+
+        self.tr, self.steps, self.dev = tr, steps, tr.ctx.device
+        self.batches = []
+        if tr.strategy.is_trainer:  # a few real batches, on the device, cycled
+            it = iter(tr.train_loader)
+            for _ in range(min(4, len(tr.train_loader))):
+                self.batches.append(tr.to_device(*next(it)))
+        self.bar = (tqdm(total=total, desc=f"bench {tr.cfg.method}", unit="batch", ncols=100,
+                         mininterval=5.0, file=Lines(sys.stderr)) if show_bar else None)
+        self.clock = Stopwatch(self.dev)
+
+    def run(self, n: int, sync: bool) -> None:
+        for i in range(n):
+            x, y = self.batches[i % len(self.batches)] if self.batches else (None, None)
+            self.tr.train_step(x, y, sync)
+            if self.bar is not None:
+                self.bar.update(1)
+
+    def trial(self, sync: bool) -> float:
+        """Seconds per step over one trial, the slowest rank's."""
+        _barrier()
+        self.clock.start()
+        self.run(self.steps, sync)
+        return _slowest(self.clock.stop(), self.dev) / self.steps
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_steps: int,
             out: str) -> dict:
     """This rank's part of one bench job; rank 0 returns the measurements (others: {})."""
-    from tqdm import tqdm
-
     from .data import build_datasets
     from .dist import env_world, init, teardown
-    from .timers import Lines
     from .models import build_model
-    from .rank import Trainer
+    from .trainer import Trainer
 
     rank = env_world()[0]
     data = build_datasets(cfg)
@@ -138,78 +184,59 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
     try:
         tr = Trainer(cfg, ctx, None, data, model, steps)
-        s, dev = tr.strategy, ctx.device
-        batches = []
-        if s.is_trainer:  # a few real batches, on the device, cycled
-            it = iter(tr.train_loader)
-            for _ in range(min(4, len(tr.train_loader))):
-                batches.append(tr.to_device(*next(it)))
-        total = 2 * (warmup + trials * steps)
-        bar = (tqdm(total=total, desc=f"bench {cfg.method}", unit="batch", ncols=100,
-                    mininterval=5.0, file=Lines(sys.stderr))
-               if rank == s.first_trainer and cfg.progress else None)
-
-        def run(n: int, sync: bool) -> None:
-            for i in range(n):
-                x, y = batches[i % len(batches)] if batches else (None, None)
-                tr.train_step(x, y, sync)
-                if bar is not None:
-                    bar.update(1)
-
-        clock = Stopwatch(dev)
-
-        def trial(sync: bool) -> float:
-            _barrier()
-            clock.start()
-            run(steps, sync)
-            return _slowest(clock.stop(), dev) / steps
-
-        run(warmup, True)
-        s.timer.pop()
-        step_times, trial_phases = [], []
-        for _ in range(trials):  # the phases per trial, for the interval of sync / raw
-            step_times.append(trial(True))
-            trial_phases.append(s.timer.pop())
-        s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
-        spread_sync = param_spread(tr.model, dev)
-        run(warmup, False)
-        compute_times = [trial(False) for _ in range(trials)]
-        spread_compute = param_spread(tr.model, dev)
-        if bar is not None:
-            bar.close()
-
-        # phases: mean over the trainers of each one's time per step (servers count as 0),
-        # per trial (rows) and phase (columns)
-        vec = torch.tensor([[t.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
-                            for t in trial_phases], dtype=torch.float64, device=dev)
-        if ctx.distributed and vec.numel():
-            dist.all_reduce(vec)
-        per_trial = (vec / (s.trainers * steps)).cpu()
-        phases = {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)}
-        sync_trials = per_trial.sum(dim=1).tolist() if len(s.phases) else []
-
+        s = tr.strategy
+        timer = StepTimer(tr, steps, rank == s.first_trainer and cfg.progress,
+                          2 * (warmup + trials * steps))
+        doc = _time_steps(timer, trials, warmup)
         params = [p for p in tr.model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         push, pull = moved_bytes(cfg, grad_bytes)
-        collectives = (measure_collectives(push, max(pull, 4), torch.float16 if cfg.compress == "fp16"
-                                           else params[0].dtype, dev)
+        wire = torch.float16 if cfg.compress == "fp16" else params[0].dtype
+        collectives = (measure_collectives(push, max(pull, 4), wire, ctx.device)
                        if ctx.distributed else {})
-
         if profile_steps:
-            profile(tr, run, profile_steps, out, rank, dev)
+            profile(tr, timer.run, profile_steps, out, rank, ctx.device)
         if rank != 0:
             return {}
         return {
             "method": cfg.method, "world_size": ctx.world_size, "trainers": s.trainers,
             "servers": ctx.world_size - s.trainers, "batch_size": cfg.batch_size,
-            "global_batch": cfg.batch_size * s.trainers, "device": dev.type, "backend": cfg.backend,
-            "step_time": _stats(step_times), "compute_time": _stats(compute_times),
-            "phases": phases, "sync_trials": sync_trials, "grad_bytes": grad_bytes, "bytes_per_step": push + pull,
-            "bucket_mb": cfg.bucket_mb, "collectives": collectives,
-            "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
+            "global_batch": cfg.batch_size * s.trainers, "device": ctx.device.type,
+            "backend": cfg.backend, **doc, "grad_bytes": grad_bytes,
+            "bytes_per_step": push + pull, "bucket_mb": cfg.bucket_mb, "collectives": collectives,
         }
     finally:
         teardown()
+
+
+def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
+    """Synchronised trials, then compute-only ones; each method's timed phases per trial."""
+    tr, s, dev = timer.tr, timer.tr.strategy, timer.dev
+    timer.run(warmup, True)
+    s.timer.pop()
+    step_times, trial_phases = [], []
+    for _ in range(trials):  # the phases per trial, for the interval of sync / raw
+        step_times.append(timer.trial(True))
+        trial_phases.append(s.timer.pop())
+    s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
+    spread_sync = param_spread(tr.model, dev)
+    timer.run(warmup, False)
+    compute_times = [timer.trial(False) for _ in range(trials)]
+    spread_compute = param_spread(tr.model, dev)
+    timer.close()
+    # phases: mean over the trainers of each one's time per step (servers count as 0), per
+    # trial (rows) and phase (columns)
+    vec = torch.tensor([[t.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
+                        for t in trial_phases], dtype=torch.float64, device=dev)
+    if tr.ctx.distributed and vec.numel():
+        dist.all_reduce(vec)
+    per_trial = (vec / (s.trainers * timer.steps)).cpu()
+    return {
+        "step_time": _stats(step_times), "compute_time": _stats(compute_times),
+        "phases": {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)},
+        "sync_trials": per_trial.sum(dim=1).tolist() if len(s.phases) else [],
+        "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
+    }
 
 
 def profile(tr, run: Callable[[int, bool], None], steps: int, out: str, rank: int,
@@ -233,39 +260,24 @@ def profile(tr, run: Callable[[int, bool], None], steps: int, out: str, rank: in
         prof.export_chrome_trace(tmp)
 
 
-def worker_main(argv: Optional[list[str]] = None) -> int:
-    from .dist import env_world
-    from .checks import preflight
-
-    p = build_parser(prog="labkit.training.bench_rank")
+def main(argv: Optional[list[str]] = None) -> int:
+    p = build_parser(prog=PROG)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
     p.add_argument("--profile-steps", dest="profile_steps", type=int, default=0)
     a = p.parse_args(argv)
-    rank = env_world()[0]
-    try:
+
+    def work() -> None:
+        from .checks import preflight
+        from .dist import env_world
+
         cfg = preflight(from_args(a))
         if not cfg.out:
             raise ConfigError("--out is required (the folder for bench_result.json)")
         os.makedirs(cfg.out, exist_ok=True)
         doc = measure(cfg, a.steps, a.trials, a.bench_warmup, a.profile_steps, cfg.out)
-        if rank == 0:
+        if env_world()[0] == 0:
             atomic_write_json(os.path.join(cfg.out, layout.BENCH_RESULT), doc)
-    except ConfigError as e:
-        if rank == 0:
-            print(f"labkit.bench: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # noqa: BLE001 - full traceback in the rank's log, then one line
-        traceback.print_exc()
-        print(f"labkit.bench: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
 
-
-if __name__ == "__main__":
-    from . import lifecycle
-
-    lifecycle.leave(worker_main())
+    return lifecycle.run_rank(work, PROG)

@@ -7,7 +7,7 @@ only calls what was installed.
     @hooks.on_trainer
     def slow_down(trainer):                  # called once per Trainer, after it is built
         trainer.step_callbacks.append(lambda tr, step: ...)   # before each training step
-        trainer.strategy.step_delay = 0.5    # a strategy's own hooks (e.g. AsyncPSStrategy)
+        trainer.strategy.step_delay = 0.5    # a strategy's own hooks (e.g. AsyncParameterServer)
 
 A hook must be installed in the process that trains: under torchrun that is every rank, so a
 test installs it from a module the rank imports at start-up (tests/hooks/sitecustomize.py).

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Callable
 
 from labkit.core.status import HEARTBEAT_S
@@ -97,3 +98,47 @@ def leave(code: int) -> None:
     if code == 0 and not psutil.Process().children():
         os._exit(code)
     sys.exit(code)
+
+
+# ------------------------------------------------------------------ a rank's life
+def start_rank(module: str) -> None:
+    """The whole life of a rank under torchrun, for every rank entry point (labkit/train.py,
+    labkit.training.bench_rank): SIGTERM taken by a thread before anything else (before torch
+    is imported, so its threads inherit the blocked signal), then ``module``'s ``main()``,
+    then :func:`leave`."""
+    import importlib
+
+    take_sigterm()
+    leave(importlib.import_module(module).main())
+
+
+def run_rank(work: Callable[[], object], prog: str) -> int:
+    """Run a rank's ``work`` and turn how it ends into an exit code and at most one line:
+
+    - bad input (ConfigError), seen by every rank alike: one ``<prog>: error:`` line from rank
+      0, exit 2 (the others wait a moment, so torchrun does not stop rank 0 before it printed);
+    - Ctrl-C: exit 130;
+    - a crash: the full traceback into the rank's log, torchrun's error file written (its
+      ``record`` decorator), then one ``<prog>: error: rank N: ...`` line, exit 1.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from labkit.core.config import ConfigError
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        # record: on an exception, torchrun's per-rank error file (read by labkit.lab.failures)
+        record(work)()
+    except ConfigError as e:
+        if rank == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(2)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - a crash: its traceback is in the log, then one line
+        traceback.print_exc()
+        print(f"{prog}: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -9,9 +9,9 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       (counted from 0 in this process), so tests can check what a real crashed, killed or hung
       rank does to a run. Only on torchrun's first attempt, so an elastic restart can succeed.
   LABKIT_TEST_SLOW=<rank>:<seconds>  that asynchronous-PS worker sleeps so long after each
-      backward (AsyncPSStrategy.step_delay), so the others run ahead of it.
+      backward (AsyncParameterServer.step_delay), so the others run ahead of it.
   LABKIT_TEST_TRACE=<path>  the asynchronous-PS server appends one JSON line per grant and
-      per applied gradient (AsyncPSStrategy.tracer).
+      per applied gradient (AsyncParameterServer.tracer).
 """
 import os
 

@@ -256,12 +256,10 @@ def predict_step(method: str, compute: float, grad_bytes: float, p: int, link: L
             "compute": compute, "comm": comm, "exposed": exposed, "step": compute + exposed}
 
 
-def formulas_markdown() -> str:
-    """The model, its formulas and its assumptions, as Markdown for the report.
-
-    Plain Markdown, no math engine needed: formulas are Unicode in code spans and fenced
-    blocks.  No leading heading (the report puts its own above it)."""
-    return """\
+# The model, its formulas and its assumptions, as Markdown for the report. Plain Markdown, no
+# math engine needed: formulas are Unicode in code spans and fenced blocks. No leading heading
+# (the report puts its own above it).
+FORMULAS_MARKDOWN = """\
 **Link (α-β model).** A message of `m` bytes takes `α + m·β`: α is the latency (s), β the
 time per byte (s/byte, `1/bandwidth`).
 
@@ -323,3 +321,8 @@ Interconnect figures in projections are nominal line rates, not measurements.
 DDP's smaller first bucket, per-tensor messages of the p2p parameter server, the server's
 summing, stragglers, and asynchronous (stale) parameter-server updates.
 """
+
+
+def formulas_markdown() -> str:
+    """The cost model as the report explains it (:data:`FORMULAS_MARKDOWN`)."""
+    return FORMULAS_MARKDOWN

@@ -68,7 +68,7 @@ def implementation_markdown() -> str:
 
     return "\n\n".join([
         "### One training loop, three strategies",
-        "All methods share one loop (`labkit/train.py`). Per step every rank calls "
+        "All methods share one loop (`labkit/training/trainer.py`). Per step every rank calls "
         "`zero_grad -> before_forward -> [trainers: forward, backward] -> after_backward -> step`; "
         "a method is a small strategy object that fills in these hooks. Trainer *k* of *T* reads "
         "shard *k* of *T* of the data, gradients are averaged over the trainers, and the same SGD "

@@ -11,8 +11,10 @@ from labkit.training.dist import DistContext
 from .allreduce import AllReduceStrategy
 from .base import Strategy
 from .ddp import DDPStrategy
-from .ps import PSStrategy
-from .ps_async import AsyncPSStrategy
+from .ps_async import AsyncParameterServer
+from .ps_collective import CollectiveParameterServer
+from .ps_p2p import P2PParameterServer
+from .ps_sharded import ShardedParameterServer
 
 STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "allreduce": AllReduceStrategy}
 
@@ -29,14 +31,15 @@ def strategy_class(cfg: TrainConfig) -> type[Strategy]:
         if cfg.ps_servers > 1:
             raise ConfigError("--ps-staleness (asynchronous PS) runs with one server; drop "
                               "--ps-servers")
-        return AsyncPSStrategy
+        return AsyncParameterServer
     if cfg.ps_mode == "p2p":
         if cfg.ps_servers > 1:
             raise ConfigError("--ps-servers > 1 (sharded PS) needs --ps-mode collective")
         if cfg.compress != "none":
             raise ConfigError("--compress with ps needs --ps-mode collective (p2p is the guide's "
                               "uncompressed reference)")
-    return PSStrategy
+        return P2PParameterServer
+    return ShardedParameterServer if cfg.ps_servers > 1 else CollectiveParameterServer
 
 
 def make_strategy(cfg: TrainConfig, ctx: DistContext) -> Strategy:

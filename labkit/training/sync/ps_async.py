@@ -58,7 +58,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy
-from .ps_common import SERVER, ServerRoles, flatten
+from .ps_roles import SERVER, ServerRoles, flatten
 
 END = -1  # a worker's last message of an epoch, in place of a request
 IDLE, WAIT_REQ, ASKED, WAIT_GRAD, ENDED = range(5)  # the server's view of one worker
@@ -96,7 +96,7 @@ class _Recv:
             self.work.wait()
 
 
-class AsyncPSStrategy(ServerRoles, Strategy):
+class AsyncParameterServer(ServerRoles, Strategy):
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
         self.servers = 1  # rank 0 (the config refuses --ps-servers > 1 with --ps-staleness)

@@ -1,5 +1,6 @@
-"""What both parameter-server strategies (ps.py, ps_async.py) share, as helpers rather than
-one inheriting the other: the server/worker roles and the flat-buffer layout."""
+"""What every parameter-server protocol shares (p2p, collective, sharded, async), as a mixin and
+helpers rather than one protocol inheriting another: the server/worker roles, the rules on the
+options a parameter server takes, and the flat-buffer layout."""
 from __future__ import annotations
 
 from typing import Optional
@@ -28,12 +29,17 @@ class ServerRoles:
         if cfg.amp == "fp16":
             raise ConfigError("--amp fp16 is not supported with ps (the server would have to "
                               "unscale gradients); use --amp bf16")
-        if cfg.ps_mode == "p2p" and cfg.channels_last:
-            raise ConfigError("--channels-last is not supported with --ps-mode p2p (send/recv "
-                              "need contiguous tensors); use --ps-mode collective")
 
     def describe(self) -> str:
         return f"{self.cfg.method} ({self.cfg.ps_mode})"
+
+    def server_progress(self, step: int) -> str:
+        """The server's progress bar: its own side of each phase, per step. Its push starts
+        when it is ready for gradients, so it holds the workers' forward and backward; the
+        epoch line's push (the workers' side) does not."""
+        names = {"pull": "params", "push": "grads+compute"}
+        t = {k: 1000 * v / (step + 1) for k, v in self.timer.totals.items()}
+        return " ".join(f"{names.get(k, k)}={v:.0f}ms" for k, v in t.items())
 
     @property
     def trainers(self) -> int:

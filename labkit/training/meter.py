@@ -1,0 +1,117 @@
+"""What one epoch of training measures, step by step, and its figures once the epoch is over.
+
+The loop (labkit.training.trainer) only tells the meter where a step begins and ends and what
+it computed; the meter keeps the per-step loss and accuracy on the device (no host
+synchronisation per step), rank 0's step boundaries (labkit.training.timers.StepClock), the
+time spent waiting for data, each communication phase's time per steady-state step, and how
+busy the rest of the machine was; then reduces it all over the ranks in one collective per
+kind and returns the epoch's entry of the result file.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from labkit.core.methods import comm_key, comm_times_key
+
+from .dist import all_reduce_sum, sync_device
+from .timers import MachineLoad, StepClock
+
+
+class EpochMeter:
+    def __init__(self, steps: int, warmup: int, strategy, device: torch.device, main: bool):
+        self.steps, self.warmup, self.s, self.dev = steps, warmup, strategy, device
+        self.losses = torch.zeros(steps, device=device)   # per-step loss, summed over trainers
+        self.counts = torch.zeros(2, device=device)       # correct, seen
+        self.data_time = 0.0
+        # rank 0's steady-state steps, one mark per step boundary: the same clock and window as
+        # train_throughput, so mean(step_times) is avg_batch_time (labkit.analysis.stats)
+        self.clock = StepClock(device)
+        # rank 0 (the one that writes the file): how busy the rest of the machine was meanwhile
+        self.load = MachineLoad() if main else None
+        self.step_comm: list[list[float]] = []  # per steady-state step, seconds in each phase
+        self.seen = [0.0] * len(strategy.phases)
+        self.machine: Optional[dict] = None
+
+    def start(self) -> None:
+        sync_device(self.dev)
+        self.t_start = self.t_window = time.perf_counter()
+
+    def step_begins(self, step: int) -> None:
+        """The boundary before ``step``: the steady-state window opens after the warm-up."""
+        if step == self.warmup:
+            if self.warmup:
+                sync_device(self.dev)
+            if self.load is not None:
+                self.load.start()
+            self.t_window = self.clock.mark()
+        elif step > self.warmup:
+            self.clock.mark()
+
+    def next_batch(self, it, to_device):
+        """The next batch from ``it`` on the device, the wait for it counted as data time."""
+        t0 = time.perf_counter()
+        x, y = next(it)
+        self.data_time += time.perf_counter() - t0
+        return to_device(x, y)
+
+    def step_ends(self, step: int, out, y: Optional[torch.Tensor]) -> None:
+        s = self.s
+        if s.phases:
+            now = [s.timer.totals.get(p, 0.0) for p in s.phases]
+            if step >= self.warmup:
+                self.step_comm.append([a - b for a, b in zip(now, self.seen)])
+            self.seen = now
+        if out is not None:
+            loss, logits = out
+            self.losses[step] = loss.float()
+            self.counts[0] += (logits.argmax(1) == y).sum()
+            self.counts[1] += y.numel()
+
+    def stop(self) -> None:
+        self.clock.mark()
+        sync_device(self.dev)
+        self.t_end = time.perf_counter()
+        self.machine = self.load.stop() if self.load is not None else None
+
+    def running_text(self, step: int, batch_images: int) -> str:
+        """The progress bar's figures after ``step`` (a trainer's view)."""
+        elapsed = time.perf_counter() - self.t_start
+        ips = batch_images * (step + 1) / max(elapsed, 1e-9)
+        acc = 100.0 * self.counts[0].item() / max(1.0, self.counts[1].item())
+        return f"loss={self.losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
+
+    def metrics(self, batch_images: int) -> dict:
+        """The epoch's figures, reduced over the ranks. A PS server contributes zeros (its own
+        pull and push would count the same transfer twice), so sums are over trainers."""
+        s, n = self.s, len(self.s.phases)
+        comm = s.timer.pop()
+        mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
+        per_step = [t if s.is_trainer else 0.0 for row in self.step_comm for t in row]
+        vec = torch.tensor([self.data_time] + mine + per_step, device=self.dev, dtype=torch.float64)
+        all_reduce_sum(self.losses)
+        all_reduce_sum(self.counts)
+        all_reduce_sum(vec)
+        losses = (self.losses / s.trainers).tolist()
+        window_steps, window_time = self.steps - self.warmup, self.t_end - self.t_window
+        m = {
+            "train_loss": sum(losses) / len(losses),
+            "train_accuracy": 100.0 * self.counts[0].item() / max(1.0, self.counts[1].item()),
+            "train_time": self.t_end - self.t_start,
+            "train_throughput": batch_images * window_steps / window_time,
+            "avg_batch_time": window_time / window_steps,
+            "all_losses": losses,
+            "steps": self.steps,
+            "throughput_warmup_steps": self.warmup,
+            "avg_data_time": vec[0].item() / s.trainers / self.steps,
+            "step_times": self.clock.durations(),
+        }
+        if self.machine is not None:
+            m["machine_load"] = self.machine
+        comm_steps = (vec[1 + n:] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
+        for i, p in enumerate(s.phases):
+            m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
+            m[comm_times_key(p)] = [row[i] for row in comm_steps]
+        return m

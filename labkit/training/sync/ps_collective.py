@@ -1,0 +1,183 @@
+"""Parameter Server with collectives (``--ps-mode collective``, the default): the improvement the
+guide itself proposes.
+
+Parameters and gradients live in one flat buffer each (parameters and ``.grad`` are views into
+them, laid out in the order backward produces the gradients), cut into buckets (``--bucket-mb``,
+a small first one as in DDP). Push: each bucket is reduced to the server asynchronously from a
+gradient hook as soon as backward has produced it, so the push overlaps backward. Pull: the
+server broadcasts every bucket as soon as its step is done; a worker does not wait for the
+parameters there, but in a forward pre-hook of each layer, for that layer's buckets only, so
+the pull overlaps loading the next batch and the forward of the layers before.
+
+``--compress fp16`` pushes fp16 gradients, with DDP's fp16_compress_hook arithmetic: each
+worker casts, divides by the number of workers (in fp16) and the reduce sums in fp16; the
+server casts the sum back. Pulls stay fp32: the parameters must be exact.
+
+The sharded server (``--ps-servers K``, ps_sharded.py) is this protocol with the flat buffer
+cut into K slices, each owned by one server.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from functools import partial
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .base import Strategy
+from .buckets import InOrder, backward_order, group_params
+from .ps_roles import SERVER, ServerRoles, flatten
+
+
+class CollectiveParameterServer(ServerRoles, Strategy):
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.servers = cfg.ps_servers  # ranks 0..servers-1 serve
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        self.params = backward_order(model)  # the flat layout: buckets fill front to back
+        self.flat_params, self.flat_grads, self.half = flatten(self.params,
+                                                               self.cfg.compress == "fp16")
+        self.shards = self._shards()
+        self.mine = [self.shards[self.ctx.rank]] if self.is_server else self.shards
+        self._plan_buckets(model)
+        return model
+
+    def _shards(self) -> list[tuple]:
+        """(server rank, lo, hi, process group) of every slice of the flat buffer: one server
+        serves the whole buffer over the default group."""
+        return [(SERVER, 0, self.flat_params.numel(), None)]
+
+    def _plan_buckets(self, model: nn.Module) -> None:
+        """Buckets over the flat layout, each cut at the slice boundaries into pieces
+        (server, lo, hi, group): one collective per piece. A server takes part in its own
+        slice's pieces only, in the same bucket order as the workers."""
+        self.buckets, self.bucket_of, off = [], {}, 0
+        groups = group_params(self.params, self.cfg.bucket_mb * 2**20)
+        for i, g in enumerate(groups):
+            lo, hi = off, off + sum(p.numel() for p in g)
+            off = hi
+            pieces = [(s, max(lo, a), min(hi, b), grp) for s, a, b, grp in self.mine
+                      if max(lo, a) < min(hi, b)]
+            self.buckets.append(pieces)
+            self.bucket_of.update((p, i) for p in g)
+        self.order = InOrder([len(g) for g in groups])
+        self.pushes: list = []          # this step's reduces in flight
+        self.pulls: Optional[list] = None  # per bucket, its broadcasts in flight (None: no pull)
+        # hooks off under --compile (a wait inside a compiled forward breaks the graph): the
+        # whole pull is awaited before the forward then, and the push still overlaps backward
+        self.layer_waits = not self.is_server and not self.cfg.compile
+        if not self.is_server:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+        if self.layer_waits:
+            for m in model.modules():
+                mine = sorted({self.bucket_of[p] for p in m.parameters(recurse=False)
+                               if p in self.bucket_of})
+                if mine:
+                    m.register_forward_pre_hook(partial(self._await_layer, mine))
+
+    def zero_grad(self, optimizer) -> None:
+        self.flat_grads.zero_()  # the server's zeros are its contribution to the reduce
+
+    # (1) pull
+    def before_forward(self) -> None:
+        if self.pulls is None:  # none in flight: the first step, or after finish_epoch/no_sync
+            self._start_pull()
+        if not self.layer_waits:  # a server (its sends must finish before its next step), or
+            self._await_pull()    # --compile: the whole pull now
+
+    # report-quote: ps-start-pull  (quoted in the report: labkit/analysis/report/implementation.py)
+    def _start_pull(self) -> None:
+        """Every bucket's broadcast, in the order the forward needs them (the flat layout is
+        backward's order, so the last bucket first)."""
+        self.pulls = [[] for _ in self.buckets]
+        for i in reversed(range(len(self.buckets))):
+            for s, lo, hi, g in self.buckets[i]:
+                self.pulls[i].append(
+                    dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True))
+
+    def _wait(self, works: list, phase: str) -> None:
+        """Wait for ``works``; the host time blocked counts as ``phase`` (on a GPU a wait only
+        orders the streams, and blocks nothing)."""
+        t0 = time.perf_counter()
+        for w in works:
+            w.wait()
+        self.timer.totals[phase] += time.perf_counter() - t0
+
+    # report-quote: ps-await-layer  (quoted in the report: labkit/analysis/report/implementation.py)
+    def _await_layer(self, buckets: list[int], module, args) -> None:
+        """Forward pre-hook: a layer's forward waits for its own parameters only."""
+        if self.pulls is not None:
+            with torch.profiler.record_function("labkit.pull"):
+                for i in buckets:
+                    self._wait(self.pulls[i], "pull")
+                    self.pulls[i] = []
+
+    def _await_pull(self) -> None:
+        if self.pulls is not None:
+            with torch.profiler.record_function("labkit.pull"):
+                self._wait([w for ws in self.pulls for w in ws], "pull")
+            self.pulls = None
+
+    # (3) push and (4) average
+    # report-quote: ps-grad-ready  (quoted in the report: labkit/analysis/report/implementation.py)
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        """A worker's gradient hook: push every consecutive bucket, from the next one in
+        order, whose gradients are all in."""
+        if not self.sync:
+            return
+        for i in self.order.ready(self.bucket_of[p]):
+            self._push(i)
+
+    # report-quote: ps-push  (quoted in the report: labkit/analysis/report/implementation.py)
+    def _push(self, i: int) -> None:
+        for s, lo, hi, g in self.buckets[i]:
+            if self.half is None:
+                t = self.flat_grads[lo:hi]
+            else:  # fp16_compress_hook's order: cast, divide, sum in fp16
+                t = self.half[lo:hi]
+                t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
+            self.pushes.append(dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True))
+
+    # report-quote: ps-after-backward  (quoted in the report: labkit/analysis/report/implementation.py)
+    def after_backward(self) -> None:
+        self._await_pull()  # (a layer the forward skipped; normally nothing is left)
+        with self.timer("push"):
+            # a server (zeros) pushes every bucket here; a worker what its hooks did not start
+            for i in self.order.rest():
+                self._push(i)
+            for w in self.pushes:
+                w.wait()
+        self.pushes = []
+        self.order.reset()
+        if self.is_server:
+            _, lo, hi, _ = self.mine[0]
+            if self.half is None:
+                self.flat_grads[lo:hi].div_(self.trainers)
+            else:
+                self.flat_grads[lo:hi].copy_(self.half[lo:hi])
+
+    @contextmanager
+    def no_sync(self):
+        """Compute-only steps: first let any pull in flight land (it writes the parameters)."""
+        self._await_pull()
+        with super().no_sync():
+            yield
+
+    # (5) the server's step, then the next step's parameters go out at once
+    def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
+        self._update(optimizer, scaler)
+        if self.sync:
+            self._start_pull()
+
+    def _update(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
+        """The Strategy default: only the server holds an optimizer."""
+        super().step(optimizer, scaler)
+
+    def finish_epoch(self, model: nn.Module) -> None:
+        self._await_pull()  # every worker now holds the parameters after the last update
+        super().finish_epoch(model)

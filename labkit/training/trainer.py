@@ -1,0 +1,254 @@
+"""THE training loop, shared by all three methods.
+
+A method differs only in its synchronisation strategy (labkit.training.sync); everything else
+(data, model, optimizer, the per-step measurements of labkit.training.meter, validation,
+checkpoints) is here, once. labkit.training.rank builds a Trainer on every rank and runs it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import nullcontext
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+
+from labkit import __version__
+from labkit.core import layout
+from labkit.core.config import TrainConfig
+from labkit.core.methods import comm_key
+
+from . import hooks
+from .data import Datasets, ShardSampler, default_workers, make_loader, train_sampler
+from .dist import DistContext, all_reduce_sum
+from .meter import EpochMeter
+from .result_file import ResultFile
+from .sync import make_strategy
+from .timers import Lines, atomic_torch_save
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
+                 model: torch.nn.Module, steps: int):
+        self.cfg, self.ctx, self.out, self.steps = cfg, ctx, out, steps
+        self.strategy = s = make_strategy(cfg, ctx)
+        fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
+        self.model = model.to(ctx.device, memory_format=fmt)
+        self.forward_model = s.setup(self.model)
+        if cfg.compile:
+            # compiles the forward (and, through AOTAutograd, its backward); the strategy's
+            # hooks stay on the parameters, so synchronisation is unchanged
+            self.forward_model = torch.compile(self.forward_model, backend=cfg.compile_backend)
+        self.optimizer = (torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                          weight_decay=cfg.weight_decay)
+                          if s.steps_optimizer else None)
+        cuda = ctx.device.type == "cuda"
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        self.scaler = (torch.amp.GradScaler(ctx.device.type)
+                       if cfg.amp == "fp16" and s.steps_optimizer else None)
+        if cuda:
+            torch.backends.cudnn.benchmark = True
+
+        self.train_loader = self.val_loader = None
+        if s.is_trainer:
+            workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
+            self.sampler = train_sampler(data.train, s.trainers, s.trainer_index, cfg.seed)
+            self.train_loader = make_loader(data.train, self.sampler, cfg.batch_size, workers, cuda,
+                                            drop_last=True, seed=cfg.seed + s.trainer_index)
+            self.val_loader = make_loader(data.val, ShardSampler(len(data.val), s.trainers, s.trainer_index),
+                                          cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
+        self.num_train, self.num_val = len(data.train), len(data.val)
+        self.global_step = 0
+        self._local_opt: Optional[torch.optim.Optimizer] = None
+        # called as fn(trainer, global_step) before each training step (labkit.training.hooks)
+        self.step_callbacks: list[Callable[["Trainer", int], None]] = []
+        hooks.trainer_built(self)
+
+    def log(self, msg: str) -> None:
+        """One line for people, from the rank that writes results (rank 0)."""
+        if self.ctx.is_main:
+            print(msg, flush=True)
+            if self.out:
+                with open(os.path.join(self.out, layout.TRAIN_LOG), "a") as f:
+                    f.write(msg + "\n")
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype)
+
+    def progress(self, epoch: int):
+        """The first trainer shows the training bar; a PS server shows its own batch bar."""
+        s, cfg = self.strategy, self.cfg
+        mine = self.ctx.rank == s.first_trainer or (not s.is_trainer and self.ctx.is_main)
+        if not (cfg.progress and mine):
+            return None
+        from tqdm import tqdm
+        desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
+        tty = sys.stderr.isatty()
+        return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=tty, ncols=None if tty else 100,
+                    leave=True, mininterval=0.5 if tty else 5.0, file=sys.stderr if tty else Lines(sys.stderr))
+
+    # -------------------------------------------------------------- one step
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.ctx.device
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)  # pinned -> async copy
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    def train_step(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor], sync: bool = True):
+        """One step on every rank: a trainer passes its batch, a PS server ``None``.
+
+        ``sync=False`` is the compute-only step ``labkit bench`` measures: the same forward,
+        backward and optimizer step with no communication at all, every trainer updating its
+        own copy (so the copies drift apart, which the tests check).
+        Returns (loss, logits) on trainers, None on a server.
+        """
+        s = self.strategy
+        opt = self.optimizer if sync else self.local_optimizer()
+        label = torch.profiler.record_function  # names the phases in a torch.profiler trace
+        with nullcontext() if sync else s.no_sync():
+            s.zero_grad(opt)
+            if sync:
+                s.before_forward()
+            out = None
+            if x is not None:
+                with label("labkit.forward"), self.autocast():
+                    logits = self.forward_model(x)
+                    loss = F.cross_entropy(logits, y)
+                with label("labkit.backward"):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
+                out = loss.detach(), logits.detach()
+            if sync:
+                with label("labkit.sync"):
+                    s.after_backward()
+            with label("labkit.step"):
+                s.step(opt, self.scaler if opt is self.optimizer else None)
+        return out
+
+    def local_optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """The optimizer of a compute-only step: the rank's own, or, for a PS worker (which has
+        none), a local SGD with the same settings. A server does not train: None."""
+        if not self.strategy.is_trainer:
+            return None
+        if self.optimizer is not None:
+            return self.optimizer
+        if self._local_opt is None:
+            c = self.cfg
+            self._local_opt = torch.optim.SGD(self.model.parameters(), lr=c.lr, momentum=c.momentum,
+                                              weight_decay=c.weight_decay)
+        return self._local_opt
+
+    # -------------------------------------------------------------- one epoch of training
+    def train_epoch(self, epoch: int) -> dict:
+        cfg, s = self.cfg, self.strategy
+        self.model.train()
+        warmup = cfg.warmup_steps if self.steps > cfg.warmup_steps else 0
+        batches = self._batches(epoch)
+        meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main)
+        bar = self.progress(epoch)
+        s.timer.pop()
+        meter.start()
+        for step in range(self.steps):
+            meter.step_begins(step)
+            for callback in self.step_callbacks:
+                callback(self, self.global_step)
+            self.global_step += 1
+            x, y = meter.next_batch(batches, self.to_device) if batches else (None, None)
+            meter.step_ends(step, self.train_step(x, y), y)
+            if bar is not None:
+                self._update_bar(bar, meter, step)
+        meter.stop()
+        if bar is not None:
+            bar.close()
+        m = meter.metrics(cfg.batch_size * s.trainers)
+        m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
+        return m
+
+    def _batches(self, epoch: int) -> Optional[Iterator]:
+        """This epoch's batches for a trainer (None for a server)."""
+        s = self.strategy
+        if not s.is_trainer:
+            return None
+        self.sampler.set_epoch(epoch)
+        # augmentation seeds depend only on (seed, trainer, epoch): a resumed run draws the
+        # same crops as an uninterrupted one
+        self.train_loader.generator.manual_seed(self.cfg.seed + 1000 * s.trainer_index + epoch)
+        return iter(self.train_loader)
+
+    def _update_bar(self, bar, meter: EpochMeter, step: int) -> None:
+        bar.update(1)
+        if (step + 1) % max(1, self.steps // 50) == 0 or step + 1 == self.steps:
+            s = self.strategy
+            text = (meter.running_text(step, self.cfg.batch_size * s.trainers) if s.is_trainer
+                    else s.server_progress(step))
+            bar.set_postfix_str(text, refresh=False)
+
+    # -------------------------------------------------------------- validation
+    @torch.no_grad()
+    def validate(self) -> dict:
+        s, dev = self.strategy, self.ctx.device
+        s.finish_epoch(self.model)
+        self.model.eval()
+        tot = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, count
+        if s.is_trainer:
+            for i, (x, y) in enumerate(self.val_loader):
+                if self.cfg.max_val_steps and i >= self.cfg.max_val_steps:
+                    break
+                x, y = self.to_device(x, y)
+                with self.autocast():
+                    logits = self.model(x)
+                tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
+                tot[1] += (logits.argmax(1) == y).sum()
+                tot[2] += y.numel()
+        all_reduce_sum(tot)
+        n = max(1.0, tot[2].item())
+        return {"val_loss": tot[0].item() / n, "val_accuracy": 100.0 * tot[1].item() / n,
+                "val_samples": int(tot[2].item())}
+
+    # -------------------------------------------------------------- the run
+    def load_checkpoint(self, ckpt: dict) -> int:
+        """Restore model, optimizer and scaler; return the epoch to start from."""
+        self.model.load_state_dict(ckpt["model"])  # in place: PS/allreduce views stay views
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        return ckpt["epoch"] + 1
+
+    def save_checkpoint(self, epoch: int, results: ResultFile) -> None:
+        """Rank 0, after every epoch: everything needed to continue (rank 0 holds the optimizer
+        for every method: it is a trainer for ddp/allreduce and the server for ps)."""
+        atomic_torch_save({"epoch": epoch, "model": self.model.state_dict(),
+                           "optimizer": self.optimizer.state_dict(),
+                           "scaler": self.scaler.state_dict() if self.scaler else None,
+                           "results": results.doc},
+                          os.path.join(self.out, layout.CHECKPOINT))
+
+    def fit(self, results: Optional[ResultFile], start_epoch: int = 1) -> None:
+        cfg, s = self.cfg, self.strategy
+        self.log(f"labkit {__version__} | {s.describe()} | world {self.ctx.world_size}"
+                 f" ({s.trainers} trainer{'s' if s.trainers > 1 else ''}) | {cfg.backend} on "
+                 f"{self.ctx.device.type} | {cfg.model} on {cfg.dataset} ({self.num_train} train / "
+                 f"{self.num_val} val) | batch {cfg.batch_size}/trainer | {self.steps} steps/epoch")
+        if start_epoch > 1:
+            self.log(f"resuming at epoch {start_epoch} from "
+                     f"{os.path.join(self.out or cfg.out, layout.CHECKPOINT)}")
+        for epoch in range(start_epoch, cfg.epochs + 1):
+            m = self.train_epoch(epoch)
+            m.update(self.validate())
+            line = (f"epoch {epoch}/{cfg.epochs}: train loss {m['train_loss']:.4f} acc "
+                    f"{m['train_accuracy']:.2f}% | val loss {m['val_loss']:.4f} acc "
+                    f"{m['val_accuracy']:.2f}% | {m['train_throughput']:.1f} img/s, "
+                    f"{m['train_time']:.1f}s")
+            for p in s.phases:
+                line += f" | {p} {1000 * m[comm_key(p)]:.1f} ms/step"
+            self.log(line)
+            if results is not None:
+                results.add_epoch(epoch, m)
+                self.save_checkpoint(epoch, results)
+        if self.ctx.is_main and self.out:
+            # after finish_epoch every rank, the PS server included, holds the final model
+            atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))
