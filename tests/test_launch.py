@@ -1,6 +1,7 @@
 """The launcher: argument lists, validation before spawning, and a failed rank's message."""
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -59,6 +60,34 @@ def test_failed_rank_is_named_with_its_log(tmp_path, monkeypatch):
         assert list(out.glob(f"logs/**/attempt_0/{r}/stderr.log"))
     assert load_json(out / "results_ps.json")["status"] == "failed"
     assert load_json(out / "launch.json")["failed_rank"] == 2
+    # the explanation rests on torchrun's error file of that rank
+    assert res.explained_from and res.explained_from.endswith("/attempt_0/2/error.json")
+    assert load_json(out / "launch.json")["explained_from"].endswith("/attempt_0/2/error.json")
+
+
+def _rank_dir(log_dir, local_rank):
+    d = log_dir / "run-id" / "attempt_0" / str(local_rank)
+    d.mkdir(parents=True)
+    return d
+
+
+def test_error_file_names_the_rank_and_its_exception(tmp_path):
+    """What a rank's error file says is what the message says, even when the console lost
+    the failure summary and the rank's log is empty (a full disk); a rank that only lost
+    its peer, and an empty error file, are not blamed."""
+    from labkit.lab.failures import explain_failure
+
+    first = _rank_dir(tmp_path, 1)
+    (first / "error.json").write_text(json.dumps({"message": {
+        "message": "ValueError: bad shard 7", "extraInfo": {"timestamp": "100"}}}))
+    peer = _rank_dir(tmp_path, 0)
+    (peer / "error.json").write_text(json.dumps({"message": {
+        "message": "RuntimeError: Connection closed by peer", "extraInfo": {"timestamp": "99"}}}))
+    (_rank_dir(tmp_path, 2) / "error.json").write_text("")  # half-written: skipped
+    why = explain_failure("allreduce", 1, "torchrun crashed\n", str(tmp_path))
+    assert why.rank == 1 and why.error_file == str(first / "error.json")
+    assert why.message.startswith("allreduce failed: rank 1 raised an exception")
+    assert "ValueError: bad shard 7" in why.message and "closed by peer" not in why.message
 
 
 def test_launch_streams_the_reporting_rank(tmp_path):

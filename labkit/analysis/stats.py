@@ -1,46 +1,24 @@
 """Uncertainty for every number labkit compares: throughput, speedup vs DDP, accuracy.
 
 Base layer: numpy and scipy only, working on result *documents* (the dicts of the result
-files), so the report, the terminal summary and bench can all call it.
-
-Choices, and why (Hoefler and Belli, SC'15: a mean with its confidence interval, and a
-difference claimed only when it is larger than the noise):
+files), so the report, the terminal summary and bench can all call it. The choices, and why,
+are docs/statistics.md (after Hoefler and Belli, SC'15: a mean with its confidence interval,
+and a difference claimed only when it is larger than the noise). In short:
 
 * **One run: batch means over the steady-state steps, with t quantiles.** Step times of one
-  run are not independent (a shared machine drifts and stalls for many steps at a time), so
-  the steps are grouped into units and the units are what is counted: the epochs when the run
-  has 3 or more (the embedded default has 3), else contiguous blocks of about sqrt(n) steps
-  within each epoch. The mean step time is all time over all steps (so the point is exactly
-  ``train_throughput``'s definition, images per step / mean step time), its variance comes
-  from the units (delta method for the ratio estimator), and the interval uses Student t with
-  units - 1 degrees of freedom. Epochs rather than blocks because the machine's speed wanders
-  over tens of seconds (see ``units``); with 3 epochs the t quantile is 4.3, and that width
-  is the honest price of one short run. Not a bootstrap: simulated ties showed
-  ``scipy.stats.bootstrap`` (BCa, blocks of n**(1/3)) calling a false winner in 6-10% of
-  runs at a nominal 5% even for independent steps, 13-19% for correlated ones (AR(1),
-  phi 0.5), where blocks made 3.5-5.8% and 7.5-12% (2000 simulated ties per case, 24 to 300
-  steps in 3 epochs, measured before the epochs became the units); tests/test_stats.py checks
-  the calibration of the intervals as they are now. No interval from one run
-  sees a load that came and went between the methods (they run one after another), so the
-  result file records how busy the rest of the machine was (``machine_load``) and one run is
-  not judged above ``LOAD_LIMIT``; nor what differs from one launch of a method to the next
-  (without GPUs, where the OS put the ranks: ``labkit.training.dist.bind_cpus`` narrows it; the
-  report's discussion says the rest, ``report.text.ONE_LAUNCH``). Repeats in rotated order
-  are the cure for both.
-* **Several repeats: a t-interval over the repeats.** The repeat is then the independent unit:
-  its spread holds what a single run cannot see (machine state, the order of methods), and
-  pooling all repeats' steps would hide it. With 2 repeats the t-interval is wide (1 degree of
-  freedom): that is honest, not a defect.
-* **Speedup vs DDP = throughput ratio**, an interval on its logarithm (ratios are
-  multiplicative). One run each: the runs are independent samples, so the variances add
-  (Welch-Satterthwaite degrees of freedom); this is the delta method, which for step-time
-  coefficients of variation of a few percent coincides with Fieller's interval. Repeats:
-  repeat i of the method and of DDP ran in the same rotation round, so a paired t-interval
-  on the per-repeat log ratios; the point is then their geometric mean.
+  run are not independent, so the steps are grouped into units (the epochs when the run has 3
+  or more, else blocks of about sqrt(n) steps within each epoch) and the units are what is
+  counted; the mean step time is all time over all steps, its variance from the units (delta
+  method), the interval Student t with units - 1 degrees of freedom. Not a bootstrap, which
+  called false winners too often on simulated ties. One run is not judged when other work
+  took over ``LOAD_LIMIT`` of the machine (``machine_load``); repeats in rotated order see
+  what one run cannot.
+* **Several repeats: a t-interval over the repeats**, the repeat being the independent unit.
+* **Speedup vs DDP = throughput ratio**, an interval on its logarithm: one run each, the
+  variances add (Welch-Satterthwaite degrees of freedom); repeats, a paired t-interval on the
+  per-repeat log ratios.
 * **Verdict**: faster / slower only when the 95% CI of the speedup excludes 1.00.
-* **Accuracy**: the noise that matters is the seed's (initialisation, shuffling), not the
-  finite validation set, so one seed cannot separate two methods; with several seeds a paired
-  t-interval of the differences over repeats.
+* **Accuracy**: one seed cannot separate two methods; several seeds give a paired t-interval.
 
 Nothing is random, so the same files always render the same intervals. Files without
 ``step_times`` (the original guide's scripts) give an ``Interval`` whose ``available`` is
@@ -139,13 +117,12 @@ def units(epochs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
     """(unit sums, unit step counts, basis): the epochs themselves when there are
     ``MIN_BLOCKS`` or more ("epochs"), else blocks of steps within them ("steps").
 
-    Why epochs: a shared machine's speed wanders on a scale of tens of seconds (measured on the
-    embedded default: one epoch's steps ran 2.1 s, then 1.4 s, for several steps each, and the
-    epochs' throughputs differed by up to 15%), longer than a block of a few steps, so blocks
-    of one epoch look independent when they are not and the interval comes out too narrow;
-    epochs, a validation pass apart, are the longest units one run has and carry that
-    wander into the interval. Fewer than 3 epochs cannot give an interval from epochs, so
-    blocks are used and the interval sees only the noise within epochs."""
+    Why epochs: a shared machine's speed wanders on a scale of tens of seconds, longer than a
+    block of a few steps, so blocks of one epoch look independent when they are not and the
+    interval comes out too narrow; epochs, a validation pass apart, are the longest units one
+    run has and carry that wander into the interval (docs/statistics.md). Fewer than 3 epochs
+    cannot give an interval from epochs, so blocks are used and the interval sees only the
+    noise within epochs."""
     if len(epochs) >= MIN_BLOCKS:
         return (np.asarray([x.sum() for x in epochs]),
                 np.asarray([len(x) for x in epochs], dtype=float), "epochs")
@@ -330,10 +307,9 @@ def compare_speed(name: str, runs: Runs, baseline: Runs, baseline_name: str = "D
     """speedup() and speedup_verdict() in one call, and the load rule: one run of each method
     is not judged when other work took more than ``LOAD_LIMIT`` of the machine's CPU time while
     either ran. Its methods ran one after another, so a load that came and went falls on one
-    method and not the other, and the run's own interval cannot see it (two runs of the
-    embedded default, one beside other jobs, one on an idle machine, called Parameter Server
-    1.23x (CI 1.06-1.42) and 0.76x (CI 0.68-0.85) DDP). Repeats in rotated order spread such
-    load over all methods and their interval holds it: they are judged as usual."""
+    method and not the other, and the run's own interval cannot see it (two runs, one beside
+    other jobs, reached opposite verdicts: docs/performance.md). Repeats in rotated order
+    spread such load over all methods and their interval holds it: they are judged as usual."""
     iv = speedup(runs, baseline, **kw)
     verdict = speedup_verdict(name, iv, baseline_name)
     a, b = _listed(runs), _listed(baseline)
@@ -420,10 +396,3 @@ def rotated_order(methods: Sequence[str], repeats: int) -> list[list[str]]:
         raise ValueError(f"repeats must be 1 or more (got {repeats})")
     m = list(methods)
     return [m[i % len(m):] + m[:i % len(m)] for i in range(repeats)] if m else [[] for _ in range(repeats)]
-
-
-def ci_percent(iv: Interval) -> Optional[float]:
-    """Half-width of the CI as a percentage of the value (for a compact table column)."""
-    if not iv.available or not iv.value:
-        return None
-    return 100.0 * (iv.high - iv.low) / 2 / abs(iv.value)

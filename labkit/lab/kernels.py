@@ -33,12 +33,12 @@ def kernel_options() -> dict:
     - IPC (Unix socket) transport: a local kernel needs no TCP, and ipykernel warns on every
       start about unencrypted TCP, into the experiment's output.
     - The kernel is killed when its last cell is done (nbclient's shutdown_kernel="immediate"):
-      all it makes is on disk by then, and a graceful shutdown waited for Python's teardown of
-      torch and matplotlib, 2.3 s per notebook (measured 2026-11-23; 0.1 s killed).
+      all it makes is on disk by then, and a graceful shutdown waited seconds per notebook for
+      Python's teardown of torch and matplotlib (docs/performance.md).
     - Except while it still runs a launch (the experiment was interrupted): jupyter_client
       interrupts a kernel before it kills it, and the kill came before launch could stop
       torchrun's process group; torchrun, left to its parent-death SIGTERM, now and then hung
-      on with its ranks dead (seen once in a clean-clone suite, 2026-11-23). So a kernel with
+      on with its ranks dead (seen once in a clean-clone suite). So a kernel with
       child processes is interrupted and given ``STOP_GRACE_S`` to see them gone first.
     """
     import asyncio

@@ -9,7 +9,6 @@ Every subprocess gets an argument list, never a shell string.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import re
@@ -26,6 +25,8 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import server_ranks
 from labkit.core.status import Status
+
+from .failures import explain_failure
 
 @dataclass(frozen=True)
 class Nodes:
@@ -66,6 +67,7 @@ class LaunchResult:
     message: str = ""
     failed_rank: Optional[int] = None
     log_tail: list[str] = field(default_factory=list)
+    explained_from: Optional[str] = None  # torchrun's error file the message rests on
 
     @property
     def ok(self) -> bool:
@@ -131,131 +133,13 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
 
 
 def torchrun_knows(flag: str) -> bool:
-    """Whether this torch's torchrun has ``flag``. An older torchrun (2.11, the image of the
-    H100 machine labkit was measured on) takes an unknown option for the script to run, and
+    """Whether this torch's torchrun has ``flag``. An older torchrun (torch 2.11's, for one)
+    takes an unknown option for the script to run, and
     every rank then dies in ``python --log-line-prefix-template=...``; without the prefix its
     lines read ``[default0]:`` instead of ``[rank0]:``."""
     from torch.distributed.run import get_args_parser
 
     return any(flag in a.option_strings for a in get_args_parser()._actions)
-
-
-def rank_logs(log_dir: str, local_rank: int) -> list[str]:
-    """torchrun's per-rank log files (newest attempt last)."""
-    pat = os.path.join(log_dir, "**", "attempt_*", str(local_rank), "*.log")
-    return sorted(glob.glob(pat, recursive=True), key=os.path.getmtime)
-
-
-def tail(path: str, n: int = 15) -> list[str]:
-    try:
-        with open(path, errors="replace") as f:
-            text = f.read().replace("\r", "\n")
-    except OSError:
-        return []
-    return [l for l in text.splitlines() if l.strip()][-n:]
-
-
-_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-# errors a rank gets because another rank is gone: not the cause
-_SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
-                        r"NCCL communicator was aborted", re.I)
-_OWN_ERROR = re.compile(r"labkit\.(train|bench): error:")  # the one line a rank prints on failure
-_TIMEOUT = re.compile(r"timed out|Timeout", re.I)
-
-
-def _rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
-    lines: list[str] = []
-    logs = rank_logs(log_dir, local_rank)[::-1]  # the newest attempt first
-    for p in [p for p in logs if p.endswith(layout.RANK_STDERR)] + logs:
-        lines = tail(p)
-        if lines:
-            break
-    own = [l for l in lines if _OWN_ERROR.search(l)]
-    return own[-1:] if own else lines  # labkit's own last line says it all
-
-
-def explain_failure(method: str, returncode: int, output: str, log_dir: str,
-                    multi_node: bool = False) -> tuple[str, Optional[int], list[str]]:
-    """One message: which rank failed first, its exit code, the last lines of its log.
-
-    torchrun's "root cause" is the lowest rank among failures within the same second, which is
-    often a rank that only failed because its peer died; so we pick the first failure that is
-    neither torchrun's SIGTERM nor a lost-peer error. With several nodes, ``output`` and
-    ``log_dir`` cover this node's ranks only: when all of them merely lost their peers, the
-    cause is on another node, and no rank here is blamed.
-    """
-    seen, failures = set(), []
-    for m in _FAILURE.finditer(output):
-        key = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
-        if key not in seen:
-            seen.add(key)
-            failures.append(key)
-    if not failures:
-        last = [l for l in output.replace("\r", "\n").splitlines() if l.strip()][-10:]
-        why = ""
-        if multi_node and re.search(r"Rendezvous\w*Error", output):
-            why = (" (the rendezvous failed: is --rdzv-endpoint reachable from this node, and did "
-                   "every node start within torchrun's join timeout, 600 s?)")
-        return (f"{method} failed: torchrun exited with code {returncode}{why}\n" + "\n".join(last),
-                None, last)
-
-    def evidence(f) -> int:
-        """How surely this failure is the cause: 0 a crash with its own error, 1 killed by a
-        signal (no chance to say anything), 2 no message, 3 a consequence of another failure.
-
-        The log decides before the exit code: a rank that raised its own error can still be
-        recorded as SIGTERM when torchrun stops it while its interpreter is shutting down."""
-        _, local_rank, code = f
-        lines = _rank_error_lines(log_dir, local_rank)
-        if any(_SECONDARY.search(l) for l in lines):
-            return 3
-        if any(_OWN_ERROR.search(l) for l in lines):
-            return 0
-        if code == -signal.SIGTERM:
-            return 3
-        if code < 0:
-            return 1
-        return 0 if lines else 2
-
-    def secondary(f) -> bool:
-        return evidence(f) == 3
-
-    ranked = sorted(failures, key=lambda f: (evidence(f), f[0]))
-    primary = ranked[0] if not secondary(ranked[0]) else None
-    if primary is None:
-        # nobody crashed: ranks timed out waiting in a collective for a rank that hung
-        timed_out = [f for f in failures if any(_TIMEOUT.search(l) for l in _rank_error_lines(log_dir, f[1]))]
-        hung = [f[0] for f in failures if f not in timed_out] if timed_out else []
-        if hung:
-            lines = _rank_error_lines(log_dir, timed_out[0][1])
-            msg = (f"{method} failed: rank {', '.join(map(str, sorted(hung)))} hung: the other ranks "
-                   f"timed out waiting for it in a collective (--timeout); rank {timed_out[0][0]} said:\n"
-                   + "\n".join("  | " + l for l in lines))
-            return msg, sorted(hung)[0], lines
-        if multi_node:
-            lines = _rank_error_lines(log_dir, failures[0][1])
-            ranks = ", ".join(str(f[0]) for f in sorted(failures))
-            msg = (f"{method} failed on another node: rank {ranks} on this node only lost its peers "
-                   f"(or timed out waiting for them); the rank that failed first runs on another "
-                   f"node: see that node's labkit output and logs. Rank {failures[0][0]} said:\n"
-                   + "\n".join("  | " + l for l in lines))
-            return msg, None, lines
-        primary = failures[0]
-    rank, local_rank, code = primary
-    sig = ""
-    if code < 0:
-        try:
-            sig = f" ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    lines = _rank_error_lines(log_dir, local_rank)
-    logs = rank_logs(log_dir, local_rank)
-    where = f" (logs: {os.path.dirname(logs[-1])})" if logs else ""
-    how = (f"failed first (torchrun then stopped it: exit code {code}{sig})"
-           if code == -signal.SIGTERM else f"exited with code {code}{sig}")
-    msg = (f"{method} failed: rank {rank} {how}{where}\n"
-           + "\n".join("  | " + l for l in lines))
-    return msg, rank, lines
 
 
 class Throttle:
@@ -285,29 +169,60 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     whose ``message`` explains a failed rank.
     """
     stream = stream or sys.stdout
-    cfg = dataclasses.replace(cfg, out=out_dir)
-    cfg = validate(cfg, nproc, nodes)
-    os.makedirs(out_dir, exist_ok=True)
+    cfg = validate(dataclasses.replace(cfg, out=out_dir), nproc, nodes)
+    log_dir = _log_dir(out_dir, nodes)
+    # rank 0, and the first trainer where ranks serve (a parameter server's training bar)
+    show = tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
+    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
+    t0 = time.monotonic()
+    try:
+        returncode, text = _run(cmd, _environment(nproc, env), Throttle(stream, throttle_s))
+    except KeyboardInterrupt:
+        mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, "interrupted by the user (Ctrl-C)")
+        raise
+    with open(os.path.join(log_dir, layout.TORCHRUN_LOG), "w") as f:
+        f.write(" ".join(cmd) + "\n\n" + text)
+    res = LaunchResult(cfg.method, returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
+    if not res.ok:
+        why = explain_failure(cfg.method, returncode, text, log_dir, nodes.multi)
+        res.message, res.failed_rank, res.log_tail = why.message, why.rank, why.lines
+        res.explained_from = why.error_file
+        mark_ended(out_dir, cfg.result_file, Status.FAILED, res.message.splitlines()[0])
+    # paths inside out_dir relative to it (the command runs from there), so a run folder that
+    # is copied or moved does not point back at where it ran
+    atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
+        "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
+        "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
+        "message": res.message, "explained_from": res.explained_from}, out_dir))
+    return res
+
+
+def _log_dir(out_dir: str, nodes: Nodes) -> str:
     log_dir = os.path.join(out_dir, layout.LOGS_DIR)
     if nodes.multi:
         # every node may be given the same --out on a shared filesystem: each keeps its own logs
         # (and launch file), so a failure is explained from this node's ranks only
         log_dir = os.path.join(log_dir, f"node{nodes.node_rank}")
     os.makedirs(log_dir, exist_ok=True)
-    # rank 0, and the first trainer where ranks serve (a parameter server's training bar)
-    show = tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
-    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
-    full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    full_env["PYTHONUNBUFFERED"] = "1"
+    return log_dir
+
+
+def _environment(nproc: int, env: Optional[dict]) -> dict:
+    full = {**os.environ, **(env or {})}
+    full.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    full["PYTHONUNBUFFERED"] = "1"
     # restarted ranks sharing torchrun's rendezvous store read the previous attempt's
     # addresses and cannot connect (pytorch/pytorch#135712): give each attempt its own store
-    full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    t0 = time.monotonic()
-    out = Throttle(stream, throttle_s)
+    full.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return full
+
+
+def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
+    """Run torchrun, streaming what the shown ranks print; (exit code, all it printed). Any
+    exception here (Ctrl-C included) stops torchrun and every rank first."""
     captured: list[str] = []
     # start_new_session: Ctrl-C in a notebook reaches us, and we stop the whole group
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             text=True, bufsize=1, errors="replace", start_new_session=True,
                             preexec_fn=_die_with_parent)
     try:
@@ -318,26 +233,10 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
                     continue
                 out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
         proc.wait()
-    except BaseException as e:
+    except BaseException:
         _stop(proc)
-        if isinstance(e, KeyboardInterrupt):
-            mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, "interrupted by the user (Ctrl-C)")
         raise
-    text = "".join(captured)
-    with open(os.path.join(log_dir, layout.TORCHRUN_LOG), "w") as f:
-        f.write(" ".join(cmd) + "\n\n" + text)
-    res = LaunchResult(cfg.method, proc.returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
-    if not res.ok:
-        res.message, res.failed_rank, res.log_tail = explain_failure(cfg.method, proc.returncode,
-                                                                     text, log_dir, nodes.multi)
-        mark_ended(out_dir, cfg.result_file, Status.FAILED, res.message.splitlines()[0])
-    # paths inside out_dir relative to it (the command runs from there), so a run folder that
-    # is copied or moved does not point back at where it ran
-    atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
-        "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
-        "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
-        "message": res.message}, out_dir))
-    return res
+    return proc.returncode, "".join(captured)
 
 
 def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None:

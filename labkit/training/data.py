@@ -309,9 +309,9 @@ def default_workers(cfg: TrainConfig, in_memory: bool, local_world_size: int) ->
     per_rank = max(1, min(8, (os.cpu_count() or 1) // max(1, local_world_size)))
     if in_memory:
         # On a CPU the workers would compete with training for the same cores. On a GPU the
-        # main thread's batching of in-memory images is not free: ResNet-50 on synthetic 224 px
-        # images, batch 64, waited for data 64% of the step with no workers on an H100
-        # (2026-11-23), so a few workers prepare the next batches while the GPU computes.
+        # main thread's batching of in-memory images is not free (ResNet-50 on synthetic
+        # images waited for data most of the step without workers: docs/performance.md), so a
+        # few workers prepare the next batches while the GPU computes.
         return min(4, per_rank) if cfg.backend == "nccl" else 0
     return per_rank
 

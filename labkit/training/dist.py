@@ -60,12 +60,10 @@ def bind_cpus(local_rank: int, local_world_size: int) -> Optional[list[int]]:
 
     Why: without GPUs the ranks compete for the cores (the embedded default runs 4 ranks on a
     2-core machine), and where the OS scheduler happens to put them sets the speed of a whole
-    launch, which no interval from that launch can see. Measured 2026-11-23 on a 2-vCPU VM
-    (digits, 4 ranks, 3 epochs): four launches of `labkit run ddp` left to the OS ran at 0.58,
-    0.70, 0.71 and 0.62 s/step; bound, 0.73 to 0.80. Over five runs of the embedded default
-    each, Manual All-Reduce's speedup vs DDP spread over 0.81-1.25x unbound, 0.88-1.07x
-    bound. Bound runs are slower (ranks sharing a core take turns) but measure the methods
-    rather than the placement; ``--no-pin-cpus`` leaves placement to the OS.
+    launch, which no interval from that launch can see: launches of one method left to the OS
+    spread far more than bound ones (docs/performance.md). Bound runs are slower (ranks sharing
+    a core take turns) but measure the methods rather than the placement; ``--no-pin-cpus``
+    leaves placement to the OS.
     """
     if not hasattr(os, "sched_setaffinity"):
         return None

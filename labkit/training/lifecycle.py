@@ -83,14 +83,14 @@ def heartbeat(write: Callable[[], bool], every: float = HEARTBEAT_S) -> threadin
 
 
 def leave(code: int) -> None:
-    """End a rank that has finished (labkit.training.rank, labkit.training.bench_rank) without Python's
-    teardown of torch and torchvision. Nothing is left to do by then (result files and
-    checkpoints are written with fsync, the process group is gone), and the teardown costs ~1 s
-    of CPU per rank: 4 ranks on 2 cores kept torchrun waiting 4 s after the last line of every
-    run (measured 2026-11-23). DataLoader workers are the rank's children until their loader
-    is collected: while any lives, it exits the ordinary way, which shuts them down. A rank
-    that failed exits the ordinary way too: failures are rare, and torchrun's error files and
-    restarts read what it leaves."""
+    """End a rank that has finished without Python's teardown of torch and torchvision.
+    Nothing is left to do by then (result files and checkpoints are written with fsync, the
+    process group is gone), and the teardown costs CPU time that, with several ranks per core,
+    kept torchrun waiting seconds after the last line of every run (docs/performance.md).
+    DataLoader workers are the rank's children until their loader is collected: while any
+    lives, it exits the ordinary way, which shuts them down. A rank that failed exits the
+    ordinary way too: failures are rare, and torchrun's error files and restarts read what it
+    leaves."""
     import psutil
 
     sys.stdout.flush()

@@ -22,9 +22,8 @@ RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called
 
 
 # A single run's interval comes from the epochs of one launch per method; what differs from one
-# launch of a method to the next (where the ranks ran, the machine's state) is not in it.
-# Measured 2026-11-23 on a 2-vCPU VM, five runs of the embedded default in 12 minutes:
-# Parameter Server 0.72x, 0.79x, 0.88x, 0.71x, 0.94x DDP, while run 1's interval was 0.69-0.74.
+# launch of a method to the next (where the ranks ran, the machine's state) is not in it: five
+# runs of the embedded default spread wider than one run's interval (docs/performance.md).
 ONE_LAUNCH = ("Each method ran once: a faster or slower verdict rests on the noise within each "
               "launch, not on the spread between two launches of the same method, which a "
               "shared machine adds; --repeats N (rotated order, an interval over the repeats) "

@@ -1,0 +1,200 @@
+"""Why a torchrun launch failed, in one message: which rank failed first, how, and its last words.
+
+The evidence, most direct first:
+
+1. torchrun's error file of each failed rank (``<log dir>/<run id>/attempt_<k>/<local rank>/
+   error.json``), written by the rank's ``record`` (labkit.training.lifecycle.run_rank): the
+   exception and the second it was raised;
+2. torchrun's failure summary on the console ("rank: N (local_rank: M) exitcode: ..."): the
+   ranks killed by a signal, which write no error file, and local-to-global rank numbers;
+3. the tail of each rank's log.
+
+torchrun's own "root cause" is the earliest error file, often a rank that only failed because
+its peer was gone; so a failure that reads like a lost peer or a timeout counts as a
+consequence, and the first failure that is not one is blamed.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Optional
+
+from labkit.core import layout
+
+ERROR_FILE = "error.json"  # torchrun's name (TORCHELASTIC_ERROR_FILE)
+_SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+# errors a rank gets because another rank is gone: not the cause
+_SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
+                        r"NCCL communicator was aborted", re.I)
+_OWN_ERROR = re.compile(r"labkit\.(train|bench): error:")  # the one line a rank prints on failure
+_TIMEOUT = re.compile(r"timed out|Timeout", re.I)
+
+
+@dataclass
+class Failure:
+    """One failed rank, with what is known of it."""
+    rank: int                      # global rank (the local one where the console lost it)
+    local_rank: int
+    exitcode: Optional[int]        # None: known from its error file only
+    error: Optional[str] = None    # "RuntimeError: ..." from torchrun's error file
+    error_file: Optional[str] = None
+    raised_at: float = float("inf")  # when, from the error file (seconds since the epoch)
+    lines: list[str] = field(default_factory=list)  # the last lines of its log
+
+
+@dataclass
+class Explanation:
+    message: str
+    rank: Optional[int] = None     # the rank blamed, if any
+    lines: list[str] = field(default_factory=list)
+    error_file: Optional[str] = None  # the torchrun error file the message rests on
+
+
+# ------------------------------------------------------------------ reading the evidence
+def rank_logs(log_dir: str, local_rank: int) -> list[str]:
+    """torchrun's per-rank log files (newest attempt last)."""
+    pat = os.path.join(log_dir, "**", "attempt_*", str(local_rank), "*.log")
+    return sorted(glob.glob(pat, recursive=True), key=os.path.getmtime)
+
+
+def tail(path: str, n: int = 15) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().replace("\r", "\n")
+    except OSError:
+        return []
+    return [l for l in text.splitlines() if l.strip()][-n:]
+
+
+def rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
+    """The last lines of a rank's log (stderr first, newest attempt first); labkit's own one-line
+    error alone where the rank printed one."""
+    lines: list[str] = []
+    logs = rank_logs(log_dir, local_rank)[::-1]
+    for p in [p for p in logs if p.endswith(layout.RANK_STDERR)] + logs:
+        lines = tail(p)
+        if lines:
+            break
+    own = [l for l in lines if _OWN_ERROR.search(l)]
+    return own[-1:] if own else lines
+
+
+def read_error_files(log_dir: str) -> dict[int, tuple[str, str, float]]:
+    """{local rank: (error file, "Type: message", when)} of the newest attempt that has any.
+    An empty or half-written file (a full disk) is skipped: the other evidence decides."""
+    found: dict[int, tuple[str, str, float]] = {}
+    paths = glob.glob(os.path.join(log_dir, "**", "attempt_*", "*", ERROR_FILE), recursive=True)
+    for path in sorted(paths, key=os.path.getmtime):
+        try:
+            with open(path) as f:
+                msg = json.load(f)["message"]
+            text = msg["message"] if isinstance(msg, dict) else str(msg)
+            when = float((msg.get("extraInfo") or {}).get("timestamp") or "inf")
+            local = int(os.path.basename(os.path.dirname(path)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        found[local] = (path, text.strip().splitlines()[0] if text.strip() else text, when)
+    return found
+
+
+def collect(output: str, log_dir: str) -> list[Failure]:
+    """Every failed rank this node saw: from the console's summary and the error files."""
+    seen: dict[int, Failure] = {}
+    for m in _SUMMARY.finditer(output):
+        rank, local, code = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        seen.setdefault(local, Failure(rank, local, code))
+    for local, (path, text, when) in read_error_files(log_dir).items():
+        f = seen.setdefault(local, Failure(local, local, None))
+        f.error, f.error_file, f.raised_at = text, path, when
+    for f in seen.values():
+        f.lines = rank_error_lines(log_dir, f.local_rank)
+    return sorted(seen.values(), key=lambda f: f.rank)
+
+
+# ------------------------------------------------------------------ deciding
+def evidence(f: Failure) -> int:
+    """How surely this failure is the cause: 0 a crash with its own error, 1 killed by a
+    signal (no chance to say anything), 2 no message, 3 a consequence of another failure.
+
+    The rank's own words decide before its exit code: a rank that raised its own error can
+    still be recorded as SIGTERM when torchrun stops it while its interpreter exits."""
+    said = ([f.error] if f.error else []) + f.lines
+    if any(_SECONDARY.search(l) for l in said):
+        return 3
+    if f.error or any(_OWN_ERROR.search(l) for l in f.lines):
+        return 0
+    if f.exitcode == -signal.SIGTERM:
+        return 3
+    if f.exitcode is not None and f.exitcode < 0:
+        return 1
+    return 0 if f.lines else 2
+
+
+def explain_failure(method: str, returncode: int, output: str, log_dir: str,
+                    multi_node: bool = False) -> Explanation:
+    """One message naming the rank that failed first (never one that only lost its peers);
+    with several nodes, ``output`` and ``log_dir`` cover this node's ranks only."""
+    failures = collect(output, log_dir)
+    if not failures:
+        return _no_failed_rank(method, returncode, output, multi_node)
+    ranked = sorted(failures, key=lambda f: (evidence(f), f.raised_at, f.rank))
+    if evidence(ranked[0]) < 3:
+        return _blame(method, ranked[0], log_dir)
+    # nobody crashed: ranks timed out waiting in a collective for a rank that hung
+    timed_out = [f for f in failures if any(_TIMEOUT.search(l) for l in [f.error or ""] + f.lines)]
+    hung = sorted(f.rank for f in failures if f not in timed_out) if timed_out else []
+    if hung:
+        who = timed_out[0]
+        return Explanation(
+            f"{method} failed: rank {', '.join(map(str, hung))} hung: the other ranks timed out "
+            f"waiting for it in a collective (--timeout); rank {who.rank} said:\n"
+            + _quote(who.lines), hung[0], who.lines, who.error_file)
+    if multi_node:
+        f = failures[0]
+        ranks = ", ".join(str(x.rank) for x in failures)
+        return Explanation(
+            f"{method} failed on another node: rank {ranks} on this node only lost its peers "
+            f"(or timed out waiting for them); the rank that failed first runs on another node: "
+            f"see that node's labkit output and logs. Rank {f.rank} said:\n" + _quote(f.lines),
+            None, f.lines, f.error_file)
+    return _blame(method, failures[0], log_dir)
+
+
+def _blame(method: str, f: Failure, log_dir: str) -> Explanation:
+    code, sig = f.exitcode, ""
+    if code is not None and code < 0:
+        try:
+            sig = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    logs = rank_logs(log_dir, f.local_rank)
+    where = f" (logs: {os.path.dirname(logs[-1])})" if logs else ""
+    if code == -signal.SIGTERM:
+        how = f"failed first (torchrun then stopped it: exit code {code}{sig})"
+    elif code is None:
+        how = "raised an exception (known from its error file only)"
+    else:
+        how = f"exited with code {code}{sig}"
+    lines = f.lines if f.lines else ([f.error] if f.error else [])
+    if f.error and not any(f.error.split(":")[0] in l for l in lines):
+        lines = lines + [f.error]  # the exception, from torchrun's error file
+    return Explanation(f"{method} failed: rank {f.rank} {how}{where}\n" + _quote(lines),
+                       f.rank, lines, f.error_file)
+
+
+def _no_failed_rank(method: str, returncode: int, output: str, multi_node: bool) -> Explanation:
+    last = [l for l in output.replace("\r", "\n").splitlines() if l.strip()][-10:]
+    why = ""
+    if multi_node and re.search(r"Rendezvous\w*Error", output):
+        why = (" (the rendezvous failed: is --rdzv-endpoint reachable from this node, and did "
+               "every node start within torchrun's join timeout, 600 s?)")
+    return Explanation(f"{method} failed: torchrun exited with code {returncode}{why}\n"
+                       + "\n".join(last), None, last)
+
+
+def _quote(lines: list[str]) -> str:
+    return "\n".join("  | " + l for l in lines)

@@ -1,0 +1,137 @@
+"""The house: four layers whose imports only run downward, small functions and modules, and
+the run statuses spelled in one module. Each rule is checked on labkit/ and on a small tree
+made to break it, so the check is seen to fail when it should."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+# what each layer may import, besides itself; the entry (cli, __main__, train) may import all
+LAYERS = {"core": set(), "training": {"core"}, "analysis": {"core"},
+          "lab": {"core", "training", "analysis"}}
+MAX_FUNCTION, MAX_MODULE = 60, 400
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, imported labkit module) of every import in the file, in functions too."""
+    me = _module(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from labkit.lab import x`: x may be a module of that package
+            out += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+    return [(line, t) for line, t in out if t == "labkit" or t.startswith("labkit.")]
+
+
+def _layer(module: str) -> str | None:
+    """core | training | analysis | lab, or None for the entry and the package root."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def layer_violations(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        mine = _layer(_module(path, root))
+        if mine is None:
+            continue
+        for line, target in _imports(path, root):
+            theirs = _layer(target)
+            if theirs is None and target.split(".")[1:2] not in ([], ["__version__"]):
+                found.append(f"{path.relative_to(root.parent)}:{line} imports the entry {target}")
+            elif theirs is not None and theirs != mine and theirs not in LAYERS[mine]:
+                found.append(f"{path.relative_to(root.parent)}:{line} ({mine}) imports {target} ({theirs})")
+    return found
+
+
+def size_violations(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(root.parent)
+        if len(text.splitlines()) > MAX_MODULE:
+            found.append(f"{where}: {len(text.splitlines())} lines (at most {MAX_MODULE})")
+        for n in ast.walk(ast.parse(text)):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = n.end_lineno - n.lineno + 1
+                if length > MAX_FUNCTION:
+                    found.append(f"{where}:{n.lineno} {n.name}: {length} lines (at most {MAX_FUNCTION})")
+    return found
+
+
+STATUS_WORDS = re.compile(r'"(running|completed|failed|interrupted|stopped|pending)"')
+
+
+def status_word_modules(root: Path) -> set[str]:
+    return {str(p.relative_to(root.parent)) for p in root.rglob("*.py")
+            if STATUS_WORDS.search(p.read_text())}
+
+
+def test_imports_run_only_downward():
+    assert layer_violations(ROOT / "labkit") == []
+
+
+def test_functions_and_modules_stay_small():
+    assert size_violations(ROOT / "labkit") == []
+
+
+def test_the_status_words_are_spelled_in_one_module():
+    assert status_word_modules(ROOT / "labkit") == {"labkit/core/status.py"}
+
+
+def test_the_top_level_holds_only_the_entry():
+    assert sorted(p.name for p in (ROOT / "labkit").glob("*.py")) == [
+        "__init__.py", "__main__.py", "cli.py", "train.py"]
+    assert all((ROOT / "labkit" / layer / "__init__.py").is_file() for layer in LAYERS)
+
+
+@pytest.fixture
+def broken_tree(tmp_path) -> Path:
+    """A labkit-shaped tree with one of each violation."""
+    root = tmp_path / "labkit"
+    for layer in LAYERS:
+        (root / layer).mkdir(parents=True)
+        (root / layer / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("__version__ = '0'\n")
+    (root / "cli.py").write_text("")
+    (root / "core" / "ok.py").write_text("from labkit import __version__\nfrom . import ok\n")
+    (root / "core" / "up.py").write_text("def f():\n    from labkit.lab import experiment\n")
+    (root / "analysis" / "side.py").write_text("from ..training.trainer import Trainer\n")
+    (root / "training" / "entry.py").write_text("import labkit.cli\n")
+    (root / "lab" / "fine.py").write_text("from labkit.training import rank\nfrom ..core import x\n")
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION))
+    (root / "lab" / "long.py").write_text(f"def long():\n{body}\n" + "\n" * MAX_MODULE)
+    (root / "lab" / "words.py").write_text('STATE = "failed"\n')
+    return root
+
+
+def test_the_checks_fail_when_a_rule_is_broken(broken_tree):
+    layers = layer_violations(broken_tree)
+    assert len(layers) == 3, layers
+    assert any("core/up.py:2 (core) imports labkit.lab.experiment (lab)" in v for v in layers)
+    assert any("analysis/side.py:1 (analysis) imports labkit.training.trainer.Trainer" in v
+               for v in layers)
+    assert any("training/entry.py:1 imports the entry labkit.cli" in v for v in layers)
+    sizes = size_violations(broken_tree)
+    assert any("lab/long.py:1 long: 61 lines" in v for v in sizes), sizes
+    assert any("lab/long.py: " in v and "(at most 400)" in v for v in sizes), sizes
+    assert status_word_modules(broken_tree) == {"labkit/lab/words.py"}
