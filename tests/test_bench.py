@@ -137,8 +137,8 @@ def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
 
     run, doc, _ = bench_run
     blocks = report.bench_section(run, tmp_path)
-    html = "\n".join(c for k, c in blocks if k == "html")
-    md = "\n".join(c for k, c in blocks if k == "md")
+    html = "\n".join(b.text for b in blocks if isinstance(b, report.Html))
+    md = "\n".join(b.text for b in blocks if isinstance(b, report.Markdown))
     for v in ("ddp", "allreduce", "ps"):
         assert f"<td>{v}</td>" in html
     assert html.count("data:image/png;base64,") == 2  # the bench figure and the projection
@@ -150,7 +150,7 @@ def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
     # a folder without a bench says how to get one
     (tmp_path / "empty").mkdir()
     only = report.bench_section(tmp_path / "empty", tmp_path / "empty")
-    assert len(only) == 1 and "labkit bench" in only[0][1]
+    assert len(only) == 1 and "labkit bench" in only[0].text
 
 
 def constructed_bench(ddp_trials, ar_trials, ar_sync=None, raw=None, ps_batch=False):

@@ -16,6 +16,7 @@ The names below are what notebooks/report.ipynb, explore and the CLI use.
 from __future__ import annotations
 
 from labkit.core.methods import RESULT_FILES
+from .blocks import Block, Html, Markdown
 from .captions import CAPTIONS, caption, figure_caption, heading
 from .implementation import QuoteError, implementation_markdown, quote
 from .load import (METHOD_ORDER, NAN, SHORT, ResultError, RunResults, load_env, load_files,

@@ -9,6 +9,7 @@ from typing import Optional
 from labkit.analysis import stats
 from labkit.core import layout
 from labkit.core.status import status_of
+from .blocks import Block, Html, Markdown
 from .captions import caption
 from .load import METHOD_ORDER, SHORT, RunResults
 from .tables import html_table
@@ -59,17 +60,17 @@ def aggregate_rows(res: RunResults) -> list[dict]:
     return rows
 
 
-def repeats_section(res: RunResults) -> list[tuple[str, str]]:
-    """("md" | "html", content) blocks; a run without repeats gets one line saying so."""
+def repeats_section(res: RunResults) -> list[Block]:
+    """Display blocks; a run without repeats gets one line saying so."""
     if not has_repeats(res):
-        return [("md", "One repeat per method (`labkit experiment --repeats N` runs each method "
+        return [Markdown("One repeat per method (`labkit experiment --repeats N` runs each method "
                        "N times in rotated order, each from its own seed).")]
     order = run_order(res)
-    blocks = [("md", caption("repeats"))]
+    blocks = [Markdown(caption("repeats"))]
     if order:
-        blocks.append(("md", "Run order: " + "; ".join(
+        blocks.append(Markdown("Run order: " + "; ".join(
             f"repeat {i}: {', '.join(o)}" for i, o in enumerate(order, 1))))
-    blocks += [("html", html_table(aggregate_rows(res))), ("html", html_table(repeat_rows(res)))]
+    blocks += [Html(html_table(aggregate_rows(res))), Html(html_table(repeat_rows(res)))]
     return blocks
 
 

@@ -1,4 +1,4 @@
-"""The report's optional parts as ("md" | "html", content) blocks: the benchmark with the cost
+"""The report's optional parts as display blocks (labkit.analysis.report.blocks): the benchmark with the cost
 model, the method variants, a reproduction's verdicts, and the installed packages."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from labkit.core import layout
 from labkit.core.layout import resolve_in_run
 from labkit.core.lockfile import parse_lock
 from labkit.core.status import Status
+from .blocks import Block, Html, Markdown
 from .captions import caption, figure_caption
 from .load import SHORT, RunResults, _epochs, load_reproduction, load_variants
 from .plots import figure_html
@@ -21,40 +22,40 @@ from .tables import html_table, reproduction_rows, variant_rows
 from .text import load_bench, reproduction_summary
 
 
-def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
-    """The report's benchmark part as ("md" | "html", content) blocks: the bench table and
+def bench_section(run: Path, out: Path) -> list[Block]:
+    """The report's benchmark part as display blocks (labkit.analysis.report.blocks): the bench table and
     figure, the cost model's formulas, its validation against the bench, and its projection."""
     doc = load_bench(run)
     if doc is None:
-        return [("md", "No benchmark in this run folder. `labkit bench` measures each method's "
+        return [Markdown("No benchmark in this run folder. `labkit bench` measures each method's "
                        "step against compute-only steps and the raw collectives; "
-                       "`labkit report` on its run folder shows it here, with the cost costmodel.")]
+                       "`labkit report` on its run folder shows it here, with the cost model.")]
     plots = Path(out) / layout.PLOTS_DIR
     plots.mkdir(parents=True, exist_ok=True)
     c = doc["config"]
-    blocks = [("md", caption("bench", created=doc["created"], model=c.get("model"),
+    blocks = [Markdown(caption("bench", created=doc["created"], model=c.get("model"),
                              dataset=c.get("dataset"), batch_size=c.get("batch_size"),
                              backend=doc["backend"], device=doc["device"], trials=doc["trials"],
                              steps=doc["steps"], warmup=doc["warmup"]))]
     if doc.get("results"):
-        blocks.append(("html", html_table(bench_view.rows(doc))))
+        blocks.append(Html(html_table(bench_view.rows(doc))))
         if bench_view.verdicts(doc):
-            blocks.append(("md", "\n".join(f"- {v}" for v in bench_view.verdicts(doc))))
+            blocks.append(Markdown("\n".join(f"- {v}" for v in bench_view.verdicts(doc))))
         png = bench_view.plot(doc, plots / layout.BENCH_PLOT)
-        blocks.append(("html", figure_html(png, figure_caption("bench_figure"))))
+        blocks.append(Html(figure_html(png, figure_caption("bench_figure"))))
     # the bench document lists its failed jobs under the status's name
     for s in doc.get("skipped", []) + doc.get(Status.FAILED, []):
-        blocks.append(("md", f"- {s['variant']} with {s['nproc']} processes: "
+        blocks.append(Markdown(f"- {s['variant']} with {s['nproc']} processes: "
                              f"{'skipped: ' + s['reason'] if 'reason' in s else 'failed: ' + s['error']}"))
     if not doc.get("results"):
         return blocks
 
-    blocks.append(("md", "### Cost model (labkit.model)\n\n" + costmodel.formulas_markdown()))
+    blocks.append(Markdown("### Cost model (labkit.model)\n\n" + costmodel.formulas_markdown()))
     checks = costmodel.compare_with_bench(doc)
     ok = [r["ok"] for r in checks if r["ok"] is not None]
-    blocks.append(("md", caption("costmodel", ok=sum(ok), total=len(ok),
+    blocks.append(Markdown(caption("costmodel", ok=sum(ok), total=len(ok),
                                  target=costmodel.ERROR_TARGET_PCT)))
-    blocks.append(("html", html_table(costmodel.validation_table(checks))))
+    blocks.append(Html(html_table(costmodel.validation_table(checks))))
     base = sorted(doc["results"], key=lambda r: (r["method"] != "ddp", r["nproc"]))[0]
     compute, grad = base["compute_time"]["median"], float(base["grad_bytes"])
     rows = costmodel.project(compute, grad, batch=base["batch_size"])
@@ -62,15 +63,15 @@ def bench_section(run: Path, out: Path) -> list[tuple[str, str]]:
     where = ("measured on this CPU, so the curves show what each network would do to a step of "
              "this length; run the bench on a GPU for GPU figures"
              if doc["device"] == "cpu" else "measured on this GPU")
-    blocks.append(("md", f"**Projection.** Compute per step: {1e3 * compute:.1f} ms, {where}. "
+    blocks.append(Markdown(f"**Projection.** Compute per step: {1e3 * compute:.1f} ms, {where}. "
                          f"Gradients: {grad / 2**20:.1f} MiB. Links: nominal figures, NVLink inside "
                          f"8-GPU nodes. Scaling efficiency = compute / step."))
-    blocks.append(("html", figure_html(Path(png), figure_caption("projection"))))
-    blocks.append(("html", html_table(costmodel.projection_table(rows, wide=True))))
+    blocks.append(Html(figure_html(Path(png), figure_caption("projection"))))
+    blocks.append(Html(html_table(costmodel.projection_table(rows, wide=True))))
     return blocks
 
 
-def variants_section(run: Path, res: RunResults, out: Path) -> list[tuple[str, str]]:
+def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
     """Each variant against its synchronous, uncompressed method: a table, and the loss and
     validation-accuracy curves side by side."""
     import matplotlib
@@ -79,12 +80,12 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[tuple[str, s
 
     variants = load_variants(run)
     if not variants:
-        return [("md", "No variants in this run. `labkit experiment --methods ps,ps-async` (or "
+        return [Markdown("No variants in this run. `labkit experiment --methods ps,ps-async` (or "
                        "ps-sharded, allreduce-fp16, ddp-fp16, ps-fp16) adds them.")]
     methods = {VARIANTS[v]["method"] for v in variants}
     base = {SHORT[m]: d for m, d in res.docs.items() if m in methods}
-    blocks = [("md", caption("variants"))]
-    blocks.append(("html", html_table(variant_rows(base, variants))))
+    blocks = [Markdown(caption("variants"))]
+    blocks.append(Html(html_table(variant_rows(base, variants))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for i, (name, d) in enumerate([*base.items(), *variants.items()]):
         losses = d.get("all_losses") or []
@@ -104,11 +105,11 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[tuple[str, s
     with atomic_path(str(png)) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    blocks.append(("html", figure_html(png, figure_caption("variants_figure"))))
+    blocks.append(Html(figure_html(png, figure_caption("variants_figure"))))
     return blocks
 
 
-def reproduction_section(run: Path) -> list[tuple[str, str]]:
+def reproduction_section(run: Path) -> list[Block]:
     """A run made by ``labkit reproduce``: its verdicts against the recorded run, and what
     differed in the environment. No blocks for any other run."""
     doc = load_reproduction(run)
@@ -116,12 +117,12 @@ def reproduction_section(run: Path) -> list[tuple[str, str]]:
         return []
     ok = sum(v["verdict"] != "different" for v in doc["methods"].values())
     tol = doc.get("tolerance")
-    blocks = [("md", f"## {reproduction_summary(doc)}"),
-              ("md", caption("reproduction", original=doc["original"], ok=ok, total=len(doc["methods"]),
+    blocks = [Markdown(f"## {reproduction_summary(doc)}"),
+              Markdown(caption("reproduction", original=doc["original"], ok=ok, total=len(doc["methods"]),
                              tolerance=f" (tolerance {tol:g})" if tol is not None else "")),
-              ("html", html_table(reproduction_rows(doc)))]
+              Html(html_table(reproduction_rows(doc)))]
     env = doc.get("environment_before") or doc.get("environment") or []
-    blocks.append(("md", "**Environment, this run against the recorded one:** "
+    blocks.append(Markdown("**Environment, this run against the recorded one:** "
                          + ("no difference that matters." if not env else
                             "\n\n" + "\n".join(f"- {l}" for l in env))))
     return blocks
