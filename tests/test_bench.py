@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from conftest import ROOT
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("bench")

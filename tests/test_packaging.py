@@ -1,7 +1,11 @@
 """Packaging: the two dependency lists (pip's pyproject.toml and conda's environment.yml) must
 agree, and the test tooling must do what `make test` relies on."""
+import json
+import os
 import tomllib
+from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import ROOT
@@ -52,22 +56,89 @@ def test_xdist_groups_keep_a_fixture_on_one_worker(tmp_path):
     assert len(workers) == 1, workers
 
 
-def test_wheel_ships_the_notebooks_and_templates(tmp_path):
-    """A non-editable install must find the notebooks and the export template inside the
-    package (lab.NOTEBOOKS comes from importlib.resources); the wheel is built without deps."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """labkit's wheel, built (without dependencies) from a clean copy of the working tree: a
+    build/ folder that an earlier build left in the tree leaks its old modules into the wheel
+    (seen: the previous layout's labkit/sync beside labkit/training/sync)."""
+    import shutil
     import subprocess
     import sys
+
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for f in filter(None, files):
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / f).is_symlink():
+            (src / f).symlink_to(os.readlink(ROOT / f))
+        elif (ROOT / f).is_file():
+            shutil.copy2(ROOT / f, src / f)
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(out), str(src)], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (whl,) = out.glob("labkit-*.whl")
+    return whl
+
+
+def test_wheel_ships_the_notebooks_and_templates(wheel):
+    """A non-editable install must find the notebooks and the export template inside the
+    package (labkit.lab.render.NOTEBOOKS comes from importlib.resources)."""
     import zipfile
 
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-2000:]
-    (wheel,) = tmp_path.glob("labkit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for nb in ("run_method", "report", "explore"):
         assert f"labkit/notebooks/{nb}.ipynb" in names
-    assert "labkit/templates/offline/index.html.j2" in names
+    assert "labkit/lab/templates/offline/index.html.j2" in names
     assert not any(n.startswith("tests/") for n in names)
+    # exactly the package that is in the tree, nothing left over from an older layout
+    tree = {str(p.relative_to(ROOT)) for p in (ROOT / "labkit").rglob("*.py")}
+    assert {n for n in names if n.endswith(".py")} == tree
+
+
+def test_a_plain_install_runs_the_experiment_and_the_guides_command(wheel, tmp_path):
+    """pip install of the wheel (not editable) into a fresh venv, then, from an empty folder,
+    the experiment and the guide's torchrun command. The venv borrows the dependencies from
+    the project's venv (a path in a .pth, so none of its own .pth files, the editable labkit's
+    among them, applies), because installing torch again takes minutes; nbconvert's templates
+    are data files of its installation, copied where an install would put them."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv, work = tmp_path / "venv", tmp_path / "empty"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    shutil.copytree(Path(sys.prefix) / "share" / "jupyter" / "nbconvert",
+                    venv / "share" / "jupyter" / "nbconvert")
+    p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    work.mkdir()
+    where = subprocess.run([str(py), "-c", "import labkit; print(labkit.__file__)"], cwd=work,
+                           env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(site)), where  # the installed copy, not the repository's
+    p = subprocess.run(["labkit", "experiment", "--epochs", "1", "--max-steps-per-epoch", "2",
+                        "--nproc", "2", "--methods", "ddp"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = (work / "runs" / "latest").resolve()
+    assert (run / "ddp" / "results_baseline_ddp.json").is_file()
+    assert (run / "report" / "report.html").is_file()
+    p = subprocess.run([str(py), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "labkit.train", "--method", "ddp", "--dataset", "digits", "--epochs", "1",
+                        "--max-steps-per-epoch", "2", "--out", "OUT"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads((work / "OUT" / "results_baseline_ddp.json").read_text())
+    assert doc["method"] == "Baseline DDP (PyTorch)" and doc["status"] == "completed"
+    assert {"epochs", "summary", "all_losses", "world_size", "batch_size"} <= set(doc)
 
 
 def test_notebook_imports_leave_torch_and_scipy_out():

@@ -28,7 +28,7 @@ from .kernels import kernel_name
 from .launch import launch, validate
 from .params import with_absolute_paths
 from .record import snapshot, write_record
-from .render import make_report
+from .render import make_report, report_or_why
 from .run_folder import new_run_dir
 
 RANK_MODULE = "labkit.training.bench_rank"  # what torchrun runs on every rank of a bench job
@@ -146,9 +146,4 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
 
 
 def _report(run: Path, stream: IO[str]) -> None:
-    import papermill as pm
-
-    try:
-        make_report(run, kernel_name(), 3600, stream)
-    except pm.PapermillExecutionError as e:  # the measurements are safe; say what broke
-        stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (notebook: {run / layout.REPORT_DIR})\n")
+    report_or_why(lambda: make_report(run, kernel_name(), 3600, stream), run, stream)

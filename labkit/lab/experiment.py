@@ -25,7 +25,7 @@ from .kernels import kernel_name
 from .launch import Nodes, mark_ended, validate
 from .params import nproc_or_default, with_absolute_paths
 from .record import snapshot, write_record
-from .render import execute, make_report
+from .render import execute, make_report, report_or_why
 from .run_folder import new_run_dir
 
 
@@ -179,21 +179,18 @@ class ExperimentFolder:
 
     def finish(self, kernel: str, stream: IO[str],
                before_report: Optional[Callable[[Path, dict], None]]) -> None:
-        import papermill as pm
-
         st = self.status
         failed = [m for m, e in st["methods"].items() if e["status"] != Status.COMPLETED]
         st["status"] = Status.FAILED if failed else Status.COMPLETED
         if before_report is not None:
             before_report(self.run, st)
         if self.p.exp.report:
-            try:
-                st["report"] = str(make_report(self.run, kernel, self.p.exp.cell_timeout, stream))
-            except pm.PapermillExecutionError as e:  # the results are safe; say what broke
+            html, why = report_or_why(
+                lambda: make_report(self.run, kernel, self.p.exp.cell_timeout, stream),
+                self.run, stream)
+            st["report"] = str(html) if html else f"report failed: {why}"
+            if why:
                 st["status"] = Status.FAILED
-                st["report"] = f"report failed: {e.ename}: {e.evalue}"
-                stream.write(f"\nREPORT FAILED: {e.ename}: {e.evalue} (executed notebook: "
-                             f"{self.run / layout.REPORT_DIR})\n")
         else:
             st["report"] = "not made (--no-report)"
         st["finished"] = now_str()

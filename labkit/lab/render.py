@@ -6,9 +6,10 @@ so an installed labkit runs experiments from any folder.
 """
 from __future__ import annotations
 
+import traceback
 from importlib import resources
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from labkit.core import layout
 
@@ -43,6 +44,24 @@ def render_notebook(name: str, folder: Path, parameters: dict, kernel: str, time
     pdf, msg = export_pdf(html, rdir / f"{name}.pdf")
     stream.write(f"{label}: {html}\n" + (f"pdf: {pdf}\n" if pdf else f"{msg}\n"))
     return html
+
+
+def report_or_why(make: Callable[[], Path], folder: Path, stream: IO[str],
+                  label: str = "REPORT") -> tuple[Optional[Path], Optional[str]]:
+    """Make a report; (its HTML, None), or (None, why) in one line when anything broke it (a
+    notebook cell, the export): the results it reads are safe on disk, so the command says so
+    and goes on. The traceback goes to report/error.log, not the terminal."""
+    try:
+        return make(), None
+    except Exception as e:  # noqa: BLE001 - one line for any failure of the report
+        ename, evalue = (getattr(e, "ename", None), getattr(e, "evalue", None))
+        why = f"{ename or type(e).__name__}: {evalue if ename else e}".strip()
+        rdir = folder / layout.REPORT_DIR
+        rdir.mkdir(exist_ok=True)
+        (rdir / "error.log").write_text(traceback.format_exc())
+        stream.write(f"\n{label} FAILED: {why} (the results are kept; details: "
+                     f"{rdir / 'error.log'})\n")
+        return None, why
 
 
 def make_report(run: Path, kernel: str, timeout: int, stream: IO[str]) -> Path:

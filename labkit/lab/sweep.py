@@ -27,7 +27,7 @@ from labkit.core.params import FieldType
 from labkit.core.status import Status
 
 from .experiment import Prepared, prepare, run_experiment
-from .render import make_sweep_report
+from .render import make_sweep_report, report_or_why
 
 # what a grid may vary: the process count and the training config; the method is --methods,
 # and the output folder, resuming and the nodes are the sweep's own business
@@ -138,11 +138,8 @@ def _prepare_points(cfg: TrainConfig, exp, grid: dict[str, list]) -> list[tuple[
 
 
 def _report(root: Path, doc: dict, kernel: str, timeout: int, stream: IO[str]) -> None:
-    import papermill as pm
-
-    try:
-        doc["report"] = str(make_sweep_report(root, kernel, timeout, stream).relative_to(root))
-    except pm.PapermillExecutionError as e:
+    html, why = report_or_why(lambda: make_sweep_report(root, kernel, timeout, stream), root,
+                              stream, "SWEEP REPORT")
+    doc["report"] = str(html.relative_to(root)) if html else f"report failed: {why}"
+    if why:
         doc["status"] = Status.FAILED
-        doc["report"] = f"report failed: {e.ename}: {e.evalue}"
-        stream.write(f"\nSWEEP REPORT FAILED: {e.ename}: {e.evalue}\n")

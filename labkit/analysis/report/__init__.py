@@ -15,11 +15,12 @@ The names below are what notebooks/report.ipynb, explore and the CLI use.
 """
 from __future__ import annotations
 
-from labkit.core.methods import RESULT_FILES
+from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT
+
 from .blocks import Block, Html, Markdown
 from .captions import CAPTIONS, caption, figure_caption, heading
 from .implementation import QuoteError, implementation_markdown, quote
-from .load import (METHOD_ORDER, NAN, SHORT, ResultError, RunResults, load_env, load_files,
+from .load import (NAN, ResultError, RunResults, load_env, load_files,
                    load_reproduction, load_result, load_run, load_variants, method_key,
                    summary_value)
 from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communication, plot_losses,

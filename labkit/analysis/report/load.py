@@ -11,7 +11,7 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.config import VARIANTS
-from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, SHORT
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES
 from labkit.core.status import Status, as_seen, status_of
 NAN = float("nan")
 

@@ -9,7 +9,9 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.files import atomic_path
-from .load import METHOD_ORDER, SHORT, RunResults, _epochs, method_key, summary_value
+from labkit.core.methods import METHOD_ORDER, SHORT
+
+from .load import RunResults, _epochs, method_key, summary_value
 from .tables import comm_ms, intervals
 
 COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}

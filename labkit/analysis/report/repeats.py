@@ -11,7 +11,9 @@ from labkit.core import layout
 from labkit.core.status import status_of
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from .load import METHOD_ORDER, SHORT, RunResults
+from labkit.core.methods import METHOD_ORDER, SHORT
+
+from .load import RunResults
 from .tables import html_table
 
 

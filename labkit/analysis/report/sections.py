@@ -16,7 +16,9 @@ from labkit.core.lockfile import parse_lock
 from labkit.core.status import Status
 from .blocks import Block, Html, Markdown
 from .captions import caption, figure_caption
-from .load import SHORT, RunResults, _epochs, load_reproduction, load_variants
+from labkit.core.methods import SHORT
+
+from .load import RunResults, _epochs, load_reproduction, load_variants
 from .plots import figure_html
 from .tables import html_table, reproduction_rows, variant_rows
 from .text import load_bench, reproduction_summary

@@ -20,7 +20,9 @@ from labkit.core import layout
 from labkit.core.files import atomic_path
 from labkit.core.status import Status, status_of
 from labkit.analysis.texttable import text_table
-from .load import METHOD_ORDER, SHORT, RunResults, load_env, load_run
+from labkit.core.methods import METHOD_ORDER, SHORT
+
+from .load import RunResults, load_env, load_run
 
 COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
 

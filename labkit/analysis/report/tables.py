@@ -7,9 +7,9 @@ from typing import Optional
 from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import stats
-from labkit.core.methods import spec
+from labkit.core.methods import METHOD_ORDER, SHORT, spec
 
-from .load import METHOD_ORDER, SHORT, RunResults, _epochs, summary_value
+from .load import RunResults, _epochs, summary_value
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 

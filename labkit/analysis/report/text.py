@@ -11,7 +11,9 @@ from labkit.analysis import stats
 from labkit.core import layout
 from labkit.core.files import atomic_path
 from .captions import heading
-from .load import METHOD_ORDER, NAN, SHORT, RunResults, _epochs, load_reproduction, summary_value
+from labkit.core.methods import METHOD_ORDER, SHORT
+
+from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
 from .repeats import repeats_text
 from .tables import comparison_rows, communication_rows, epoch_rows, method_runs, text_table
