@@ -39,6 +39,16 @@ def _add_nodes(p: argparse.ArgumentParser) -> None:
                         "resumes from the last epoch checkpoint (default 0)")
 
 
+def _percent(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an accuracy in (0, 100]")
+    return v
+
+
 def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     """`labkit experiment`'s flags; `labkit sweep` takes them all, for every grid point."""
     e.add_argument("-f", "--parameters-file", dest="parameters_file",
@@ -52,6 +62,9 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     e.add_argument("--tag", help="suffix of the run folder name" + (" (default: sweep)" if sweep else ""))
     e.add_argument("--cell-timeout", dest="cell_timeout", type=int,
                    help="seconds a notebook cell may run (default 3600)")
+    e.add_argument("--target-accuracy", dest="target_accuracy", type=_percent,
+                   help="validation accuracy (%%) for the report's time to accuracy (default: "
+                        "95%% of the best accuracy any method reached)")
     e.add_argument("--no-report", dest="report", action="store_false",
                    help="results only: skip the report notebook, HTML and PDF"
                         + (" of each grid point (the sweep report is always written)" if sweep else ""))
@@ -200,7 +213,7 @@ def _experiment_params(values: dict):
         values = {**_load_yaml(values.pop("parameters_file")), **values}
     if values.get("nproc") == "auto":  # as in a parameters file; the flag gives None already
         values["nproc"] = None
-    exp_keys = ("methods", "runs_dir", "tag", "cell_timeout", "repeats", "report")
+    exp_keys = ("methods", "runs_dir", "tag", "cell_timeout", "repeats", "report", "target_accuracy")
     exp_kw = {k: values.pop(k) for k in exp_keys if k in values}
     if isinstance(exp_kw.get("methods"), str):
         exp_kw["methods"] = [m.strip() for m in exp_kw["methods"].split(",") if m.strip()]

@@ -104,15 +104,26 @@ def check_report(run):
         assert header in html, header
     assert "error bars: the 95% confidence interval" in html  # Figures 1-2 say what they draw
     assert "a single seed cannot separate them" in html        # the accuracy verdict
-    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 5
+    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 6  # + per-rank waits
     for code in ("report.write_report(", "display(HTML(", "import matplotlib"):  # no code cells
         assert code not in html, code
     assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?:", html)  # opens offline
     for name in ("throughput_comparison", "training_time_comparison", "loss_curves",
-                 "accuracy_curves", "communication_overhead"):
+                 "accuracy_curves", "communication_overhead", "sync_waits"):
         assert (rep / "plots" / f"{name}.png").stat().st_size > 0
     txt = (rep / "performance_report.txt").read_text()
     assert "Communication time per training step" in txt
+    # where the time goes, for every method, DDP included (labkit.analysis.breakdown)
+    from labkit.analysis import breakdown, report
+    res = report.load_run(run)
+    for m in ("ddp", "allreduce", "ps"):
+        b = breakdown.of_result(res.ok[m])
+        assert b is not None and b.comm > 0, m
+        assert b.total == pytest.approx(b.measured, rel=0.05), m  # the parts add up to the step
+    ddp_row = report.communication_rows(res)[0]
+    assert isinstance(ddp_row["Total comm time (ms)"], float), ddp_row
+    assert "Time to target (s)" in txt and "Time to target (s)" in html
+    assert re.search(r"Time to [\d.]+% validation accuracy", txt)
     assert "each rank bound to its share of them (--pin-cpus)" in txt  # the CPU default binds
     if find_chromium() is None:
         pytest.skip("no Chromium: PDF and screenshot not checked (make system-deps installs it)")

@@ -255,7 +255,7 @@ def test_a_small_real_sweep_renders_its_report(tmp_path):
         assert load_json(root / f"nproc-{n}" / "config.json")["experiment"]["nproc"] == n
         assert not (root / f"nproc-{n}" / "report").exists()  # --no-report: results only
     html = (root / "report" / "sweep.html").read_text()
-    assert "Table 7. Scaling efficiency" in html and "Figure 9." in html
+    assert "Table 7. Scaling efficiency" in html and "Figure 10." in html
     assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 1
     assert "ideal" in html and "CPU cores" in html
     assert (root / "report" / "scaling.png").stat().st_size > 10_000

@@ -3,7 +3,9 @@ one loader, the derived figures, the table and the figure. The launcher (labkit.
 the document with these helpers; the report and the cost model read it; neither needs the
 launcher or the training loop.
 
-    exposed communication = median synchronised step - median compute-only step
+    the parts of a step (exposed and hidden communication among them): labkit.analysis.breakdown,
+    the same definitions as the experiment's report; for bench files written before the parts
+    were recorded, exposed communication = median synchronised step - median compute-only step
     algbw = bytes / time;  busbw = algbw * 2(n-1)/n for all-reduce, = algbw for reduce and
     broadcast (as nccl-tests defines them)
 """
@@ -14,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from . import stats
+from . import breakdown, stats
 from labkit.core import layout
 from labkit.core.methods import spec
 from labkit.core.files import atomic_path
@@ -60,9 +62,14 @@ def check(doc, where: str = "the document", need_results: bool = True) -> None:
 
 
 def derive(r: dict) -> dict:
-    """Exposed communication and throughput from the raw measurements."""
+    """Where the step goes (exposed communication among it) and throughput from the raw
+    measurements."""
     step, comp = r["step_time"]["median"], r["compute_time"]["median"]
-    r["exposed_comm"] = step - comp
+    b = breakdown.of_bench(r)
+    r["exposed_comm"] = b.parts["exposed"] if b else step - comp
+    r["breakdown"] = b.parts if b else None
+    r["hidden_comm"] = b.hidden if b else None
+    r["overlap"] = b.overlap.value if b else None
     r["throughput"] = r["global_batch"] / step
     r["throughput_vs_ddp"] = None
     return r
@@ -141,6 +148,8 @@ def rows(doc: dict) -> list[dict]:
             "step ms (min-max)": f"{1000 * st['min']:.1f}-{1000 * st['max']:.1f}",
             "compute-only ms": 1000 * r["compute_time"]["median"],
             "exposed comm ms": 1000 * r["exposed_comm"],
+            "hidden comm ms": 1000 * r["hidden_comm"] if r.get("hidden_comm") is not None else None,
+            "overlap %": 100 * r["overlap"] if r.get("overlap") is not None else None,
             "MB/step": r["bytes_per_step"] / 1e6,
             "all-reduce ms": 1000 * ar["time"] if ar else None,
             "busbw GB/s": ar["busbw"] / 1e9 if ar else None,

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from . import report
+from . import breakdown, report
 from labkit.core import layout
-from labkit.core.methods import METHOD_NAMES, RESULT_FILES
+from labkit.core.methods import METHOD_NAMES, RESULT_FILES, SHORT
 from labkit.core.status import status_of
 
 # What can be overlaid: (key, axis label with its unit).  Per-epoch keys come first; "all_losses"
@@ -241,6 +241,53 @@ def _png_output(fig) -> dict:
                      "text/plain": f"<Figure: {fig.axes[0].get_title()}>"}}
 
 
+# Views that are not one value per epoch: the report's Figures 5 and 6 for the picked runs
+VIEWS = (
+    ("breakdown", "where a trainer's step goes (ms per step)"),
+    ("sync_waits", "each trainer's wait at the synchronisation point (ms per step)"),
+)
+
+
+def available_views(runs: list[Run]) -> list[str]:
+    """The VIEWS that at least one loaded result can draw."""
+    docs = [d for r in runs for d in r.docs.values()]
+    have = {"breakdown": any(breakdown.of_result(d) for d in docs),
+            "sync_waits": any(breakdown.waits(d) for d in docs)}
+    return [k for k, _ in VIEWS if have[k]]
+
+
+def plot_view(runs: list[Run], view: str, run_names: Optional[Iterable[str]] = None,
+              methods: Optional[Iterable[str]] = None, ax=None):
+    """Figure 5 (``breakdown``) or Figure 6 (``sync_waits``) of the report, one bar (or group
+    of bars, one per trainer) per picked run x method; returns the axis."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    picked = [(f"{run.name}\n{SHORT.get(m, m)}", doc) for run, m, doc in _select(runs, run_names, methods)]
+    if view == "breakdown":
+        items = [(label, breakdown.of_result(doc)) for label, doc in picked]
+        items = [(label, b) for label, b in items if b is not None]
+        if items:
+            breakdown.draw(ax, [label for label, _ in items], [b for _, b in items])
+    else:
+        items = [(label, breakdown.waits(doc)) for label, doc in picked]
+        items = [(label, w) for label, w in items if w is not None]
+        for i, (label, w) in enumerate(items):
+            width = 0.8 / len(w.ranks)
+            for j, (r, t) in enumerate(zip(w.ranks, w.mean_wait)):
+                red = r == w.last and w.consistent
+                ax.bar(i - 0.4 + width * (j + 0.5), 1000 * t, width * 0.9,
+                       color="#C44E52" if red else "#8C8C8C")
+        ax.set_xticks(range(len(items)), [label for label, _ in items], fontsize=8)
+        ax.set_ylabel("ms waited per step (red: the rank the others waited for)")
+    ax.set_title(dict(VIEWS)[view])
+    if not items:
+        ax.text(0.5, 0.5, f"no selected run/method has {view!r}", ha="center", va="center",
+                transform=ax.transAxes, color="grey")
+    return ax
+
+
 def explorer(runs: list[Run], newest: int = 3):
     """The widgets of explore.ipynb: pick runs, methods and a metric; the overlay and the table
     are drawn when the box is displayed and redrawn whenever a selection changes.
@@ -261,7 +308,9 @@ def explorer(runs: list[Run], newest: int = 3):
     method_pick = w.SelectMultiple(options=[(METHOD_NAMES[m], m) for m in report.METHOD_ORDER],
                                    value=list(report.METHOD_ORDER), rows=len(report.METHOD_ORDER),
                                    description="methods", style=wide)
-    metric_pick = w.Dropdown(options=[(metric_label(k), k) for k in metrics],
+    views = dict(VIEWS)
+    metric_pick = w.Dropdown(options=[(metric_label(k), k) for k in metrics]
+                             + [(views[k], k) for k in available_views(runs)],
                              value="all_losses" if "all_losses" in metrics else metrics[0],
                              description="metric", style=wide)
     out = w.Output()
@@ -269,7 +318,8 @@ def explorer(runs: list[Run], newest: int = 3):
     def redraw(change=None):
         # a Figure, not pyplot: no global figure left open for the inline backend to show later
         fig = Figure(figsize=(9, 4.5))
-        plot_overlay(runs, metric_pick.value, run_pick.value, method_pick.value, ax=fig.subplots())
+        draw = plot_view if metric_pick.value in views else plot_overlay
+        draw(runs, metric_pick.value, run_pick.value, method_pick.value, ax=fig.subplots())
         table = comparison_table(runs, run_pick.value, method_pick.value)
         out.outputs = (_png_output(fig), {"output_type": "display_data", "metadata": {},
                                           "data": {"text/html": table, "text/plain": repr(HTML(table))}})

@@ -105,6 +105,13 @@ class TrainConfig:
                                      "applies each worker's gradient as it arrives and a worker "
                                      "runs at most S steps ahead of the slowest (default: "
                                      "synchronous)")
+    time_comm: bool = _f(True, "time every collective from its start to its completion (DDP's "
+                         "through a communication hook that does what its built-in all-reduce "
+                         "does) for the report's breakdown of a step and the per-rank waits "
+                         "(--no-time-comm: DDP's built-in path, no communication timings)")
+    calibrate_steps: int = _f(6, "compute-only steps after the last epoch (synchronisation "
+                              "skipped, the model restored afterwards): the compute time the "
+                              "report's breakdown of a step starts from (0: none)")
     compress: Compress = _f("none", "gradient compression for communication: none | fp16 "
                             "(allreduce and ps send fp16 gradients; ddp uses its "
                             "fp16_compress_hook)")
@@ -205,7 +212,7 @@ def _check_ranges(c: TrainConfig) -> None:
         v = getattr(c, name)
         if v is not None and v < 1:
             raise ConfigError(f"{params.flag(name)} must be at least 1 (got {v})")
-    for name in ("workers", "warmup_steps", "ps_staleness"):
+    for name in ("workers", "warmup_steps", "ps_staleness", "calibrate_steps"):
         v = getattr(c, name)
         if v is not None and v < 0:
             raise ConfigError(f"{params.flag(name)} must be 0 or more (got {v})")

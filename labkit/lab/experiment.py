@@ -40,6 +40,9 @@ class Experiment:
     nodes: Nodes = field(default_factory=Nodes)
     repeats: int = 1      # every method this many times, in rotated order (stats.rotated_order)
     report: bool = True   # False: results only, no report notebook (a sweep's points)
+    # the validation accuracy (%) whose time to reach the report gives per method; None: a
+    # share of the best accuracy any method reached (labkit.analysis.breakdown.TARGET_SHARE)
+    target_accuracy: Optional[float] = None
 
 
 @dataclass

@@ -39,7 +39,7 @@ from labkit.core.methods import spec
 
 from . import lifecycle
 from .dist import is_distributed
-from .timers import Stopwatch
+from .timers import PARTS, Stopwatch
 
 PROG = "labkit.bench"  # how the rank names itself in its one-line errors
 
@@ -151,8 +151,12 @@ class StepTimer:
         self.clock = Stopwatch(self.dev)
 
     def run(self, n: int, sync: bool) -> None:
+        parts = self.tr.parts  # marked as the training loop marks them (labkit.analysis.breakdown)
         for i in range(n):
+            parts.begin()
+            parts.mark("other")
             x, y = self.batches[i % len(self.batches)] if self.batches else (None, None)
+            parts.mark("data")
             self.tr.train_step(x, y, sync)
             if self.bar is not None:
                 self.bar.update(1)
@@ -215,13 +219,17 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
     timer.run(warmup, True)
     s.timer.pop()
     step_times, trial_phases = [], []
+    _parts(tr, warmup)
     for _ in range(trials):  # the phases per trial, for the interval of sync / raw
         step_times.append(timer.trial(True))
         trial_phases.append(s.timer.pop())
+    step_parts = _parts(tr, 0)
     s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
     spread_sync = param_spread(tr.model, dev)
     timer.run(warmup, False)
+    _parts(tr, warmup)
     compute_times = [timer.trial(False) for _ in range(trials)]
+    compute_parts = _parts(tr, 0)
     spread_compute = param_spread(tr.model, dev)
     timer.close()
     # phases: mean over the trainers of each one's time per step (servers count as 0), per
@@ -236,7 +244,29 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
         "phases": {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)},
         "sync_trials": per_trial.sum(dim=1).tolist() if len(s.phases) else [],
         "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
+        "step_parts": step_parts, "compute_parts": compute_parts,
     }
+
+
+def _parts(tr, first: int) -> dict:
+    """The parts of the steps run since the last call (from step ``first``), each the mean
+    over the trainers, and the collectives' running time; a server's update time."""
+    s, dev = tr.strategy, tr.ctx.device
+    tr.parts.close()
+    got = tr.parts.take(first)
+    zeros = [0.0] * len(got["busy"])  # every rank, a server too, ran as many steps
+    rows = [got["parts"][p] if s.is_trainer else zeros for p in PARTS]
+    rows += [got["busy"] if s.is_trainer else zeros,
+             zeros if s.is_trainer else got["parts"]["optimizer"]]
+    vec = torch.tensor(rows, dtype=torch.float64, device=dev)
+    if tr.ctx.distributed:
+        dist.all_reduce(vec)
+    servers = tr.ctx.world_size - s.trainers
+    per = (vec[:len(PARTS) + 1] / s.trainers).tolist()
+    out = {"parts": dict(zip(PARTS, per)), "busy": per[-1] if tr.cfg.time_comm and any(per[-1]) else []}
+    if servers:
+        out["server"] = (vec[-1] / servers).tolist()
+    return out
 
 
 def profile(tr, run: Callable[[int, bool], None], steps: int, out: str, rank: int,

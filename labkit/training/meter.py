@@ -17,11 +17,12 @@ import torch
 from labkit.core.methods import comm_key, comm_times_key
 
 from .dist import all_reduce_sum, sync_device
-from .timers import MachineLoad, StepClock
+from .timers import PARTS, MachineLoad, StepClock, StepParts
 
 
 class EpochMeter:
-    def __init__(self, steps: int, warmup: int, strategy, device: torch.device, main: bool):
+    def __init__(self, steps: int, warmup: int, strategy, device: torch.device, main: bool,
+                 parts: StepParts):
         self.steps, self.warmup, self.s, self.dev = steps, warmup, strategy, device
         self.losses = torch.zeros(steps, device=device)   # per-step loss, summed over trainers
         self.counts = torch.zeros(2, device=device)       # correct, seen
@@ -34,6 +35,7 @@ class EpochMeter:
         self.step_comm: list[list[float]] = []  # per steady-state step, seconds in each phase
         self.seen = [0.0] * len(strategy.phases)
         self.machine: Optional[dict] = None
+        self.parts = parts  # where each step went, on this rank (marked by the loop)
 
     def start(self) -> None:
         sync_device(self.dev)
@@ -41,6 +43,7 @@ class EpochMeter:
 
     def step_begins(self, step: int) -> None:
         """The boundary before ``step``: the steady-state window opens after the warm-up."""
+        self.parts.begin()
         if step == self.warmup:
             if self.warmup:
                 sync_device(self.dev)
@@ -72,6 +75,7 @@ class EpochMeter:
 
     def stop(self) -> None:
         self.clock.mark()
+        self.parts.close()
         sync_device(self.dev)
         self.t_end = time.perf_counter()
         self.machine = self.load.stop() if self.load is not None else None
@@ -114,4 +118,34 @@ class EpochMeter:
         for i, p in enumerate(s.phases):
             m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
             m[comm_times_key(p)] = [row[i] for row in comm_steps]
+        m.update(self.parts_metrics())
         return m
+
+    def parts_metrics(self) -> dict:
+        """Where the steady-state steps went (new keys of the result file, per step): each part
+        and the time collectives ran, as the mean over the trainers; a parameter server's
+        update time (mean over the servers); and, per trainer, the time it was held in
+        synchronisation (compute, pull and sync: its wait once its own compute-only time is
+        taken off, labkit.analysis.breakdown.waits)."""
+        s = self.s
+        got = self.parts.take(self.warmup)
+        n, world = self.steps - self.warmup, max(1, s.ctx.world_size)
+        zeros, servers = [0.0] * n, world - s.trainers
+        p = got["parts"]
+        rows = [p[k] if s.is_trainer else zeros for k in PARTS]
+        rows += [got["busy"] if s.is_trainer else zeros, zeros if s.is_trainer else p["optimizer"]]
+        held = [[0.0] * n for _ in range(world)]
+        if s.is_trainer:
+            held[s.ctx.rank] = [a + b + c for a, b, c in zip(p["compute"], p["pull"], p["sync"])]
+        vec = torch.tensor(rows + held, dtype=torch.float64, device=self.dev)
+        all_reduce_sum(vec)
+        k = len(PARTS)
+        per = vec[:k + 1] / s.trainers
+        out = {"step_parts": {name: per[i].tolist() for i, name in enumerate(PARTS)}}
+        if s.cfg.time_comm and per[k].sum().item() > 0:
+            out["comm_busy_times"] = per[k].tolist()
+        if servers:
+            out["server_update_times"] = (vec[k + 1] / servers).tolist()
+        ranks = list(range(servers, world))  # a parameter server's servers are ranks 0..K-1
+        out["sync_held"] = {"ranks": ranks, "times": [vec[k + 2 + r].tolist() for r in ranks]}
+        return out

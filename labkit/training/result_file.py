@@ -85,6 +85,12 @@ class ResultFile:
             self.doc["summary"] = self.summary()
             self.write()
 
+    def set(self, key: str, value) -> None:
+        """A top-level entry of the lab's own (e.g. "calibration"), written at once."""
+        with self.lock:
+            self.doc[key] = value
+            self.write()
+
     def summary(self) -> dict:
         ep = self.doc["epochs"]
         s = {

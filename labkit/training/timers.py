@@ -172,3 +172,98 @@ class Lines:
 
     def flush(self) -> None:
         self.stream.flush()
+
+
+#: where a step goes, in the order the loop marks it; each part is the time from the previous
+#: mark to its own. "other" is everything else: the step callbacks before the batch, and the
+#: loop's bookkeeping (progress bar, metrics) after the optimizer until the next step begins.
+PARTS = ("data", "pull", "compute", "sync", "optimizer", "other")
+
+
+class StepParts:
+    """Where each step of one rank went, and when its collectives ran.
+
+    The loop marks the end of each part of a step (``mark("data")`` once the batch is on the
+    device, ``mark("compute")`` after backward, ...); a method reports each collective it
+    starts (``issued``), stamped when it is started and again when its future completes. Marks
+    are CUDA events on a GPU (no host synchronisation inside the step) and perf_counter on a
+    CPU; consecutive marks tile the step, so its parts add up to it.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[list[tuple[str, Any]]] = []   # per step: (part, stamp at its end)
+        self.comm: list[list[list]] = []               # per step: [issued, completed] stamps
+        self.end: Any = None
+
+    def stamp(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        """A step begins (it ends where the next begins, or at close())."""
+        self.steps.append([("begin", self.stamp())])
+        self.comm.append([])
+
+    def mark(self, part: str) -> None:
+        if self.steps:
+            self.steps[-1].append((part, self.stamp()))
+
+    def issued(self, fut: torch.futures.Future, started: Any = None) -> torch.futures.Future:
+        """A collective of this step has been started (at ``started``, else now); returns the
+        future to wait on (its completion stamped first)."""
+        if not self.steps:
+            return fut
+        cell = [self.stamp() if started is None else started, None]
+        self.comm[-1].append(cell)
+
+        def done(f: torch.futures.Future):
+            cell[1] = self.stamp()
+            return f.value()
+        return fut.then(done)
+
+    def close(self) -> None:
+        self.end = self.stamp()
+
+    def take(self, first: int = 0) -> dict:
+        """Steps ``first``.. as seconds: {"parts": {part: [per step]}, "busy": [per step: the
+        union of its collectives' start-to-completion intervals]}; then forgets everything."""
+        steps, comm, end = self.steps, self.comm, self.end
+        self.steps, self.comm, self.end = [], [], None
+        if not steps or end is None:
+            return {"parts": {p: [] for p in PARTS}, "busy": []}
+        if self.cuda:
+            end.synchronize()
+            ref = steps[0][0][1]
+            t = lambda s: 0.0 if s is ref else ref.elapsed_time(s) / 1000.0  # noqa: E731
+        else:
+            t = lambda s: s  # noqa: E731
+        nexts = [s[0][1] for s in steps[1:]] + [end]
+        parts: dict[str, list[float]] = {p: [] for p in PARTS}
+        busy = []
+        for marks, nxt, calls in list(zip(steps, nexts, comm))[first:]:
+            times = [t(s) for _, s in marks] + [t(nxt)]
+            names = [name for name, _ in marks[1:]] + ["other"]
+            row = dict.fromkeys(PARTS, 0.0)
+            for name, a, b in zip(names, times, times[1:]):
+                row[name] += b - a
+            for p in PARTS:
+                parts[p].append(row[p])
+            busy.append(_union([(t(a), t(b)) for a, b in calls if b is not None]))
+        return {"parts": parts, "busy": busy}
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals."""
+    total, reach = 0.0, None
+    for a, b in sorted(intervals):
+        if reach is None or a > reach:
+            total += b - a
+            reach = b
+        elif b > reach:
+            total += b - reach
+            reach = b
+    return total

@@ -6,8 +6,10 @@ checkpoints) is here, once. labkit.training.rank builds a Trainer on every rank 
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
+import time
 from contextlib import nullcontext
 from typing import Callable, Iterator, Optional
 
@@ -25,7 +27,7 @@ from .dist import DistContext, all_reduce_sum
 from .meter import EpochMeter
 from .result_file import ResultFile
 from .sync import make_strategy
-from .timers import Lines, atomic_torch_save
+from .timers import PARTS, Lines, StepParts, atomic_torch_save
 
 
 class Trainer:
@@ -35,6 +37,9 @@ class Trainer:
         self.strategy = s = make_strategy(cfg, ctx)
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(ctx.device, memory_format=fmt)
+        # where each step goes (labkit.training.timers.StepParts): the loop marks its parts,
+        # the method stamps its collectives
+        self.parts = s.parts = StepParts(ctx.device)
         self.forward_model = s.setup(self.model)
         if cfg.compile:
             # compiles the forward (and, through AOTAutograd, its backward); the strategy's
@@ -109,10 +114,12 @@ class Trainer:
         s = self.strategy
         opt = self.optimizer if sync else self.local_optimizer()
         label = torch.profiler.record_function  # names the phases in a torch.profiler trace
+        mark = self.parts.mark
         with nullcontext() if sync else s.no_sync():
             s.zero_grad(opt)
             if sync:
                 s.before_forward()
+            mark("pull")
             out = None
             if x is not None:
                 with label("labkit.forward"), self.autocast():
@@ -121,11 +128,14 @@ class Trainer:
                 with label("labkit.backward"):
                     (self.scaler.scale(loss) if self.scaler else loss).backward()
                 out = loss.detach(), logits.detach()
+            mark("compute")
             if sync:
                 with label("labkit.sync"):
                     s.after_backward()
+            mark("sync")
             with label("labkit.step"):
                 s.step(opt, self.scaler if opt is self.optimizer else None)
+            mark("optimizer")
         return out
 
     def local_optimizer(self) -> Optional[torch.optim.Optimizer]:
@@ -147,7 +157,7 @@ class Trainer:
         self.model.train()
         warmup = cfg.warmup_steps if self.steps > cfg.warmup_steps else 0
         batches = self._batches(epoch)
-        meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main)
+        meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main, self.parts)
         bar = self.progress(epoch)
         s.timer.pop()
         meter.start()
@@ -156,7 +166,9 @@ class Trainer:
             for callback in self.step_callbacks:
                 callback(self, self.global_step)
             self.global_step += 1
+            self.parts.mark("other")
             x, y = meter.next_batch(batches, self.to_device) if batches else (None, None)
+            self.parts.mark("data")
             meter.step_ends(step, self.train_step(x, y), y)
             if bar is not None:
                 self._update_bar(bar, meter, step)
@@ -178,6 +190,17 @@ class Trainer:
         self.train_loader.generator.manual_seed(self.cfg.seed + 1000 * s.trainer_index + epoch)
         return iter(self.train_loader)
 
+    def _cycle(self) -> Iterator:
+        """A trainer's batches after the last epoch, over and over (a small dataset may hold
+        fewer batches than the calibration's steps)."""
+        while True:
+            empty = True
+            for batch in self._batches(self.cfg.epochs + 1):
+                empty = False
+                yield batch
+            if empty:
+                return
+
     def _update_bar(self, bar, meter: EpochMeter, step: int) -> None:
         bar.update(1)
         if (step + 1) % max(1, self.steps // 50) == 0 or step + 1 == self.steps:
@@ -185,6 +208,42 @@ class Trainer:
             text = (meter.running_text(step, self.cfg.batch_size * s.trainers) if s.is_trainer
                     else s.server_progress(step))
             bar.set_postfix_str(text, refresh=False)
+
+    # -------------------------------------------------------------- compute-only calibration
+    def calibrate(self, n: int, untimed: int = 2) -> dict:
+        """``n`` compute-only steps (after ``untimed`` ones): the forward, backward and
+        optimizer step with synchronisation skipped, timed part by part as training steps are.
+        The report's breakdown of a step takes its compute time from here. The model, its
+        BatchNorm statistics and the optimizer are restored afterwards, so what training
+        produced is unchanged. Returns, per step, the mean over the trainers of each part."""
+        s, t0 = self.strategy, time.perf_counter()
+        saved = copy.deepcopy(self.model.state_dict())
+        opt = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        self.model.train()
+        batches = self._cycle() if s.is_trainer else None
+        for _ in range(untimed + n):
+            self.parts.begin()
+            self.parts.mark("other")
+            x, y = self.to_device(*next(batches)) if batches else (None, None)
+            self.parts.mark("data")
+            self.train_step(x, y, sync=False)
+        self.parts.close()
+        got = self.parts.take(untimed)["parts"]
+        world = max(1, self.ctx.world_size)
+        mine = [0.0] * world  # each trainer's own compute-only forward + backward (mean)
+        if s.is_trainer:
+            mine[self.ctx.rank] = sum(got["compute"]) / n
+        vec = torch.tensor([got[p] if s.is_trainer else [0.0] * n for p in PARTS],
+                           dtype=torch.float64, device=self.ctx.device)
+        ranks = torch.tensor(mine, dtype=torch.float64, device=self.ctx.device)
+        all_reduce_sum(vec)
+        all_reduce_sum(ranks)
+        self.model.load_state_dict(saved)  # in place: PS/allreduce views stay views
+        if opt is not None:
+            self.optimizer.load_state_dict(opt)
+        self._local_opt = None
+        return {"steps": n, "parts": {p: (vec[i] / s.trainers).tolist() for i, p in enumerate(PARTS)},
+                "rank_compute": ranks.tolist(), "seconds": time.perf_counter() - t0}
 
     # -------------------------------------------------------------- validation
     @torch.no_grad()
@@ -238,7 +297,9 @@ class Trainer:
                      f"{os.path.join(self.out or cfg.out, layout.CHECKPOINT)}")
         for epoch in range(start_epoch, cfg.epochs + 1):
             m = self.train_epoch(epoch)
+            t0 = time.perf_counter()
             m.update(self.validate())
+            m["val_time"] = time.perf_counter() - t0
             line = (f"epoch {epoch}/{cfg.epochs}: train loss {m['train_loss']:.4f} acc "
                     f"{m['train_accuracy']:.2f}% | val loss {m['val_loss']:.4f} acc "
                     f"{m['val_accuracy']:.2f}% | {m['train_throughput']:.1f} img/s, "
@@ -249,6 +310,10 @@ class Trainer:
             if results is not None:
                 results.add_epoch(epoch, m)
                 self.save_checkpoint(epoch, results)
+        if cfg.calibrate_steps and start_epoch <= cfg.epochs:
+            calibration = self.calibrate(cfg.calibrate_steps)
+            if results is not None:
+                results.set("calibration", calibration)
         if self.ctx.is_main and self.out:
             # after finish_epoch every rank, the PS server included, holds the final model
             atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))

@@ -10,12 +10,14 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       rank does to a run. Only on torchrun's first attempt, so an elastic restart can succeed.
   LABKIT_TEST_SLOW=<rank>:<seconds>  that asynchronous-PS worker sleeps so long after each
       backward (AsyncParameterServer.step_delay), so the others run ahead of it.
+  LABKIT_TEST_LATE=<rank>:<seconds>  that rank sleeps so long before each training step (any
+      method), so it arrives last at every synchronisation point and the others wait for it.
   LABKIT_TEST_TRACE=<path>  the asynchronous-PS server appends one JSON line per grant and
       per applied gradient (AsyncParameterServer.tracer).
 """
 import os
 
-_NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_TRACE")
+_NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_LATE", "LABKIT_TEST_TRACE")
 
 
 def _fault(method: str, rank: int):
@@ -41,9 +43,9 @@ def _fail(kind: str, step: int) -> None:
     raise RuntimeError(f"injected fault (LABKIT_TEST_FAULT) at step {step}")
 
 
-def _slow(rank: int) -> float:
+def _slow(rank: int, name: str = "LABKIT_TEST_SLOW") -> float:
     try:
-        r, s = os.environ.get("LABKIT_TEST_SLOW", "").split(":")
+        r, s = os.environ.get(name, "").split(":")
         return float(s) if int(r) == rank else 0.0
     except ValueError:
         return 0.0
@@ -61,6 +63,10 @@ def _install() -> None:
                 if step == fault[0]:
                     _fail(fault[1], step)
             trainer.step_callbacks.append(check)
+        late = _slow(trainer.ctx.rank, "LABKIT_TEST_LATE")
+        if late:
+            import time
+            trainer.step_callbacks.append(lambda tr, step: time.sleep(late))
         s = trainer.strategy
         if hasattr(s, "step_delay"):
             s.step_delay = _slow(trainer.ctx.rank)

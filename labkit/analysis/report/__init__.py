@@ -28,7 +28,7 @@ from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communicatio
 from .repeats import aggregate_rows, repeat_rows, repeats_section
 from .sections import bench_section, packages_html, reproduction_section, variants_section
 from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, environment_rows,
-                     epoch_rows, html_table, intervals, method_runs, reproduction_rows, text_table,
+                     epoch_rows, html_table, intervals, method_runs, reproduction_rows, target_text, text_table,
                      variant_rows)
 from .text import (accuracy_verdicts, discussion, load_bench, reproduction_summary, speed_verdicts,
                    terminal_summary, text_report, verdict_lines, write_report)

@@ -26,20 +26,30 @@ CAPTIONS: dict[str, Caption] = {
         "several; *n/a* where the result file holds no step times (the original guide's scripts) "
         "or too few steps. A method is called faster or slower than DDP only when its speedup's "
         "interval excludes 1.00, and one run is not judged when other work took over 10% of the "
-        "machine's CPU time while a compared method ran (the discussion lists the load)."),
+        "machine's CPU time while a compared method ran (the discussion lists the load). *Time "
+        "to target* and *steps to target*: the wall time (training and validation epochs) and "
+        "the training steps until the validation accuracy first reached {target}; *not "
+        "reached* where it never did."),
     "communication": Caption(
         "Table 2", "Communication time per training step",
         "time a trainer is blocked in synchronisation",
-        "(ms): the time a trainer is blocked in synchronisation, with the device synchronised "
-        "before clocks are read. DDP's all-reduce overlaps backward inside PyTorch and is not "
-        "visible from Python."),
+        "(ms per step, mean over the trainers). *Param pull*, *grad push*: the time a PS worker "
+        "is blocked in them. *All-Reduce* and *total*: the time the collectives ran, from each "
+        "one's start to its completion (their union, so buckets in flight together count "
+        "once); DDP's through a communication hook that does what its built-in all-reduce does. "
+        "*Exposed*: what synchronisation added to the step (the extra forward and backward time "
+        "over compute-only steps, plus the waits for pulls and gradients); *hidden*: the rest "
+        "of the communication, which ran while the trainer computed; *overlap* = hidden / "
+        "total, its 95% CI by batch means over the same units as Table 1's. Figure 5 stacks "
+        "the whole step the same way."),
     "bench": Caption(
         "Table 3", "Benchmark", "labkit bench",
         "(`labkit bench`, {created}): {model} on {dataset}, batch {batch_size} per trainer, "
         "{backend} on {device}; {trials} trials of {steps} steps after {warmup} warm-up steps. "
         "*Step*: median over the trials of the slowest rank's time per step (min-max beside it). "
-        "*Compute-only*: the same steps with no synchronisation. *Exposed comm* = step - "
-        "compute-only. *All-reduce* and *reduce+bcast*: the raw collectives on the same bytes in "
+        "*Compute-only*: the same steps with no synchronisation. *Exposed comm*, *hidden comm* "
+        "and *overlap*: as in Table 2, the synchronised trials' parts against the compute-only "
+        "trials' forward and backward. *All-reduce* and *reduce+bcast*: the raw collectives on the same bytes in "
         "the same process group, bus bandwidth as nccl-tests defines it. *x DDP/trainer*: "
         "throughput per training process relative to DDP's (fair to a PS, whose servers do not "
         "train). *95% CI* of x DDP and of sync / raw: a t-interval over the trials (and the raw "
@@ -65,15 +75,22 @@ CAPTIONS: dict[str, Caption] = {
     "accuracy_curves": Caption(
         "Figure 4", "Train (dashed) and validation (solid) accuracy per epoch", "", ""),
     "communication_overhead": Caption(
-        "Figure 5", "Where a trainer's step goes: PS vs All-Reduce", "", ""),
+        "Figure 5", "Where a trainer's step goes, per method: data wait, compute (compute-only "
+        "forward and backward), exposed communication, optimizer and server update, the rest; "
+        "the black tick is the measured step of Table 1's throughput, the label the share of "
+        "communication hidden behind compute with its 95% CI", "", ""),
+    "sync_waits": Caption(
+        "Figure 6", "How long each trainer waited at the synchronisation point per step (from "
+        "its last collective's start to the end of the step's synchronisation); the rank that "
+        "waited least arrived last, and the others waited for it", "", ""),
     "bench_figure": Caption(
-        "Figure 6", "Where a step's time goes, and throughput relative to DDP at the same "
+        "Figure 7", "Where a step's time goes, and throughput relative to DDP at the same "
         "process count", "", ""),
     "projection": Caption(
-        "Figure 7", "Projected scaling efficiency, 8 to 1024 GPUs, per interconnect and method",
+        "Figure 8", "Projected scaling efficiency, 8 to 1024 GPUs, per interconnect and method",
         "", ""),
     "variants_figure": Caption(
-        "Figure 8", "Variants (dashed) against their synchronous method (solid): loss and "
+        "Figure 9", "Variants (dashed) against their synchronous method (solid): loss and "
         "accuracy", "", ""),
     "repeats": Caption(
         "Table 6", "Repeats", "each method N times, rotated order, seed + i",
@@ -92,7 +109,7 @@ CAPTIONS: dict[str, Caption] = {
         "T(n) / T(n0) (delta method on the log ratio over epochs or step blocks, or a t-interval over "
         "repeats), times n0 / n."),
     "scaling_figure": Caption(
-        "Figure 9", "Throughput vs processes, per method, with the ideal linear line (dashed) "
+        "Figure 10", "Throughput vs processes, per method, with the ideal linear line (dashed) "
         "and 95% CI error bars", "", ""),
     "reproduction": Caption(
         "Table 8", "Reproduction", "labkit reproduce",
@@ -107,12 +124,18 @@ CAPTIONS: dict[str, Caption] = {
 
 
 def caption(key: str, **fields) -> str:
-    """A table's caption as Markdown: the bold number and title, then its text."""
+    """A table's caption as Markdown: the bold number and title, then its text (a field not
+    given reads "the target")."""
     c = CAPTIONS[key]
-    text = c.text.format(**fields)
+    text = c.text.format_map(_Fields(fields))
     sep = " " if text.startswith("(") or text[:1].islower() else ". "
     lead = f"**{c.number}. {c.title}**" if sep == " " else f"**{c.number}. {c.title}.**"
     return f"{lead} {text}".rstrip() if text else f"**{c.number}. {c.title}.**"
+
+
+class _Fields(dict):
+    def __missing__(self, key: str) -> str:
+        return f"the {key}"
 
 
 def figure_caption(key: str) -> str:

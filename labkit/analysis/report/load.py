@@ -62,6 +62,8 @@ class RunResults:
     # a run without repeats: a list of one, the same document as in ``docs``, which keeps the
     # first repeat so every single-run table and figure reads as before
     repeats: dict[str, list[dict]] = field(default_factory=dict)
+    # `labkit experiment --target-accuracy` (config.json): None, a share of the best accuracy
+    target_accuracy: Optional[float] = None
 
     @property
     def ok(self) -> dict[str, dict]:
@@ -81,6 +83,11 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
             status = json.loads(exp_file.read_text()).get("methods", {})
         except (OSError, json.JSONDecodeError):
             res.problems[layout.EXPERIMENT] = f"{exp_file}: unreadable"
+    try:
+        res.target_accuracy = json.loads((run / layout.CONFIG).read_text())["experiment"].get(
+            "target_accuracy")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # not an experiment's folder, or one written before the flag: the default
     reps = layout.repeat_dirs(run)
     for m in METHOD_ORDER:
         if reps:

@@ -7,6 +7,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Optional
 
+from labkit.analysis import breakdown
 from labkit.core import layout
 from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SHORT
@@ -16,7 +17,7 @@ from .tables import comm_ms, intervals
 
 COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
 PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
-         "communication_overhead")
+         "communication_overhead", "sync_waits")  # the guide's five, then the per-rank waits
 
 
 def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
@@ -120,7 +121,17 @@ def plot_accuracy(res: RunResults, ax):
 
 
 def plot_communication(res: RunResults, ax):
-    """PS vs All-Reduce: each step split into time blocked in communication and the rest."""
+    """Figure 5, where a trainer's step goes, for every method (labkit.analysis.breakdown);
+    result files written before the parts of a step were recorded: PS vs All-Reduce, each step
+    split into time blocked in communication and the rest."""
+    items = {m: breakdown.of_result(d) for m, d in res.ok.items()}
+    items = {m: b for m, b in items.items() if b is not None}
+    if items and len(items) == len(res.ok):
+        order = [m for m in METHOD_ORDER if m in items]
+        breakdown.draw(ax, [SHORT[m] for m in order], [items[m] for m in order])
+        ax.set_title("Where a trainer's step goes")
+        _note_missing(ax, res)
+        return
     docs, c = res.ok, comm_ms(res)
     labels, comm_parts, rest = [], [], []
     for m in ("allreduce", "ps"):
@@ -151,8 +162,36 @@ def plot_communication(res: RunResults, ax):
     _note_missing(ax, res)
 
 
+def plot_sync_waits(res: RunResults, ax):
+    """Figure 6: per method, each trainer's mean wait at the synchronisation point (ms per
+    step), the rank most often last named above its method."""
+    items = [(m, breakdown.waits(res.ok[m])) for m in METHOD_ORDER if m in res.ok]
+    items = [(m, w) for m, w in items if w is not None]
+    if not items:
+        ax.text(0.5, 0.5, "no per-rank waits in these result files", ha="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    width = 0.8 / max(len(w.ranks) for _, w in items)
+    for i, (m, w) in enumerate(items):
+        for j, (r, t) in enumerate(zip(w.ranks, w.mean_wait)):
+            x = i - 0.4 + width * (j + 0.5)
+            red = r == w.last and w.consistent
+            ax.bar(x, 1000 * t, width * 0.9, color="#C44E52" if red else "#8C8C8C")
+            ax.text(x, 1000 * t, f"r{r}", ha="center", va="bottom", fontsize=7)
+        top = 1000 * max(w.mean_wait)
+        share = w.last_share[w.ranks.index(w.last)]
+        ax.text(i, 1.12 * top + 0.1, (f"last: rank {w.last}" if w.consistent else "no steady "
+                                      f"straggler; most often rank {w.last}")
+                + f" ({100 * share:.0f}% of steps)", ha="center", fontsize=8)
+    ax.set_xticks(range(len(items)), [SHORT[m] for m, _ in items])
+    ax.set_ylabel("ms waited per step (mean)")
+    ax.set_ylim(0, 1.3 * max(1000 * max(w.mean_wait) for _, w in items) + 0.5)
+    ax.set_title("Who waited for whom (red: the rank the others waited for)")
+
+
 def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
-    """The guide's five PNGs under <out_dir>/plots/."""
+    """The guide's five PNGs, and the per-rank waits, under <out_dir>/plots/."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -161,7 +200,7 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     plots.mkdir(parents=True, exist_ok=True)
     makers = {"throughput_comparison": plot_throughput, "training_time_comparison": plot_training_time,
               "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,
-              "communication_overhead": plot_communication}
+              "communication_overhead": plot_communication, "sync_waits": plot_sync_waits}
     paths = []
     for name in PLOTS:
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)

@@ -6,12 +6,40 @@ from typing import Optional
 
 from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
-from labkit.analysis import stats
+from labkit.analysis import breakdown, stats
 from labkit.core.methods import METHOD_ORDER, SHORT, spec
 
 from .load import RunResults, _epochs, summary_value
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
+TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
+
+
+def target(res: RunResults) -> Optional[float]:
+    """The validation accuracy (%) of time to accuracy: the experiment's --target-accuracy,
+    else a share of the best any method reached."""
+    return breakdown.target_accuracy(res.ok, res.target_accuracy)
+
+
+def target_text(res: RunResults) -> str:
+    """The target as Table 1's caption states it."""
+    t = target(res)
+    if t is None:
+        return "the target (no validation accuracy recorded)"
+    how = ("set by --target-accuracy" if res.target_accuracy is not None else
+           f"{100 * breakdown.TARGET_SHARE:.0f}% of the best validation accuracy any method reached")
+    return f"{t:.2f}% ({how})"
+
+
+def time_to_target(res: RunResults, m: str) -> tuple[object, object]:
+    """Table 1's two cells for method ``m``: seconds and steps, or "not reached"."""
+    t = target(res)
+    if t is None:
+        return "-", "-"
+    tta = breakdown.time_to_accuracy(res.ok[m], t)
+    if not tta.reached:
+        return "not reached", "not reached"
+    return tta.seconds, tta.steps if tta.steps is not None else "-"
 
 
 def method_runs(res: RunResults, m: str) -> list[dict]:
@@ -45,7 +73,7 @@ def comparison_rows(res: RunResults) -> list[dict]:
             rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-", THR_CI: "-",
                          "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
                          "Speedup vs DDP": "not available: " + res.problems.get(m, "no result"),
-                         SPEED_CI: "-"})
+                         SPEED_CI: "-", TTA: "-", STA: "-"})
             continue
         thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
         if m == "ddp":
@@ -61,6 +89,7 @@ def comparison_rows(res: RunResults) -> list[dict]:
                      "Avg train time/epoch (s)": summary_value(docs[m], "avg_train_time_per_epoch"),
                      "Best accuracy (%)": summary_value(docs[m], "best_val_accuracy"),
                      "Speedup vs DDP": speed, SPEED_CI: speed_ci})
+        rows[-1][TTA], rows[-1][STA] = time_to_target(res, m)
     return rows
 
 
@@ -78,24 +107,34 @@ def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
 
 
 def communication_rows(res: RunResults) -> list[dict]:
-    """Section 4.2, table 2: parameter pull, gradient push, all-reduce, total (ms per step)."""
-    c = comm_ms(res)
-    rows = [{"Method": SHORT["ddp"], "Param pull (ms)": "-", "Grad push (ms)": "-",
-             "All-Reduce (ms)": "-", "Total comm time (ms)": "(inside PyTorch)"}]
-    if "allreduce" in c:
-        a = c["allreduce"]["allreduce"]
-        rows.append({"Method": SHORT["allreduce"], "Param pull (ms)": "-", "Grad push (ms)": "-",
-                     "All-Reduce (ms)": a, "Total comm time (ms)": a})
-    else:
-        rows.append({"Method": SHORT["allreduce"], "Param pull (ms)": "-", "Grad push (ms)": "-",
-                     "All-Reduce (ms)": "-", "Total comm time (ms)": "not available"})
-    if "ps" in c:
-        p = c["ps"]
-        rows.append({"Method": SHORT["ps"], "Param pull (ms)": p["pull"], "Grad push (ms)": p["push"],
-                     "All-Reduce (ms)": "-", "Total comm time (ms)": p["pull"] + p["push"]})
-    else:
-        rows.append({"Method": SHORT["ps"], "Param pull (ms)": "-", "Grad push (ms)": "-",
-                     "All-Reduce (ms)": "-", "Total comm time (ms)": "not available"})
+    """Section 4.2, table 2, ms per step: the guide's parameter pull, gradient push, all-reduce
+    and total, then how much of it was exposed on the critical path and how much hidden behind
+    compute, and the overlap with its 95% CI (labkit.analysis.breakdown). Result files written
+    before communication was timed per collective: the blocked times only."""
+    c, rows = comm_ms(res), []
+    for m in METHOD_ORDER:
+        row = {"Method": SHORT[m], "Param pull (ms)": "-", "Grad push (ms)": "-",
+               "All-Reduce (ms)": "-", "Total comm time (ms)": "not available",
+               "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-"}
+        rows.append(row)
+        if m not in res.ok:
+            continue
+        b = breakdown.of_result(res.ok[m])
+        total = b.comm * 1000 if b is not None and b.comm is not None else None
+        if m == "ps" and "ps" in c:
+            row.update({"Param pull (ms)": c["ps"]["pull"], "Grad push (ms)": c["ps"]["push"],
+                        "Total comm time (ms)": c["ps"]["pull"] + c["ps"]["push"]})
+        elif m in c or total is not None:
+            row["All-Reduce (ms)"] = total if total is not None else c[m]["allreduce"]
+            row["Total comm time (ms)"] = row["All-Reduce (ms)"]
+        elif m == "ddp":  # a result file from before DDP's all-reduce was timed
+            row["Total comm time (ms)"] = "(inside PyTorch)"
+        if total is not None:
+            ov = b.overlap
+            row.update({"Total comm time (ms)": total, "Exposed (ms)": 1000 * b.parts["exposed"],
+                        "Hidden (ms)": 1000 * b.hidden,
+                        "Overlap (95% CI)": "n/a" if ov.value is None else
+                        f"{100 * ov.value:.0f}% ({ov.ci_text(digits=2)})"})
     return rows
 
 

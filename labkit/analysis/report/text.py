@@ -6,7 +6,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Optional
 
-from labkit.analysis import bench_view
+from labkit.analysis import bench_view, breakdown
 from labkit.analysis import stats
 from labkit.core import layout
 from labkit.core.files import atomic_path
@@ -16,7 +16,8 @@ from labkit.core.methods import METHOD_ORDER, SHORT
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
 from .repeats import repeats_text
-from .tables import comparison_rows, communication_rows, epoch_rows, method_runs, text_table
+from .tables import (comparison_rows, communication_rows, epoch_rows, method_runs, target,
+                     text_table)
 
 
 RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
@@ -77,9 +78,10 @@ def verdict_lines(res: RunResults) -> list[str]:
         return ["No Baseline DDP result, so no speedup or accuracy verdicts."]
     lines = [f"Speed ({RULE}):"]
     speed = speed_verdicts(res)
-    for v in speed:
+    others = [m for m in METHOD_ORDER if m in docs and m != "ddp"]  # speed_verdicts' order
+    for m, v in zip(others, speed):
         lines.append(v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
-                     .get(v.label, "") + ".")
+                     .get(v.label, "") + "." + phase_text(docs[m], docs["ddp"]))
     if any(v.label in ("faster", "slower") for v in speed) and len(method_runs(res, "ddp")) == 1:
         lines.append(ONE_LAUNCH)
     load = load_line(res)
@@ -93,7 +95,58 @@ def verdict_lines(res: RunResults) -> list[str]:
                      f"differences exceed the measurement noise.")
     lines.append("Accuracy (best validation accuracy against DDP):")
     lines += [v.sentence + "." for v in accuracy_verdicts(res)]
+    tta = time_to_accuracy_line(res)
+    if tta:
+        lines.append(tta)
     return lines
+
+
+def phase_text(doc: dict, ddp: dict) -> str:
+    """Which part of the step (labkit.analysis.breakdown) differs most from DDP's, as a
+    sentence to follow a speed verdict ("" without both breakdowns)."""
+    b, base = breakdown.of_result(doc), breakdown.of_result(ddp)
+    if b is None or base is None:
+        return ""
+    diff = {k: b.parts[k] - base.parts[k] for k in breakdown.ORDER}
+    top = max(diff, key=lambda k: abs(diff[k]))
+    more = "more" if diff[top] > 0 else "less"
+    return (f" Per step its {breakdown.LABELS[top]} took {1000 * b.parts[top]:.1f} ms against "
+            f"DDP's {1000 * base.parts[top]:.1f} ms ({1000 * abs(diff[top]):.1f} ms {more}), "
+            f"the part that differs most.")
+
+
+def time_to_accuracy_line(res: RunResults) -> Optional[str]:
+    """Time to the target accuracy per method, in one sentence (MLPerf's measure)."""
+    t = target(res)
+    if t is None:
+        return None
+    how = ("--target-accuracy" if res.target_accuracy is not None else
+           f"{100 * breakdown.TARGET_SHARE:.0f}% of the best any method reached")
+    items = []
+    for m in METHOD_ORDER:
+        if m in res.ok:
+            r = breakdown.time_to_accuracy(res.ok[m], t)
+            steps = f"{r.steps} steps, " if r.steps is not None else ""
+            items.append(f"{SHORT[m]} {r.seconds:.1f} s ({steps}epoch {r.epoch})"
+                         if r.reached else f"{SHORT[m]} not reached")
+    return f"Time to {t:.2f}% validation accuracy ({how}): " + ", ".join(items) + "."
+
+
+def waits_lines(res: RunResults) -> list[str]:
+    """Per method, who the trainers waited for at the synchronisation point."""
+    out = []
+    for m in METHOD_ORDER:
+        w = breakdown.waits(res.ok[m]) if m in res.ok else None
+        if w is None:
+            continue
+        share = w.last_share[w.ranks.index(w.last)]
+        each = ", ".join(f"rank {r} {1000 * t:.1f} ms" for r, t in zip(w.ranks, w.mean_wait))
+        who = (f"rank {w.last} arrived last at the synchronisation point in {100 * share:.0f}% "
+               f"of {w.steps} steps, so the others waited for it" if w.consistent else
+               f"no rank held the others back steadily (the most often last, rank {w.last}, "
+               f"was last in {100 * share:.0f}% of {w.steps} steps)")
+        out.append(f"{SHORT[m]}: {who}; mean wait per step: {each}.")
+    return out
 
 
 def discussion(res: RunResults) -> list[str]:
@@ -124,6 +177,7 @@ def discussion(res: RunResults) -> list[str]:
                      f"averaged SGD step, so differences come from float summation order and, for PS, "
                      f"a different number of trainers; repeats with different seeds (--repeats) measure "
                      f"whether they exceed the seed-to-seed noise.")
+    lines += waits_lines(res)
     cpu = [d for d in docs.values() if d.get("world", {}).get("device") == "cpu"]
     if cpu:
         bound = (", each rank bound to its share of them (--pin-cpus)"
@@ -173,8 +227,11 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
         parts += ["", reproduction_summary(rep) + f" ({rep['original']})"]
         parts += [f"  {SHORT.get(m, m)}: {v['verdict']}" + "".join(f"; {r}" for r in v.get("reasons") or [])
                   for m, v in rep["methods"].items()]
+    t = target(res)
     parts += ["", heading("comparison"), "",
-              text_table(comparison_rows(res)), "",
+              text_table(comparison_rows(res)),
+              f"(time and steps to target: the validation accuracy first reaching {t:.2f}%)"
+              if t is not None else "", "",
               heading("communication"), "",
               text_table(communication_rows(res)), ""]
     parts += repeats_text(res)  # nothing without --repeats

@@ -43,10 +43,10 @@ class AllReduceStrategy(Strategy):
     def _start(self, b: Bucket) -> None:
         if b.half is None:
             b.flat.div_(self.ctx.world_size)  # average as DDP does: divide first, then sum
-            self.handles.append((dist.all_reduce(b.flat, async_op=True), None))
+            self.handles.append((self.track(dist.all_reduce(b.flat, async_op=True)), None))
         else:  # DDP's fp16_compress_hook: cast, divide (in fp16), all-reduce, copy back later
             b.half.copy_(b.flat).div_(self.ctx.world_size)
-            self.handles.append((dist.all_reduce(b.half, async_op=True), b))
+            self.handles.append((self.track(dist.all_reduce(b.half, async_op=True)), b))
 
     def zero_grad(self, optimizer) -> None:
         for b in self.buckets:

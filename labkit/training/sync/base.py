@@ -18,7 +18,7 @@ from torch import nn
 from labkit.core.config import TrainConfig
 from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
-from labkit.training.timers import PhaseTimer
+from labkit.training.timers import PhaseTimer, StepParts
 
 
 class Strategy:
@@ -29,6 +29,9 @@ class Strategy:
         self.phases: tuple[str, ...] = spec(cfg.method).phases
         self.timer = PhaseTimer(ctx.device)
         self.sync = True  # False inside no_sync(): compute-only steps
+        #: the loop's record of each step's parts (labkit.training.timers.StepParts); a method
+        #: passes each collective it starts to track(), unless --no-time-comm
+        self.parts: Optional[StepParts] = None
 
     @classmethod
     def check(cls, cfg: TrainConfig, world: int) -> None:
@@ -73,6 +76,13 @@ class Strategy:
             yield
         finally:
             self.sync = True
+
+    def track(self, work: dist.Work) -> dist.Work:
+        """Note when a collective this step started runs; returns ``work`` unchanged (its
+        completion is stamped from its future, so waiting on it is not changed)."""
+        if self.parts is not None and self.cfg.time_comm:
+            self.parts.issued(work.get_future())
+        return work
 
     # --- hooks ---
     def setup(self, model: nn.Module) -> nn.Module:
