@@ -2,6 +2,7 @@
 and the others are kept."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import re
@@ -30,7 +31,7 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
     p = labkit(["experiment", "-f", str(params), *TINY_FLAGS, "--pin-cpus", "--runs-dir", "runs", "--tag", "tiny"],
                cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    runs = [d for d in (tmp_path / "runs").iterdir() if not d.is_symlink()]
+    runs = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink()]
     assert len(runs) == 1 and runs[0].name.endswith("_tiny")
     run = runs[0]
     assert (tmp_path / "runs" / "latest").resolve() == run.resolve()
@@ -51,6 +52,8 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
     assert "torch.distributed.run" in env["torchrun_commands"]["ps"]
     status = load_json(run / "experiment.json")
     assert {m: e["status"] for m, e in status["methods"].items()} == dict.fromkeys(("ddp", "allreduce", "ps"), "completed")
+    for f in [*run.rglob("*.json"), *run.rglob("*.ipynb")]:  # strict JSON: no NaN tokens (issue 28)
+        json.loads(f.read_text(), parse_constant=lambda token: pytest.fail(f"{f}: {token}"))
 
     for m, fname in (("ddp", "results_baseline_ddp.json"), ("allreduce", "results_all_reduce.json"),
                      ("ps", "results_ps.json")):
@@ -113,13 +116,17 @@ def check_report(run):
         assert (rep / "plots" / f"{name}.png").stat().st_size > 0
     txt = (rep / "performance_report.txt").read_text()
     assert "Communication time per training step" in txt
+    assert "Parameter Server: replicas identical after epoch 1." in txt  # checked every epoch
     # where the time goes, for every method, DDP included (labkit.analysis.breakdown)
     from labkit.analysis import breakdown, report
     res = report.load_run(run)
     for m in ("ddp", "allreduce", "ps"):
         b = breakdown.of_result(res.ok[m])
         assert b is not None and b.comm > 0, m
-        assert b.total == pytest.approx(b.measured, rel=0.05), m  # the parts add up to the step
+        # the parts (a mean over the trainers) add up to the step (rank 0's clock): within 5%
+        # on the embedded default (docs/performance.md); here 2 timed steps of 4 ranks on a
+        # busy 2-core machine, where the ranks' windows open milliseconds apart
+        assert b.total == pytest.approx(b.measured, rel=0.10), m
     ddp_row = report.communication_rows(res)[0]
     assert isinstance(ddp_row["Total comm time (ms)"], float), ddp_row
     assert "Time to target (s)" in txt and "Time to target (s)" in html

@@ -50,6 +50,8 @@ class _Diff:
         self.first: Optional[dict] = None
 
     def value(self, a: float, b: float, where: dict) -> None:
+        # null: a value that was not a number (strict JSON); files from before hold NaN
+        a, b = (math.nan if x is None else x for x in (a, b))
         if a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
             return
         self.exact = False

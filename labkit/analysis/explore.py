@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 
 from . import breakdown, report
 from labkit.core import layout
+from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_NAMES, RESULT_FILES, SHORT
 from labkit.core.status import status_of
 
@@ -207,6 +208,9 @@ def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
                         row[col] = float(v)
                 if epochs:
                     row["final train loss"] = float(epochs[-1]["train_loss"])
+                said = [t for t in (diverged_where(doc), replicas_verdict(doc)) if t]
+                if said:
+                    row["health"] = "; ".join(said)
             if m in run.problems:
                 row["status"] = run.problems[m]
             if doc is not None or m in run.problems:
@@ -215,7 +219,7 @@ def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
 
 
 COLUMNS = ("run", "method", "status", "epochs", "avg throughput (img/s)",
-           "best val accuracy (%)", "final train loss")
+           "best val accuracy (%)", "final train loss", "health")
 
 
 def comparison_table(runs: list[Run], run_names: Optional[Iterable[str]] = None,
@@ -335,3 +339,35 @@ def explorer(runs: list[Run], newest: int = 3):
             return super()._repr_mimebundle_(**kwargs)
 
     return ExplorerBox([w.HBox([run_pick, method_pick, metric_pick]), hint, out])
+
+
+def show(runs_dir: Optional[str | os.PathLike] = None, interactive: bool = True,
+         newest: int = 3) -> list[Run]:
+    """explore.ipynb in one call: the run folders under ``runs_dir`` (default: the project's
+    runs/, from any working directory: labkit.core.layout.runs_root), the explorer's widgets
+    when ``interactive`` (they need a live kernel), then static figures and the table of the
+    ``newest`` runs, which an exported or papermill-executed copy keeps. Returns the runs."""
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, Markdown, display
+
+    root = layout.runs_root(runs_dir)
+    runs = load_runs(find_runs(root))
+    if not runs:
+        display(Markdown(f"**No run folders with results under `{root}`.** "
+                         "Run `labkit experiment` (or `make experiment`) first."))
+        return runs
+    display(Markdown(f"**{len(runs)} run folder(s)** under `{root}`, newest first: "
+                     + ", ".join(f"`{r.name}`" for r in runs)))
+    if interactive:
+        display(explorer(runs, newest))
+    # widgets do not survive export or papermill; these figures and the table do
+    shown = runs[:newest]
+    display(Markdown("### Static overview\n\nThe newest runs, all methods: per-step training "
+                     "loss, validation accuracy and throughput. Runs: "
+                     + ", ".join(f"`{r.name}`" for r in shown)))
+    display(HTML(comparison_table(shown)))
+    for metric in ("all_losses", "val_accuracy", "train_throughput"):
+        _, ax = plt.subplots(figsize=(9, 4.5))
+        plot_overlay(shown, metric, ax=ax)
+        plt.show()
+    return runs

@@ -109,6 +109,10 @@ class TrainConfig:
                          "through a communication hook that does what its built-in all-reduce "
                          "does) for the report's breakdown of a step and the per-rank waits "
                          "(--no-time-comm: DDP's built-in path, no communication timings)")
+    check_replicas: bool = _f(True, "at the end of every epoch, compare every rank's parameters "
+                              "and buffers (a checksum per tensor: the integer sum of its 32-bit "
+                              "words); a rank whose copy differs stops the run, naming the rank "
+                              "and the tensor (--no-check-replicas: for timing studies)")
     calibrate_steps: int = _f(6, "compute-only steps after the last epoch (synchronisation "
                               "skipped, the model restored afterwards): the compute time the "
                               "report's breakdown of a step starts from (0: none)")

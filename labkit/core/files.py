@@ -5,6 +5,7 @@ No torch here: the launcher, the CLI and the report import this without paying f
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -35,10 +36,31 @@ def atomic_path(path: str) -> Iterator[str]:
         raise
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None, in dicts, lists and tuples at
+    any depth: strict JSON has no NaN or Infinity tokens (JavaScript's JSON.parse, jq and most
+    parsers refuse them), so a diverged run writes null where a value is not a number (and
+    says why next to it where it matters, e.g. a result file's "diverged")."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def strict_dumps(obj: Any, **kw: Any) -> str:
+    """``json.dumps`` of :func:`finite` ``(obj)``, refusing anything that is not strict JSON."""
+    return json.dumps(finite(obj), allow_nan=False, **kw)
+
+
 def atomic_write_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as strict JSON (:func:`finite`), atomically: every JSON file labkit writes
+    goes through here."""
+    text = strict_dumps(obj, indent=1)  # before the temp file: a refusal leaves nothing behind
     with atomic_path(path) as tmp, open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
+        f.write(text + "\n")
 
 
 def now_str() -> str:

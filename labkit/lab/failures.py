@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from labkit.core import layout
+from labkit.core.errors import RUN_FAILED_LINE
 
 ERROR_FILE = "error.json"  # torchrun's name (TORCHELASTIC_ERROR_FILE)
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -139,6 +140,9 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
     """One message naming the rank that failed first (never one that only lost its peers);
     with several nodes, ``output`` and ``log_dir`` cover this node's ranks only."""
     failures = collect(output, log_dir)
+    said = _run_failed(failures, log_dir)
+    if said is not None:
+        return said
     if not failures:
         return _no_failed_rank(method, returncode, output, multi_node)
     ranked = sorted(failures, key=lambda f: (evidence(f), f.raised_at, f.rank))
@@ -162,6 +166,16 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
             f"see that node's labkit output and logs. Rank {f.rank} said:\n" + _quote(f.lines),
             None, f.lines, f.error_file)
     return _blame(method, failures[0], log_dir)
+
+
+def _run_failed(failures: list[Failure], log_dir: str) -> Optional[Explanation]:
+    """A run that failed without crashing (labkit.core.errors.RunFailed: a diverged loss,
+    replicas that differ): rank 0's one line says it all, and alone."""
+    for line in [l for f in failures for l in f.lines] + rank_error_lines(log_dir, 0):
+        m = RUN_FAILED_LINE.search(line)
+        if m:
+            return Explanation(m.group(1), 0, [m.group(1)])
+    return None
 
 
 def _blame(method: str, f: Failure, log_dir: str) -> Explanation:

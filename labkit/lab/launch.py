@@ -22,6 +22,7 @@ from typing import IO, Optional
 
 from labkit.core import layout, params
 from labkit.core.config import ConfigError, TrainConfig
+from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import server_ranks
 from labkit.core.status import Status
@@ -221,6 +222,7 @@ def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
     """Run torchrun, streaming what the shown ranks print; (exit code, all it printed). Any
     exception here (Ctrl-C included) stops torchrun and every rank first."""
     captured: list[str] = []
+    dump = False  # torchrun's own traceback and failure summary have begun (kept in torchrun.log)
     # start_new_session: Ctrl-C in a notebook reaches us, and we stop the whole group
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             text=True, bufsize=1, errors="replace", start_new_session=True,
@@ -229,7 +231,11 @@ def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
         for raw in proc.stdout:
             captured.append(raw)
             for piece in raw.rstrip("\n").split("\r"):
-                if not re.sub(r"^\[(?:rank|default)\d+\]:", "", piece).strip() or _torchrun_noise(piece):
+                rank_line = _RANK.match(piece) is not None
+                dump = dump or (not rank_line and piece.startswith("Traceback (most recent call last)"))
+                # a failed run's one line (RunFailed) is the launcher's message: said once
+                if (not _RANK.sub("", piece).strip() or _torchrun_noise(piece)
+                        or (dump and not rank_line) or RUN_FAILED_LINE.search(piece)):
                     continue
                 out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
         proc.wait()
@@ -257,6 +263,7 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
         atomic_write_json(path, doc)
 
 
+_RANK = re.compile(r"^\[(?:rank|default)\d+\]:")  # a rank's line, as torchrun prefixes it
 # the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
 _KINETO = re.compile(r"^(\[(?:rank|default)\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
 

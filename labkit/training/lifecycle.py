@@ -117,6 +117,9 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
 
     - bad input (ConfigError), seen by every rank alike: one ``<prog>: error:`` line from rank
       0, exit 2 (the others wait a moment, so torchrun does not stop rank 0 before it printed);
+    - a run that failed without crashing (RunFailed: a diverged loss, replicas that differ),
+      seen by every rank alike: the same (from each node's local rank 0), exit 1, and no
+      torchrun error file (its summary would print a traceback);
     - Ctrl-C: exit 130;
     - a crash: the full traceback into the rank's log, torchrun's error file written (its
       ``record`` decorator), then one ``<prog>: error: rank N: ...`` line, exit 1.
@@ -124,21 +127,36 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from labkit.core.config import ConfigError
+    from labkit.core.errors import RunFailed
+
+    def verdict():  # a failed run, not a crash: returned past record(), which would file it
+        try:
+            work()
+        except RunFailed as e:
+            return e
+        return None
 
     rank = int(os.environ.get("RANK", "0"))
     try:
         # record: on an exception, torchrun's per-rank error file (read by labkit.lab.failures)
-        record(work)()
+        failed = record(verdict)()
     except ConfigError as e:
-        if rank == 0:
-            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
-        else:
-            time.sleep(2)
-        return 2
+        return _one_line(prog, e, rank, 2)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a crash: its traceback is in the log, then one line
         traceback.print_exc()
         print(f"{prog}: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
-    return 0
+    # a failed run: said on every node (by its local rank 0), so each node's launcher shows it
+    return 0 if failed is None else _one_line(prog, failed, int(os.environ.get("LOCAL_RANK", rank)), 1)
+
+
+def _one_line(prog: str, e: Exception, rank: int, code: int) -> int:
+    """What every rank saw alike, said once: ``rank`` 0 prints it, the others wait a moment
+    (so torchrun does not stop it before it printed and, global rank 0, wrote its result file)."""
+    if rank == 0:
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(2)
+    return code

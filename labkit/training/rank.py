@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from labkit.core.config import TrainConfig, build_parser, from_args
+from labkit.core.errors import RunFailed
 from labkit.core.status import Status
 
 from . import lifecycle
@@ -65,7 +66,7 @@ def run(cfg: TrainConfig) -> Optional[str]:
     except BaseException as e:
         if results is not None:
             results.finish(Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED,
-                           error=f"{type(e).__name__}: {e}")
+                           error=str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}")
         raise
     finally:
         teardown()

@@ -19,9 +19,11 @@ import torch.nn.functional as F
 from labkit import __version__
 from labkit.core import layout
 from labkit.core.config import TrainConfig
+from labkit.core.errors import RunFailed
+from labkit.core.health import DIVERGED, REPLICAS, REPLICAS_DIFFER
 from labkit.core.methods import comm_key
 
-from . import hooks
+from . import health, hooks
 from .data import Datasets, ShardSampler, default_workers, make_loader, train_sampler
 from .dist import DistContext, all_reduce_sum
 from .meter import EpochMeter
@@ -70,10 +72,12 @@ class Trainer:
         self.step_callbacks: list[Callable[["Trainer", int], None]] = []
         hooks.trainer_built(self)
 
-    def log(self, msg: str) -> None:
-        """One line for people, from the rank that writes results (rank 0)."""
+    def log(self, msg: str, echo: bool = True) -> None:
+        """One line for people, from the rank that writes results (rank 0); ``echo`` False:
+        into the run's train.log only."""
         if self.ctx.is_main:
-            print(msg, flush=True)
+            if echo:
+                print(msg, flush=True)
             if self.out:
                 with open(os.path.join(self.out, layout.TRAIN_LOG), "a") as f:
                     f.write(msg + "\n")
@@ -286,6 +290,28 @@ class Trainer:
                            "results": results.doc},
                           os.path.join(self.out, layout.CHECKPOINT))
 
+    # -------------------------------------------------------------- training gone wrong
+    def check_epoch(self, epoch: int, m: dict, results: Optional[ResultFile]) -> None:
+        """After validation (``finish_epoch`` done): stop the run, on every rank alike, if this
+        epoch's loss diverged or the replicas drifted apart (labkit.training.health); else
+        note the replica check in the epoch's figures ``m``."""
+        cfg = self.cfg
+        d = health.divergence(cfg, epoch, self.steps, (epoch - 1) * self.steps, m)
+        if d is not None:
+            self._stop(results, DIVERGED, d, health.divergence_text(d, cfg, self.strategy.trainers))
+        if cfg.check_replicas and self.ctx.distributed:  # one process: nothing to compare
+            m[REPLICAS], bad = health.check_replicas(self.model, epoch)
+            if bad is not None:
+                self._stop(results, REPLICAS_DIFFER, bad, health.mismatch_text(bad))
+
+    def _stop(self, results: Optional[ResultFile], key: str, record: dict, text: str) -> None:
+        """Record why in the result file (the epoch itself is not added) and raise RunFailed:
+        rank 0 prints its one line (labkit.training.lifecycle.run_rank), the log keeps it."""
+        if results is not None:
+            results.set(key, record)
+        self.log(f"{self.cfg.method} failed: {text}", echo=False)
+        raise RunFailed(self.cfg.method, text)
+
     def fit(self, results: Optional[ResultFile], start_epoch: int = 1) -> None:
         cfg, s = self.cfg, self.strategy
         self.log(f"labkit {__version__} | {s.describe()} | world {self.ctx.world_size}"
@@ -300,6 +326,7 @@ class Trainer:
             t0 = time.perf_counter()
             m.update(self.validate())
             m["val_time"] = time.perf_counter() - t0
+            self.check_epoch(epoch, m, results)
             line = (f"epoch {epoch}/{cfg.epochs}: train loss {m['train_loss']:.4f} acc "
                     f"{m['train_accuracy']:.2f}% | val loss {m['val_loss']:.4f} acc "
                     f"{m['val_accuracy']:.2f}% | {m['train_throughput']:.1f} img/s, "

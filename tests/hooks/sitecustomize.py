@@ -14,10 +14,17 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       method), so it arrives last at every synchronisation point and the others wait for it.
   LABKIT_TEST_TRACE=<path>  the asynchronous-PS server appends one JSON line per grant and
       per applied gradient (AsyncParameterServer.tracer).
+  LABKIT_TEST_PERTURB=<method>:<rank>:<step>[:ulp|nan]  before that step (counted from 0 in
+      this process) that rank's copy of the model's first parameter changes in one element,
+      by one ulp (the default) or to NaN, and stops sharing memory with what the method keeps
+      in sync (a parameter server's flat buffer, which the pull overwrites): with ulp the
+      replicas differ from then on, as a bug in a method's synchronisation would leave them;
+      with nan that rank's loss is not a number at that step.
 """
 import os
 
-_NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_LATE", "LABKIT_TEST_TRACE")
+_NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_LATE", "LABKIT_TEST_TRACE",
+          "LABKIT_TEST_PERTURB")
 
 
 def _fault(method: str, rank: int):
@@ -29,6 +36,26 @@ def _fault(method: str, rank: int):
         return (int(s), kind[0] if kind else "raise") if m == method and int(r) == rank else None
     except ValueError:
         return None
+
+
+def _perturb_at(method: str, rank: int):
+    try:
+        m, r, s, *kind = os.environ.get("LABKIT_TEST_PERTURB", "").split(":")
+        return (int(s), kind[0] if kind else "ulp") if m == method and int(r) == rank else None
+    except ValueError:
+        return None
+
+
+def _perturb(trainer, kind: str) -> None:
+    import torch
+
+    p = next(trainer.model.parameters())
+    with torch.no_grad():
+        copy = p.detach().clone()  # its own memory: no pull or broadcast writes it any more
+        flat = copy.view(-1)
+        up = torch.tensor(float("inf"), dtype=flat.dtype)
+        flat[0] = float("nan") if kind == "nan" else torch.nextafter(flat[0], up)
+        p.data = copy
 
 
 def _fail(kind: str, step: int) -> None:
@@ -63,6 +90,9 @@ def _install() -> None:
                 if step == fault[0]:
                     _fail(fault[1], step)
             trainer.step_callbacks.append(check)
+        at = _perturb_at(trainer.cfg.method, trainer.ctx.rank)
+        if at is not None:
+            trainer.step_callbacks.append(lambda tr, step: _perturb(tr, at[1]) if step == at[0] else None)
         late = _slow(trainer.ctx.rank, "LABKIT_TEST_LATE")
         if late:
             import time

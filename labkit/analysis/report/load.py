@@ -48,7 +48,28 @@ def load_result(path: str | os.PathLike) -> dict:
             raise ResultError(f"{path}: an epoch lacks the guide's keys ({', '.join(needed)})")
     if method_key(doc, path) is None:
         raise ResultError(f"{path}: unknown method {doc.get('method')!r}")
-    return as_seen(doc)  # running with its writer gone: stopped without finishing
+    return as_seen(numbers(doc))  # running with its writer gone: stopped without finishing
+
+
+def numbers(doc: dict) -> dict:
+    """``doc`` with the nulls that stand for values that were not numbers (labkit writes strict
+    JSON: labkit.core.files.finite) read back as NaN, in the epochs, their per-step lists, the
+    losses and the summary, so every figure reads as it did from files written before (whose
+    NaN tokens Python's json reads as NaN). The document itself is not changed."""
+    def fix(v):
+        if v is None:
+            return NAN
+        if isinstance(v, list):
+            return [NAN if x is None else x for x in v]
+        return v
+
+    out = dict(doc)
+    out["epochs"] = [{k: fix(v) for k, v in e.items()} for e in doc["epochs"]]
+    if isinstance(doc.get("all_losses"), list):
+        out["all_losses"] = fix(doc["all_losses"])
+    if isinstance(doc.get("summary"), dict):
+        out["summary"] = {k: fix(v) for k, v in doc["summary"].items()}
+    return out
 
 
 @dataclass

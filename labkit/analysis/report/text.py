@@ -10,6 +10,7 @@ from labkit.analysis import bench_view, breakdown
 from labkit.analysis import stats
 from labkit.core import layout
 from labkit.core.files import atomic_path
+from labkit.core.health import diverged_where, replicas_verdict
 from .captions import heading
 from labkit.core.methods import METHOD_ORDER, SHORT
 
@@ -101,6 +102,18 @@ def verdict_lines(res: RunResults) -> list[str]:
     return lines
 
 
+def health_lines(res: RunResults) -> list[str]:
+    """Per method, where its loss diverged and whether its replicas stayed identical
+    (labkit.core.health): "Baseline DDP: replicas identical after each of 3 epochs."."""
+    out = []
+    for m in METHOD_ORDER:
+        d = res.docs.get(m)
+        said = [t for t in (diverged_where(d), replicas_verdict(d)) if t] if d else []
+        if said:
+            out.append(f"{SHORT[m]}: {'; '.join(said)}.")
+    return out
+
+
 def phase_text(doc: dict, ddp: dict) -> str:
     """Which part of the step (labkit.analysis.breakdown) differs most from DDP's, as a
     sentence to follow a speed verdict ("" without both breakdowns)."""
@@ -152,7 +165,7 @@ def waits_lines(res: RunResults) -> list[str]:
 def discussion(res: RunResults) -> list[str]:
     """Short findings computed from the measured numbers (no claims the numbers don't make)."""
     docs = res.ok
-    lines = verdict_lines(res)
+    lines = verdict_lines(res) + health_lines(res)
     for m, d in docs.items():
         ep = _epochs(d)
         step = mean(e["avg_batch_time"] for e in ep if "avg_batch_time" in e) if ep else NAN
@@ -194,7 +207,7 @@ def terminal_summary(res: RunResults) -> str:
     if not res.ok:
         return ""
     return "\n".join([heading("comparison"), "", text_table(comparison_rows(res)), "",
-                      *verdict_lines(res)])
+                      *verdict_lines(res), *health_lines(res)])
 
 
 def reproduction_summary(doc: dict) -> str:

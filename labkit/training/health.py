@@ -1,0 +1,148 @@
+"""Training that goes wrong without crashing, caught at the end of every epoch.
+
+- A loss that diverged: the loop keeps every step's loss on the device already
+  (labkit.training.meter) and reads them once, reduced over the trainers, when the epoch ends;
+  the first one that is not finite (or, after a last step that left the weights not finite,
+  the validation loss) is where the run diverged. Nothing is added to a step: no host
+  synchronisation per step on a GPU. The price is that the rest of that epoch still runs.
+- Replicas that drifted apart: after ``finish_epoch`` every rank (a parameter server's
+  servers too: each holds the whole model then) must hold the same parameters and buffers.
+  Each rank takes a fingerprint of every tensor (a checksum of its bytes: the int64 sum of its
+  32-bit words, exact and independent of summation order, so any changed bit shows), the
+  ranks all-gather them (one collective of one int64 per tensor) and every rank compares them
+  the same way, so every rank stops at the same point; only a tensor that differs is summed
+  in float64 too, for the message.
+
+Either stops the run with :class:`labkit.core.errors.RunFailed` (one line, exit 1). What the
+result file records is labkit.core.health's.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from itertools import chain
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.core.config import TrainConfig
+
+from .dist import is_distributed
+
+# the words a tensor's bytes are summed as, by element size (8-byte elements as two words)
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
+
+
+# ------------------------------------------------------------------ a loss that diverged
+def divergence(cfg: TrainConfig, epoch: int, steps: int, before: int, m: dict) -> Optional[dict]:
+    """Where this epoch's loss stopped being a number, from its figures ``m`` (the same on
+    every rank: reduced over the ranks), or None. ``before``: steps of the earlier epochs."""
+    losses = m["all_losses"]
+    bad = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
+    if bad is not None:
+        step, of, value = bad + 1, "train_loss", losses[bad]
+    elif not math.isfinite(m["val_loss"]):  # the last step left weights that are not finite
+        step, of, value = steps, "val_loss", m["val_loss"]
+    else:
+        return None
+    return {"epoch": epoch, "step": step, "steps": steps,
+            "global_step": before + step, "of": of, "value": str(value),
+            "lr": cfg.lr, "train_losses": losses, "val_loss": m["val_loss"]}
+
+
+def divergence_text(d: dict, cfg: TrainConfig, trainers: int) -> str:
+    """The one line that says where and what to try."""
+    where = f"the loss diverged at epoch {d['epoch']}, step {d['step']} of {d['steps']}"
+    if d["of"] == "train_loss":
+        what = f"training loss {d['value']}"
+    else:
+        what = f"training loss {d['train_losses'][-1]:.3g}, then validation loss {d['value']}"
+    default = 0.1 * cfg.batch_size * trainers / 256
+    if cfg.lr > default:
+        hint = (f"try a smaller --lr (the default here, 0.1 x global batch / 256, is {default:g})")
+    else:
+        hint = "try a smaller --lr, or look for inputs that are not finite"
+    if cfg.amp == "fp16":
+        hint += ", or --amp bf16"
+    return f"{where} ({what}; lr {cfg.lr:g}): {hint}"
+
+
+# ------------------------------------------------------------------ replicas that drifted apart
+def tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a replica is made of: parameters, then buffers, in the model's order."""
+    return list(chain(model.named_parameters(), model.named_buffers()))
+
+
+def fingerprint(ts: list[torch.Tensor]) -> torch.Tensor:
+    """Per tensor, the int64 sum of its 32-bit words (bytes of other sizes as words of their
+    size): one int64 tensor of len(ts), on the tensors' device, with no host synchronisation.
+    Exact and independent of the order of summation (integers), so equal tensors give equal
+    sums on every rank and device, and a change of any one bit changes it. (Float sums, for
+    the message, are taken only of a tensor that differs.)"""
+    checks = []
+    for t in ts:
+        raw = t.detach().contiguous().view(-1)
+        if raw.dtype == torch.bool:
+            raw = raw.to(torch.uint8)
+        checks.append(raw.view(_WORDS[raw.element_size()]).sum(dtype=torch.int64))
+    return torch.stack(checks)
+
+
+def gather(mine: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``mine``, one row per rank (one collective; none for one process)."""
+    if not is_distributed():
+        return mine.unsqueeze(0)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, mine)
+    return torch.stack(rows)
+
+
+def compare(names: list[str], table: torch.Tensor, epoch: int) -> Optional[dict]:
+    """The first tensor some rank holds another copy of, and the first such rank (the copy
+    most ranks hold counts as the right one; on a tie, rank 0's), or None if all agree.
+    ``table``: the ranks' fingerprints, one row per rank."""
+    checks = table.cpu()
+    differ = (checks != checks[0]).any(dim=0).nonzero()
+    if not len(differ):
+        return None
+    j = int(differ[0])
+    column = checks[:, j].tolist()
+    counts = Counter(column)
+    right = max(counts, key=lambda v: (counts[v], v == column[0]))
+    ref = column.index(right)
+    rank = next(r for r, v in enumerate(column) if v != right)
+    return {"epoch": epoch, "rank": rank, "tensor": names[j], "index": j, "reference_rank": ref,
+            "tensors_differing": int((checks[rank] != checks[ref]).sum()),
+            "ranks_differing": int((checks != checks[ref]).any(dim=1).sum()), "ranks": len(column)}
+
+
+def mismatch_text(d: dict) -> str:
+    more = d["tensors_differing"] - 1
+    also = f" and {more} more tensor{'s' if more > 1 else ''}" if more else ""
+    ranks = d["ranks_differing"]
+    of = f"; {ranks} of {d['ranks']} ranks differ from rank {d['reference_rank']}" if ranks > 1 else ""
+    return (f"replicas diverged at the end of epoch {d['epoch']}: rank {d['rank']} holds another "
+            f"{d['tensor']}{also} than rank {d['reference_rank']} (float64 sums "
+            f"{d['sum']:.17g} and {d['reference_sum']:.17g}{of}): a bug in the synchronisation "
+            f"(--no-check-replicas turns the check off)")
+
+
+def check_replicas(model: nn.Module, epoch: int) -> tuple[dict, Optional[dict]]:
+    """Fingerprint, gather, compare: (this epoch's "replicas" entry, the mismatch or None).
+    A mismatch is seen by every rank alike, so all take part in gathering the float64 sums of
+    the tensor that differs, for the message."""
+    t0 = time.perf_counter()
+    named = tensors(model)
+    table = gather(fingerprint([t for _, t in named]))
+    bad = compare([n for n, _ in named], table, epoch)
+    if bad is not None:
+        t = named[bad.pop("index")][1].detach()
+        sums = gather(t.sum(dtype=torch.float64).reshape(1)).view(-1).tolist()
+        bad["sum"], bad["reference_sum"] = sums[bad["rank"]], sums[bad["reference_rank"]]
+    entry = {"identical": bad is None, "tensors": len(named), "ranks": table.shape[0],
+             "seconds": time.perf_counter() - t0}
+    return entry, bad
+
