@@ -11,7 +11,14 @@ TEST_WORKERS ?= 2
 
 .PHONY: setup system-deps experiment test lab clean-venv
 
-setup: $(STAMP) system-deps
+# JupyterLab settings the project decides for its lab's users: no "Would you like to get notified
+# about official Jupyter news?" prompt (the lab is for one job, and makes no request out).
+# Settings overrides of the venv's JupyterLab (jupyterlab_server reads overrides.d/*.json of its
+# app settings folder; overrides.json there stays the user's own). A file target: a venv set up
+# before gets it too, and a second make copies nothing.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/labkit.json
+
+setup: $(STAMP) $(LAB_OVERRIDES) system-deps
 
 # Debian packages: Chromium prints the report to PDF offline (nbconvert's webpdf would try to
 # download its own), poppler-utils checks the PDF in the tests. Installed when missing and root.
@@ -28,6 +35,10 @@ $(STAMP): pyproject.toml
 	# the named kernel the notebooks ask for, inside the venv
 	$(BIN)/python -m ipykernel install --sys-prefix --name labkit --display-name "Python (labkit)"
 	touch $@
+
+$(LAB_OVERRIDES): tools/jupyterlab/overrides.json $(STAMP)
+	mkdir -p $(@D)
+	cp $< $@
 
 # The whole comparison on the embedded default (digits on CPU; see README), ending with the
 # path of the report. Extra flags: make experiment ARGS="--epochs 1 --tag quick"

@@ -1,4 +1,5 @@
-"""`labkit run | experiment | sweep | bench | model | report | reproduce` (also `python -m labkit ...`)."""
+"""`labkit run | experiment | sweep | bench | model | report | reproduce | runs | diff` (also
+`python -m labkit ...`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import signal
 import sys
 from typing import Optional
 
-from .core import layout, params
+from .core import params
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from .core.methods import METHODS
 from .core.status import Status
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="labkit", description="Measure what data-parallel training costs.")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_run_parser, _experiment_parser, _sweep_parser, _bench_parser, _model_parser,
-                _report_parser, _reproduce_parser):
+                _report_parser, _reproduce_parser, _runs_parser, _diff_parser):
         add(sub)
     return p
 
@@ -88,6 +89,8 @@ def _run_parser(sub) -> None:
     r.add_argument("method", choices=METHODS)
     r.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
     params.add_arguments(r, TrainConfig, skip=("method",), defaults=False)
+    r.add_argument("--runs-dir", dest="runs_dir", help="without --out: where the new run folder "
+                   "goes (default: the project's runs/, from any folder)")
     _add_nodes(r)
 
 
@@ -95,6 +98,12 @@ def _experiment_parser(sub) -> None:
     e = sub.add_parser("experiment", help="all methods via papermill notebooks, then the report",
                        argument_default=argparse.SUPPRESS)
     _add_experiment(e)
+    e.add_argument("--continue", dest="continue_run", metavar="RUN", help="finish an interrupted "
+                   "experiment in its own folder: complete methods are kept, the others resume "
+                   "from their last checkpoint or run again (no other flags)")
+    e.add_argument("--allow-changed-env", dest="allow_changed_env", action="store_true",
+                   help="with --continue: go on although code, packages or data changed since "
+                        "the run started (the change is recorded)")
 
 
 def _sweep_parser(sub) -> None:
@@ -157,6 +166,33 @@ def _reproduce_parser(sub) -> None:
                     "metric or parameter that still counts as reproduced (default: bit for bit)")
 
 
+def _runs_parser(sub) -> None:
+    r = sub.add_parser("runs", help="the lab notebook: one row per run folder, the parameters "
+                       "that differ, each method's throughput with its 95%% CI and verdict")
+    r.add_argument("runs_dir", nargs="?", default="runs", metavar="RUNS_DIR", help="default: runs")
+    r.add_argument("--tag", help="only runs whose tag contains this")
+    r.add_argument("--since", help="only runs started since a date (2026-11-20) or an age (3d, 12h)")
+    r.add_argument("--status", help="only runs with this status (complete, failed, interrupted, "
+                   "running, stopped)")
+    r.add_argument("--sort", default="when", help="a column or a parameter (default: when)")
+    r.add_argument("--reverse", action="store_true", help="sort descending")
+    r.add_argument("--all", dest="all_params", action="store_true", help="every parameter, not "
+                   "only those that differ")
+    r.add_argument("--json", dest="as_json", action="store_true", help="JSON for scripts")
+
+
+def _diff_parser(sub) -> None:
+    d = sub.add_parser("diff", help="what changed between two run folders (parameters, code, "
+                       "packages, data, machine) and what came of it")
+    d.add_argument("run_a", metavar="RUN_A")
+    d.add_argument("run_b", metavar="RUN_B")
+    d.add_argument("--all", dest="everything", action="store_true",
+                   help="show every parameter and reason, not only what differs")
+    d.add_argument("--figure", help="the loss curves of both runs (default: "
+                   "diff_<A>_vs_<B>.png in the current folder)")
+    d.add_argument("--json", dest="as_json", action="store_true", help="JSON for scripts")
+
+
 def _load_yaml(path: str) -> dict:
     import yaml
 
@@ -188,10 +224,10 @@ def _split(values: dict):
 
 def cmd_run(values: dict) -> int:
     from .lab.launch import Nodes, launch
-    from .lab.params import nproc_or_default
+    from .lab.params import method_out, nproc_or_default
 
     cfg, lp = _split(values)
-    out = cfg.out or layout.default_out(cfg.method)
+    out = method_out(cfg, lp.runs_dir)
     res = launch(cfg, nproc_or_default(lp.nproc), out, Nodes.of(lp))
     if not res.ok:
         print(f"labkit: {res.message}", file=sys.stderr)
@@ -225,10 +261,21 @@ def _experiment_params(values: dict):
 def cmd_experiment(args: dict) -> int:
     from .lab.experiment import run_experiment
 
-    cfg, exp, extra = _experiment_params(args)
-    if "sweep" in extra:
-        raise ConfigError("a sweep: in the parameters file belongs to labkit sweep, not experiment")
-    run, status = run_experiment(cfg, exp)
+    allow = args.pop("allow_changed_env", False)
+    if "continue_run" in args:
+        from .lab.continuation import continue_experiment
+        run_dir = args.pop("continue_run")
+        if args:
+            raise ConfigError(f"--continue takes no other flags (the run's recorded parameters "
+                              f"are used), got {', '.join(params.flag(k) for k in args)}")
+        run, status = continue_experiment(run_dir, allow)
+    else:
+        if allow:
+            raise ConfigError("--allow-changed-env goes with --continue RUN")
+        cfg, exp, extra = _experiment_params(args)
+        if "sweep" in extra:
+            raise ConfigError("a sweep: in the parameters file belongs to labkit sweep, not experiment")
+        run, status = run_experiment(cfg, exp)
     print(f"\nrun folder: {run}")
     for m, e in status["methods"].items():
         print(f"  {m:10s} {e['status']}" + (f"  ({e['error']})" if e.get("error") else ""))
@@ -279,43 +326,8 @@ def cmd_bench(args: dict) -> int:
 
 
 def cmd_report(args: dict) -> int:
-    from pathlib import Path
-
-    from .analysis import report
-
-    paths = args["paths"]
-    for p in paths:
-        if not os.path.exists(p):
-            raise ConfigError(f"{p!r} does not exist")
-    from .analysis.bench_view import BenchError
-    from .analysis.bench_view import load as load_bench
-    from .analysis.report import sweep as rs
-
-    if len(paths) == 1 and rs.is_sweep(paths[0]):  # a `labkit sweep` folder: the scaling study
-        try:
-            sw = rs.load_sweep(paths[0])
-        except rs.SweepError as e:
-            raise ConfigError(str(e)) from None
-        files = rs.write_sweep_report(sw, args.get("out") or Path(paths[0]) / layout.REPORT_DIR)
-        print(files["text"].read_text() + f"plot: {files['plot']}")
-        return 0 if sw.points and all(not p.res.problems for p in sw.points) else 1
-    res = report.load_files(paths)
-    single_run = len(paths) == 1 and Path(paths[0]).is_dir()
-    try:
-        has_bench = single_run and bool(load_bench(paths[0], need_results=False))
-    except BenchError:
-        has_bench = False
-    if not res.docs and not res.problems and not has_bench:
-        raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) or "
-                          f"bench.json in {', '.join(paths)}")
-    run_folder = single_run and ((Path(paths[0]) / layout.EXPERIMENT).exists() or has_bench)
-    out = args.get("out") or (str(Path(paths[0]) / layout.REPORT_DIR) if run_folder else ".")
-    files = report.write_report(res, out, report.load_env(res.run_dir))
-    print(report.text_report(res, report.load_env(res.run_dir)))
-    print(f"plots: {Path(out) / 'plots'}/ ({len(files['plots'])} files)\nreport: {files['text']}")
-    if res.ok:  # end with what a reader looks for: the verdicts, which respect the noise
-        print("\n" + "\n".join(report.verdict_lines(res)))
-    return 1 if res.problems else 0
+    from .lab.readers import report_command
+    return report_command(args["paths"], args.get("out"))
 
 
 def cmd_reproduce(args: dict) -> int:
@@ -328,6 +340,16 @@ def cmd_reproduce(args: dict) -> int:
     new_run, doc, status = reproduce.run(plan, args.get("tolerance"))
     print("\n".join(reproduce.report_lines(new_run, doc, status)))
     return 0 if doc["reproduced"] and status["status"] == Status.COMPLETED else 1
+
+
+def cmd_runs(args: dict) -> int:
+    from .lab.readers import runs_command
+    return runs_command(**args)
+
+
+def cmd_diff(args: dict) -> int:
+    from .lab.readers import diff_command
+    return diff_command(**args)
 
 
 def _sigterm(signum, frame):
@@ -344,7 +366,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = args.pop("command")
     try:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
-                "report": cmd_report, "reproduce": cmd_reproduce}[command](args)
+                "report": cmd_report, "reproduce": cmd_reproduce, "runs": cmd_runs,
+                "diff": cmd_diff}[command](args)
     except ConfigError as e:
         print(f"labkit {command}: error: {e}", file=sys.stderr)
         return 2

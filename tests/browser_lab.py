@@ -34,10 +34,8 @@ class LabServer:
         self.root, self.token, self.port = root, secrets.token_hex(24), free_port()
         self.log = state / "jupyterlab.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "MPLBACKEND"))}
-        # no "get notified about Jupyter news?" toast over the notebook (and no request out)
-        news = state / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-        news.parent.mkdir(parents=True)
-        news.write_text('{"fetchNews": "false"}')
+        # empty user settings: what the page shows is the venv's JupyterLab with the project's
+        # settings overrides (make setup installs them: no "Jupyter news?" prompt), as `make lab`
         env.update(JUPYTER_CONFIG_DIR=str(state / "config"), JUPYTER_RUNTIME_DIR=str(state / "runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(state / "settings"),
                    JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"),

@@ -189,3 +189,32 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.get(f"{item.path.name}::{item.name}", 0)
 
     items.sort(key=lambda item: -seconds(item))  # stable: the others keep their order
+
+
+def make_run(root: Path, name: str, trained: Path, extra: tuple[str, ...] = ()) -> Path:
+    """A run folder as labkit experiment writes it (config.json, environment.json with the
+    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real: a copy
+    of ``trained``, the output of torchrun with exactly this config (conftest's ddp_run or
+    ddp_rerun; ``extra``: the flags it ran with besides TINY)."""
+    from labkit.core import layout
+    from labkit.core.config import build_parser, from_args
+    from labkit.core.files import atomic_write_json
+    from labkit.core.status import Status
+    from labkit.lab import record
+    from labkit.training.checks import preflight
+
+    run = root / name
+    run.mkdir()
+    cfg = preflight(from_args(build_parser().parse_args(TINY + ["--method", "ddp", *extra])),
+                    world=2, local_world=2)
+    snap = record.snapshot({"ddp": cfg}, cfg.seed, ROOT)
+    atomic_write_json(str(run / "config.json"), layout.portable(
+        {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
+         "resolved": {"ddp": cfg.to_dict()}}, run))
+    env = record.write_record(run, snap)
+    atomic_write_json(str(run / "environment.json"), layout.portable(env, run))
+    atomic_write_json(str(run / "experiment.json"), layout.portable(
+        {"run_dir": str(run), "methods": {"ddp": {"status": Status.COMPLETED.value,
+                                                  "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
+    shutil.copytree(trained, run / "ddp")
+    return run

@@ -67,6 +67,8 @@ def lab_root(tmp_path_factory, equivalence_runs):
                    model="resnet10_small", nproc=2, epochs=1, batch_size=8, max_steps_per_epoch=10,
                    max_val_steps=2, lr=0.01, timeout=120.0, out=str(root / "runs" / "single_ddp"))
     set_parameters(nb / "run_method.ipynb", nb / "run_bad.ipynb", epochs="three")
+    # a copy outside the project: by default explore.ipynb would read the checkout's runs/
+    set_parameters(nb / "explore.ipynb", nb / "explore.ipynb", runs_dir=str(root / "runs"))
     return root
 
 
@@ -145,10 +147,55 @@ def test_explorer_draws_at_once_and_follows_the_widgets(lab, page, tmp_path):
     assert widget_problems(page) == []
 
     # below the widgets: the static overview (three figures and a table), outside the widget
-    static = page.locator(".jp-Cell:not(:has(.widget-vbox)) .jp-OutputArea-output img")
-    assert static.count() == 3
-    assert all(img.evaluate("i => i.naturalWidth") > 100 for img in static.all())
+    static = [img for img in page.locator(".jp-OutputArea-output img").all()
+              if img.evaluate("i => !i.closest('.widget-output')")]
+    assert len(static) == 3
+    assert all(img.evaluate("i => i.naturalWidth") > 100 for img in static)
     screenshot(page, tmp_path, "explore")
+
+
+NEWS = "@jupyterlab/apputils-extension:notification"
+
+
+def test_no_jupyter_news_prompt(lab, page):
+    """JupyterLab 4 asks every fresh set-up "Would you like to get notified about official
+    Jupyter news?"; the project answers for its lab with settings overrides that make setup
+    installs into the venv. The server runs the venv's jupyter with empty user settings, as
+    `make lab` does: the page must not ask, and the schema it serves defaults to Never."""
+    import urllib.request
+
+    lab.open(page, "notebooks/run_method.ipynb")  # the app restored: the prompt would be up now
+    page.wait_for_timeout(500)
+    assert page.get_by_text("official Jupyter news").count() == 0, "run make setup (the overrides)"
+    req = urllib.request.Request(f"{lab.url}/lab/api/settings/{NEWS}",
+                                 headers={"Authorization": f"token {lab.token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        served = json.load(r)
+    assert served["schema"]["properties"]["fetchNews"]["default"] == "false"
+    assert json.loads(served["raw"] or "{}") == {}  # from the overrides, not the user's settings
+
+
+def test_make_setup_installs_the_lab_overrides(tmp_path):
+    """The Makefile's set-up copies tools/jupyterlab/overrides.json into a venv's JupyterLab
+    (here a fresh one, already installed: its stamp is newer than pyproject.toml), and a
+    second make has nothing to do."""
+    import os
+    import subprocess
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed-stamp").touch()
+    target = venv / "share/jupyter/lab/settings/overrides.d/labkit.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    make = ["make", "--no-print-directory", f"VENV={venv}", str(target)]
+    first = subprocess.run(make, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert "cp tools/jupyterlab/overrides.json" in first.stdout
+    assert json.loads(target.read_text())[NEWS] == {"fetchNews": "false"}
+    again = subprocess.run(make, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert "up to date" in again.stdout and "cp " not in again.stdout
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "setup", f"VENV={venv}"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, check=True)
+    assert "overrides.d/labkit.json" not in dry.stdout  # setup would not copy it again either
 
 
 def test_run_method_from_the_ui_streams_progress(lab, page, tmp_path):
@@ -206,3 +253,22 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     assert all(img.evaluate("i => i.complete && i.naturalWidth > 100")
                for img in figures.locator("img").all()[:5])
     screenshot(page, tmp_path, "report")
+
+
+def test_runs_index_lists_every_run_and_opens_one_in_the_explorer(lab, lab_root, page, tmp_path):
+    open_and_run(lab, page, "runs.ipynb")
+    rows = page.locator(".jp-OutputArea tr.run")
+    rows.first.wait_for(timeout=20_000)
+    folders = [p for p in (lab_root / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
+    assert rows.count() == len(folders) >= 2  # one row per run folder; runs/latest is a link
+    texts = rows.all_inner_texts()
+    assert any(NEW in t and "complete" in t for t in texts) and any(OLD in t for t in texts)
+    pick = page.locator(".widget-select select").first
+    pick.select_option(label=label(f"{OLD}  [complete]"))
+    explorer = page.locator(".widget-output .widget-vbox")
+    explorer.wait_for(timeout=20_000)
+    runs_pick = explorer.locator(".widget-select-multiple select").first
+    assert runs_pick.locator("option").all_inner_texts() == [OLD]
+    explorer.locator(".widget-output img").wait_for(timeout=20_000)  # its figure is drawn
+    assert widget_problems(page) == []
+    screenshot(page, tmp_path, "runs")

@@ -148,7 +148,7 @@ def test_committed_notebook_has_no_outputs_and_the_labkit_kernel():
         if c["cell_type"] == "code":
             assert c["outputs"] == [] and c["execution_count"] is None
     params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
-    assert 'runs_dir = "../runs"' in "".join(params["source"])
+    assert "runs_dir = None" in "".join(params["source"])  # the project's runs/, from any folder
     assert "interactive = True" in "".join(params["source"])
 
 

@@ -261,3 +261,7 @@ def test_a_small_real_sweep_renders_its_report(tmp_path):
     assert (root / "report" / "scaling.png").stat().st_size > 10_000
     assert "import matplotlib" not in html and "rs.load_sweep" not in html  # no code cells
     assert "PDF skipped" in p.stdout and f"sweep report: {root / 'report' / 'sweep.html'}" in p.stdout
+    # the lab notebook lists the sweep as one row, and its page was written at the sweep's end
+    rows = json.loads(labkit(["runs", "runs", "--json"], cwd=tmp_path).stdout)
+    assert [(r["kind"], r["status_label"]) for r in rows] == [("sweep", "complete")]
+    assert (tmp_path / "runs" / "index.html").read_text().count('<tr class="run">') == 1

@@ -12,38 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import make_run
 from labkit.lab import record
 from labkit.analysis import compare
 from labkit.core import layout, lockfile
-from labkit.core.config import ConfigError, build_parser, from_args
-from labkit.core.files import atomic_write_json
+from labkit.core.config import ConfigError
 from labkit.analysis.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
-from labkit.training.checks import preflight
 
 pytestmark = pytest.mark.xdist_group("reproduce")
-
-
-def make_run(root: Path, name: str, trained: Path) -> Path:
-    """A run folder as labkit experiment writes it (config.json, environment.json with the
-    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real: a copy
-    of ``trained``, the output of torchrun with exactly this config (conftest's ddp_run or
-    ddp_rerun)."""
-    run = root / name
-    run.mkdir()
-    cfg = preflight(from_args(build_parser().parse_args(TINY + ["--method", "ddp"])),
-                    world=2, local_world=2)
-    snap = record.snapshot({"ddp": cfg}, cfg.seed, ROOT)
-    atomic_write_json(str(run / "config.json"), layout.portable(
-        {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
-         "resolved": {"ddp": cfg.to_dict()}}, run))
-    env = record.write_record(run, snap)
-    atomic_write_json(str(run / "environment.json"), layout.portable(env, run))
-    atomic_write_json(str(run / "experiment.json"), layout.portable(
-        {"run_dir": str(run), "methods": {"ddp": {"status": "completed",
-                                                  "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
-    shutil.copytree(trained, run / "ddp")
-    return run
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,9 @@ from .files import folder_stamp
 from .methods import RESULT_FILES
 
 # ---- a run folder
+RUNS = "runs"                          # the project's folder of run folders (runs_root)
 LATEST = "latest"                      # runs/latest: a link to the newest run folder
+RUNS_INDEX = "index.html"              # runs/index.html: every run folder (labkit runs)
 CONFIG = "config.json"                 # the experiment's configs (labkit reproduce reruns them)
 ENVIRONMENT = "environment.json"       # what ran where (labkit.lab.record)
 EXPERIMENT = "experiment.json"         # the methods' statuses, the run order
@@ -77,6 +79,23 @@ def repeat_dirs(run: Path) -> list[Path]:
     n = len(REPEAT_PREFIX)
     dirs = [d for d in run.glob(REPEAT_PREFIX + "*") if d.is_dir() and d.name[n:].isdigit()]
     return sorted(dirs, key=lambda d: int(d.name[n:]))
+
+
+def project_dir(package: Optional[Path] = None) -> Optional[Path]:
+    """The project this labkit belongs to: the folder around the ``labkit`` package (default:
+    this one) that holds notebooks/, labkit/ and pyproject.toml, as a checkout or an editable
+    install has; None for an installed labkit (site-packages holds no project)."""
+    root = (package or Path(__file__).resolve().parents[1]).parent
+    return root if all((root / m).exists() for m in ("pyproject.toml", "notebooks", "labkit")) else None
+
+
+def runs_root(runs_dir: Optional[str | os.PathLike] = None, package: Optional[Path] = None) -> Path:
+    """Where run folders go, the same from any working directory (a notebook under papermill
+    runs wherever the shell is): ``runs_dir`` when given (relative to the current folder), else
+    the project's runs/, else, for an installed labkit with no project, the current folder's."""
+    if runs_dir:
+        return Path(os.path.abspath(runs_dir))
+    return (project_dir(package) or Path.cwd()) / RUNS
 
 
 def default_out(method: str, runs_dir: str | os.PathLike = "runs") -> str:

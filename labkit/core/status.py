@@ -37,6 +37,12 @@ class Status(StrEnum):
     def ended(self) -> bool:
         return self not in (Status.PENDING, Status.RUNNING)
 
+    @property
+    def label(self) -> str:
+        """How an index of runs shows it (``labkit runs``)."""
+        return {Status.COMPLETED: "complete",
+                Status.STOPPED: "stopped without finishing"}.get(self, self.value)
+
 
 def status_of(doc: dict, default: Status = Status.COMPLETED) -> Status:
     """The status a document records; files without one (the guide's scripts) are complete."""
@@ -108,3 +114,13 @@ def as_seen(doc: dict) -> dict:
     if why is None:
         return doc
     return {**doc, "status": Status.STOPPED, "error": f"stopped without finishing: {why}"}
+
+
+def experiment_status(doc: dict) -> Status:
+    """An experiment's status as a reader sees it (experiment.json, or a sweep point's): the
+    recorded one, a killed writer's as :attr:`Status.STOPPED`; a document without one (written
+    by hand, or by an older labkit) from its methods: all completed, or the first problem."""
+    methods = [e.get("status") for e in (doc.get("methods") or {}).values()]
+    bad = [s for s in methods if s != Status.COMPLETED]
+    derived = status_of({"status": bad[0]} if bad else {}, Status.COMPLETED if methods else Status.STOPPED)
+    return status_of(as_seen(doc), derived)

@@ -19,14 +19,14 @@ from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import METHODS
-from labkit.core.status import Status
+from labkit.core.status import Status, stamp
 
 from .kernels import kernel_name
 from .launch import Nodes, mark_ended, validate
 from .params import nproc_or_default, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
-from .run_folder import new_run_dir
+from .run_folder import new_run_dir, write_index
 
 
 @dataclass
@@ -113,6 +113,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         for m in order:
             folder.run_method(m, i, seed, kernel, stream)
     folder.finish(kernel, stream, before_report)
+    if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
+        write_index(run.parent)
     return run, folder.status
 
 
@@ -137,8 +139,23 @@ class ExperimentFolder:
         self.write(layout.ENVIRONMENT, self.env)
         self.status: dict[str, Any] = {
             "run_dir": str(run), "started": now_str(), "methods": {}, "status": Status.RUNNING,
+            "heartbeat": stamp(),  # who runs it: a reader tells a killed experiment (as_seen)
             "repeats": exp.repeats, "order": [order for _, _, order in self.plan],
             "seeds": [seed for _, seed, _ in self.plan]}
+
+    @classmethod
+    def reopen(cls, run: Path, p: Prepared, status: dict) -> "ExperimentFolder":
+        """An existing experiment's folder, to continue it (labkit.lab.continuation): its
+        config.json and environment record stay as they were written."""
+        self = cls.__new__(cls)
+        self.run, self.p, self.status = run, p, status
+        self.plan = repeat_plan(p.exp.methods, p.exp.repeats, p.cfg.seed)
+        try:
+            self.env = json.loads((run / layout.ENVIRONMENT).read_text())
+        except (OSError, ValueError):
+            self.env = {}
+        self.env.setdefault("torchrun_commands", {})
+        return self
 
     def write(self, name: str, doc: dict) -> None:
         atomic_write_json(str(self.run / name), layout.portable(doc, self.run))
@@ -155,16 +172,19 @@ class ExperimentFolder:
         agg["repeats"].append({"repeat": i, "seed": seed, **entry})
         return agg["repeats"][-1]
 
-    def run_method(self, m: str, i: int, seed: int, kernel: str, stream: IO[str]) -> None:
+    def run_method(self, m: str, i: int, seed: int, kernel: str, stream: IO[str],
+                   resume: bool = False) -> None:
+        """Run method ``m``'s repeat ``i`` into its folder (new; with ``resume``, one that holds
+        the checkpoint to continue from)."""
         repeats = self.p.exp.repeats
         mdir = layout.method_dir(self.run, m, i, repeats)
-        mdir.mkdir(parents=True)
+        mdir.mkdir(parents=True, exist_ok=resume)
         entry = self._entry(m, i, seed, mdir)
         self.write(layout.EXPERIMENT, self.status)
         label = m if repeats == 1 else f"{m}, repeat {i} of {repeats} (seed {seed})"
         try:
-            run_method_notebook(dataclasses.replace(self.p.resolved[m], seed=seed), mdir,
-                                self.p, kernel, stream, entry, label)
+            run_method_notebook(dataclasses.replace(self.p.resolved[m], seed=seed, resume=resume),
+                                mdir, self.p, kernel, stream, entry, label)
         except KeyboardInterrupt:
             self.status["status"] = Status.INTERRUPTED
             if repeats > 1:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from labkit.core import params
+from labkit.core import layout, params
 from labkit.core.config import TrainConfig
 
 
@@ -21,13 +21,16 @@ def _f(default: Any, help: str) -> Any:
 
 @dataclass
 class LaunchParams:
-    """How torchrun is started for one method (the rest is the TrainConfig)."""
+    """How torchrun is started for one method, and where its folder goes without ``out`` (the
+    rest is the TrainConfig)."""
     nproc: Optional[int] = _f(None, "processes per node (default: one per GPU, else 4)")
     nnodes: int = _f(1, "nodes (multi-node: also node_rank and rdzv_endpoint)")
     node_rank: int = _f(0, "this node's number, 0..nnodes-1")
     rdzv_endpoint: Optional[str] = _f(None, "host:port of the torchrun c10d rendezvous")
     max_restarts: int = _f(0, "torchrun restarts after a failure (each resumes from the last "
                               "checkpoint)")
+    runs_dir: Optional[str] = _f(None, "without out: the new run folder goes under this folder "
+                                       "(default: the project's runs/, from any working directory)")
 
 
 LAUNCH_PARAMS = tuple(f.name for f in dataclasses.fields(LaunchParams))
@@ -48,6 +51,13 @@ def nproc_or_default(nproc: Optional[int]) -> int:
     """The process count asked for, or the machine's default for ``None`` (auto); 0 stays 0,
     which the launcher refuses as bad input. The one place that knows the default."""
     return machine_defaults()["nproc"] if nproc is None else nproc
+
+
+def method_out(cfg: TrainConfig, runs_dir: Optional[str] = None) -> str:
+    """A method's output folder: ``cfg.out`` as given, else a new folder under ``runs_dir`` or
+    the project's runs/ (labkit.core.layout.runs_root), never one relative to whichever folder
+    the notebook or the command happens to run in. run_method.ipynb and `labkit run` share it."""
+    return cfg.out or layout.default_out(cfg.method, layout.runs_root(runs_dir))
 
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:

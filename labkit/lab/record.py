@@ -230,3 +230,13 @@ def write_record(run_dir: str | os.PathLike, snap: dict) -> dict:
     if snap["_diff"]:
         _write_bytes(run / layout.DIFF, snap["_diff"])
     return public(snap)
+
+
+def environment_now(configs: dict[str, TrainConfig], seed: Optional[int] = None) -> dict:
+    """This machine described like a recorded environment (as
+    labkit.analysis.environments.load_environment reads one): for labkit reproduce and
+    labkit experiment --continue, which compare it with the record."""
+    from labkit.core.lockfile import parse_lock
+
+    snap = snapshot(configs, seed)
+    return {**public(snap), "package_versions": parse_lock(requirements_lock(snap["_dists"]))}

@@ -21,7 +21,6 @@ from labkit.analysis import compare
 from labkit.analysis.compare import ReproduceError
 from labkit.core import layout
 from labkit.core.config import TrainConfig
-from labkit.core.lockfile import parse_lock, requirements_lock
 
 TAG = "repro"
 
@@ -86,10 +85,9 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
 
 def current_environment(p: Plan) -> dict:
     """This machine described like a recorded environment (labkit.analysis.compare.load_environment)."""
-    from .record import public, snapshot
+    from .record import environment_now
 
-    snap = snapshot(p.configs, p.train.seed)
-    return {**public(snap), "package_versions": parse_lock(requirements_lock(snap["_dists"]))}
+    return environment_now(p.configs, p.train.seed)
 
 
 def _recorded_line(rec: compare.RunRecord) -> str:

@@ -44,3 +44,19 @@ def _point_latest(root: Path, name: str) -> None:
         os.replace(tmp, link)  # atomic switch of the pointer
     except OSError:
         pass  # a file system without symlinks: the folder itself is what matters
+
+
+def write_index(runs_dir: str | os.PathLike) -> Optional[Path]:
+    """runs/index.html, the lab notebook of every run folder (labkit.analysis.runs_index),
+    rewritten atomically; None, and nothing changed, when it cannot be written."""
+    from labkit.analysis import runs_index
+    from labkit.core.files import atomic_path
+
+    root = Path(runs_dir)
+    try:
+        page = runs_index.html_page(runs_index.scan(root), root)
+        with atomic_path(str(root / layout.RUNS_INDEX)) as tmp:
+            Path(tmp).write_text(page)
+    except OSError:
+        return None
+    return root / layout.RUNS_INDEX

@@ -28,6 +28,7 @@ from labkit.core.status import Status
 
 from .experiment import Prepared, prepare, run_experiment
 from .render import make_sweep_report, report_or_why
+from .run_folder import write_index
 
 # what a grid may vary: the process count and the training config; the method is --methods,
 # and the output folder, resuming and the nodes are the sweep's own business
@@ -119,6 +120,7 @@ def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
     _report(root, doc, kernel_name(), exp.cell_timeout, stream)
     doc["finished"] = now_str()
     write()
+    write_index(root.parent)
     return root, doc
 
 

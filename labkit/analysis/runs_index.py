@@ -1,0 +1,313 @@
+"""The lab notebook across runs: one row per run folder under runs/ (experiments, repeats,
+sweeps, benches, reproductions), for `labkit runs`, runs/index.html and notebooks/runs.ipynb.
+
+It only reads what is on disk and never fails on a folder: a folder it cannot read is a row
+that says why. Of the parameters, only those that differ between the listed runs are shown
+(as ``dvc exp show --only-changed`` does), unless all are asked for.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from labkit.core import layout
+from labkit.core.files import finite
+from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT
+from labkit.core.status import Status, as_seen, experiment_status, status_of
+
+from .texttable import text_table
+
+_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
+KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
+# config fields that say where a run went or how it printed, not what it measured
+NOT_PARAMETERS = ("out", "progress", "runs_dir", "tag", "cell_timeout", "report", "nodes", "method")
+
+
+@dataclass
+class Row:
+    name: str
+    path: str
+    kind: str = "?"
+    when: str = ""                     # "YYYY-MM-DD HH:MM:SS", from the folder's name
+    tag: str = ""
+    commit: str = ""                   # short commit, "+dirty" when the tree was
+    status: str = ""                   # a Status value
+    methods: list[str] = field(default_factory=list)
+    nproc: Optional[int] = None
+    params: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, dict] = field(default_factory=dict)  # method -> throughput, CI, verdict
+    report: Optional[str] = None
+    problem: Optional[str] = None      # why the folder could not be read (whole or in part)
+
+    @property
+    def status_label(self) -> str:
+        try:
+            return Status(self.status).label
+        except ValueError:
+            return self.status or "unreadable"
+
+    def to_json(self) -> dict:
+        """Strict JSON: a number that is not finite becomes null."""
+        return finite({**asdict(self), "status_label": self.status_label})
+
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path.name} is not valid JSON (line {e.lineno}, column {e.colno})") from None
+
+
+def _kind(run: Path) -> str:
+    if (run / layout.SWEEP).exists():
+        return "sweep"
+    if (run / layout.BENCH).exists():
+        return "bench"
+    if (run / layout.REPRODUCTION).exists():
+        return "reproduction"
+    if layout.repeat_dirs(run):
+        return "repeats"
+    if (run / layout.CONFIG).exists() or (run / layout.EXPERIMENT).exists() or any(
+            (run / m / f).exists() for m, f in RESULT_FILES.items()):
+        return "experiment"
+    raise ValueError("not a run folder (no config.json, experiment.json, result file, "
+                     "sweep.json or bench.json)")
+
+
+def _params(config: dict) -> dict[str, Any]:
+    exp, train = config.get("experiment") or {}, config.get("train") or {}
+    out = {k: v for k, v in {**train, **exp}.items() if k not in NOT_PARAMETERS and k != "methods"}
+    return {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in out.items()}
+
+
+def _commit(run: Path) -> str:
+    try:
+        git = _json(run / layout.ENVIRONMENT).get("git") or {}
+    except (OSError, ValueError):
+        return ""
+    c = str(git.get("commit") or "")[:10]
+    return c + ("+dirty" if c and git.get("dirty") else "")
+
+
+def _results(run: Path, row: Row) -> None:
+    """Each method's steady-state throughput with its 95% CI and its verdict against DDP."""
+    from . import report
+
+    res = report.load_run(run)
+    ivs = report.intervals(res)
+    verdicts = dict(zip([m for m in METHOD_ORDER if m in res.ok and m != "ddp"],
+                        report.speed_verdicts(res)))
+    for m in METHOD_ORDER:
+        if m in ivs:
+            thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
+            row.results[m] = {"throughput": thr.value, "low": thr.low, "high": thr.high,
+                              "vs_ddp": sp.value if sp else None,
+                              "verdict": verdicts[m].label if m in verdicts else None}
+
+
+def _experiment(run: Path, row: Row) -> None:
+    """An experiment's folder; one holding only result files (the guide's scripts, copied
+    method folders) is a row too, its status its result files'."""
+    config = _json(run / layout.CONFIG) if (run / layout.CONFIG).exists() else {}
+    row.params = _params(config)
+    found = [m for m, f in RESULT_FILES.items() if (run / m / f).exists()]
+    row.methods = list((config.get("experiment") or {}).get("methods") or config.get("resolved") or found)
+    row.nproc = (config.get("experiment") or {}).get("nproc")
+    rep = None
+    if (run / layout.EXPERIMENT).exists():
+        st = _json(run / layout.EXPERIMENT)
+        row.status, rep = experiment_status(st).value, st.get("report")
+    elif config:
+        row.status = Status.STOPPED.value  # config written, nothing ran to the end
+    else:
+        row.status = experiment_status({"methods": {m: {"status": status_of(
+            as_seen(_json(run / m / RESULT_FILES[m]))).value} for m in found}}).value
+    html_report = run / layout.REPORT_DIR / "report.html"
+    row.report = str(html_report) if html_report.exists() else rep
+    _results(run, row)
+
+
+def _sweep(run: Path, row: Row) -> None:
+    doc = _json(run / layout.SWEEP)
+    row.status = status_of(doc, Status.RUNNING).value
+    row.params = {"sweep": " ".join(f"{k}={','.join(map(str, v))}"
+                                    for k, v in (doc.get("grid") or {}).items())}
+    row.methods = sorted({m for p in doc.get("points") or []
+                          for m in (p.get("params") or {}).get("methods") or []})
+    rep = run / layout.REPORT_DIR / "sweep.html"
+    row.report = str(rep) if rep.exists() else doc.get("report")
+
+
+def _bench(run: Path, row: Row) -> None:
+    doc = _json(run / layout.BENCH)
+    row.status = status_of(doc, Status.RUNNING).value
+    row.params = {k: v for k, v in (doc.get("config") or {}).items() if k not in NOT_PARAMETERS}
+    row.methods = sorted({r.get("variant") for r in doc.get("results") or []} - {None})
+    rep = run / layout.REPORT_DIR / "report.html"
+    row.report = str(rep) if rep.exists() else None
+
+
+def read_row(run: Path) -> Row:
+    """One run folder as a row; never raises (a problem is the row's ``problem``)."""
+    row = Row(run.name, str(run))
+    m = _STAMP.match(run.name)
+    if m:
+        row.when = f"{m.group(1)} {m.group(2)}:{m.group(3)}:{m.group(4)}"
+        row.tag = m.group(5) or ""
+    try:
+        row.kind = _kind(run)
+        row.commit = _commit(run)
+        {"sweep": _sweep, "bench": _bench}.get(row.kind, _experiment)(run, row)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        where = f" ({Path(e.filename).name})" if isinstance(e, OSError) and e.filename else ""
+        row.problem = f"unreadable{where}: {why}"
+    return row
+
+
+def scan(runs_dir: str | Path) -> list[Row]:
+    """Every run folder directly under ``runs_dir`` (not runs/latest), oldest first."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    folders = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
+    return sorted((read_row(p) for p in folders), key=lambda r: (r.when or "~", r.name))
+
+
+def changed(rows: list[Row]) -> list[str]:
+    """The parameters whose values differ between the rows that record them (a sweep's
+    grid or an unreadable folder does not make every parameter of the others differ)."""
+    keys = sorted({k for r in rows for k in r.params})
+    return [k for k in keys
+            if len({json.dumps(r.params[k], sort_keys=True) for r in rows if k in r.params}) > 1]
+
+
+def _since(text: str) -> str:
+    """--since: a date (2026-11-20), or an age (3d, 12h, 30m) -> 'YYYY-MM-DD HH:MM:SS'."""
+    m = re.fullmatch(r"(\d+)([dhm])", text.strip())
+    if m:
+        secs = int(m.group(1)) * {"d": 86400, "h": 3600, "m": 60}[m.group(2)]
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - secs))
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2}(:\d{2})?)?", text.strip()):
+        return text.strip()
+    raise ValueError(f"--since {text!r} is not a date (2026-11-20) or an age (3d, 12h, 30m)")
+
+
+def select(rows: list[Row], tag: Optional[str] = None, since: Optional[str] = None,
+           status: Optional[str] = None, sort: str = "when", reverse: bool = False) -> list[Row]:
+    """Filter (tag substring, started since, status value or label) and sort (by a column
+    or a parameter)."""
+    if since:
+        cut = _since(since)
+        rows = [r for r in rows if r.when and r.when >= cut]
+    if tag:
+        rows = [r for r in rows if tag in r.tag]
+    if status:
+        rows = [r for r in rows if status in (r.status, r.status_label)]
+
+    def key(r: Row):
+        v = getattr(r, sort, None) if sort in Row.__dataclass_fields__ else r.params.get(sort)
+        return (v is None, str(v) if not isinstance(v, (int, float)) else f"{v:020.6f}")
+    return sorted(rows, key=key, reverse=reverse)
+
+
+def _result_cell(r: dict) -> str:
+    if r.get("throughput") is None:
+        return "-"
+    text = f"{r['throughput']:.1f}"
+    if r.get("low") is not None:
+        text += f" [{r['low']:.1f}-{r['high']:.1f}]"
+    if r.get("vs_ddp") is not None:
+        text += f" {r['vs_ddp']:.2f}x {r.get('verdict') or ''}".rstrip()
+    return text
+
+
+def table(rows: list[Row], all_params: bool = False) -> list[dict]:
+    """The index as rows of dicts: the fixed columns, the (changed) parameters, each method's
+    img/s [95% CI] and its ratio to DDP with the verdict, the report, and any problem."""
+    params = sorted({k for r in rows for k in r.params}) if all_params else changed(rows)
+    methods = [m for m in METHOD_ORDER if any(m in r.results for r in rows)]
+    out = []
+    for r in rows:
+        d = {"run": r.name, "when": r.when, "tag": r.tag, "kind": r.kind, "commit": r.commit,
+             "status": r.status_label, "methods": ",".join(r.methods), "nproc": r.nproc}
+        d.update({p: r.params.get(p) for p in params})
+        d.update({f"{SHORT[m]} img/s": _result_cell(r.results[m]) if m in r.results else "-"
+                  for m in methods})
+        d["report"] = r.report or "-"
+        if any(x.problem for x in rows):
+            d["problem"] = r.problem or ""
+        out.append(d)
+    return out
+
+
+def text(rows: list[Row], all_params: bool = False) -> str:
+    return text_table(table(rows, all_params), empty="(no run folders)", strip=True)
+
+
+def _relative(path: Path, root: Path) -> str:
+    """A link from runs/index.html: relative when under runs/, so a moved runs/ still works."""
+    full = path.resolve()
+    return str(full.relative_to(root)) if full.is_relative_to(root) else full.as_uri()
+
+
+def html_page(rows: list[Row], runs_dir: str | Path) -> str:
+    """runs/index.html: the index as a page, each run's name linking to its report."""
+    root = Path(runs_dir).resolve()
+    body = table(rows)
+    cols = list(body[0]) if body else []
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    lines = []
+    for r, d in zip(rows, body):
+        cells = []
+        for c in cols:
+            v = "" if d[c] is None else str(d[c])
+            if c == "report" and r.report and Path(r.report).is_file():
+                rel = _relative(Path(r.report), root)
+                v = f'<a href="{html.escape(rel)}">{html.escape(rel)}</a>'
+            else:
+                v = html.escape(v)
+            cells.append(f"<td>{v}</td>")
+        lines.append(f'<tr class="run">{"".join(cells)}</tr>')
+    style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:"
+             "13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#eee}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>labkit runs</title>"
+            f"<style>{style}</style></head><body><h1>labkit runs: {html.escape(str(root))}</h1>"
+            f"<p>{len(rows)} run folder(s); parameters shown only where they differ.</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
+            f"</body></html>\n")
+
+
+# ------------------------------------------------------------------ notebooks/runs.ipynb
+def browser(runs_dir: str | Path):
+    """The index as widgets for JupyterLab: the table, and a list of its rows; picking a row
+    opens that run in the explorer below (labkit.analysis.explore)."""
+    import ipywidgets as w
+
+    from . import explore
+
+    rows = scan(runs_dir)
+    table = w.HTML(html_page(rows, runs_dir).split("<body>")[1].split("</body>")[0])
+    pick = w.Select(options=[("(pick a run to open it in the explorer)", None)]
+                    + [(f"{r.name}  [{r.status_label}]", r.path) for r in reversed(rows)],
+                    rows=min(10, len(rows) + 1), description="open", layout=w.Layout(width="90%"))
+    out = w.Output()
+
+    def opened(change) -> None:
+        # set as the Output's state (as the explorer sets its figure), not captured with
+        # `with out:`, which needs the browser to route the display message
+        outputs = ()
+        if change["new"]:
+            box = explore.explorer(explore.load_runs([change["new"]]), newest=1)
+            outputs = ({"output_type": "display_data", "metadata": {},
+                        "data": box._repr_mimebundle_()},)
+        out.outputs = outputs
+
+    pick.observe(opened, names="value")
+    return w.VBox([table, pick, out])
