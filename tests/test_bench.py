@@ -53,7 +53,8 @@ def test_bench_writes_every_field(bench_run):
         b = r["breakdown"]
         assert set(b) == {"data", "compute", "exposed", "optimizer", "rest"}
         assert r["exposed_comm"] == b["exposed"] >= 0
-        assert 0.7 * r["step_time"]["min"] <= sum(b.values()) <= 1.05 * r["step_time"]["max"]
+        # (2 trials x 2 steps on a busy 2-core machine: the ranks' windows open milliseconds apart)
+        assert 0.7 * r["step_time"]["min"] <= sum(b.values()) <= 1.10 * r["step_time"]["max"]
         assert b["compute"] <= max(r["compute_parts"]["parts"]["compute"])
         assert r["hidden_comm"] >= 0 and 0 <= r["overlap"] <= 1
         c = r["collectives"]
@@ -93,6 +94,26 @@ def test_bench_writes_every_field(bench_run):
     assert "exposed comm ms" in table and "busbw GB/s" in table and "x DDP" in table
     assert (run / "bench.png").stat().st_size > 10_000
     assert "x DDP" in p.stdout  # the terminal table
+
+
+def test_bench_holds_labkits_overhead_against_the_plain_loop(bench_run):
+    """Every bench also times a plain DDP loop against labkit's DDP training loop, both loading
+    their data, trials alternating in one job (labkit.training.plain_loop): the document holds
+    the ratio with its 95% interval, the two loops ended with the same parameters, and the
+    table prints it. A figure and its interval, not a speed: speeds are the bench's own."""
+    run, doc, p = bench_run
+    [o] = doc["overhead"]
+    assert o["nproc"] == 2 and o["trials"] == 2 and o["steps"] == 2 and o["warmup"] == 1
+    assert o["order"] == ["plain", "labkit_ddp"] * 2  # alternating
+    plain, labkit = o["plain"]["step_time"]["trials"], o["labkit_ddp"]["step_time"]["trials"]
+    assert len(plain) == len(labkit) == 2 and min(plain + labkit) > 0
+    assert o["ratio"] == pytest.approx(sum(plain) / sum(labkit))
+    low, high = o["ratio_ci"]
+    assert 0 < low <= o["ratio"] <= high
+    assert o["params_equal"] is True and o["params_differing"] == 0
+    assert (run / o["folder"] / "bench_result.json").is_file()
+    for text in ((run / "bench.txt").read_text(), p.stdout):
+        assert "labkit DDP / plain loop x2: " in text and "95% CI" in text
 
 
 def test_compute_only_steps_skip_synchronisation(bench_run):

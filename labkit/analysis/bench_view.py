@@ -124,6 +124,69 @@ def verdicts(doc: dict) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------ labkit's own overhead
+OVERHEAD_NAME = "labkit DDP / plain loop"
+
+
+def overhead_interval(o: dict) -> stats.Interval:
+    """labkit DDP's throughput over the plain loop's, from one overhead job's alternating
+    trials, with its 95% CI (stats.ratio_over_trials on the step times, as "x DDP 95% CI")."""
+    return stats.ratio_over_trials(o["plain"]["step_time"]["trials"],
+                                   o["labkit_ddp"]["step_time"]["trials"])
+
+
+def derive_overhead(o: dict) -> dict:
+    """Adds the ratio and its interval to an overhead job's result (``ratio``, ``ratio_ci``:
+    [low, high], None without an interval)."""
+    iv = overhead_interval(o)
+    o["ratio"] = iv.value
+    o["ratio_ci"] = [iv.low, iv.high] if iv.available else None
+    o["ratio_confidence"] = iv.confidence
+    return o
+
+
+def overhead_line(o: dict) -> str:
+    """One sentence: the ratio, its interval, and labkit slower or faster only when the
+    interval excludes 1.00 (stats.speedup_verdict's rule)."""
+    iv = overhead_interval(o)
+    name = f"{OVERHEAD_NAME} x{o['nproc']}"
+    if iv.value is None:
+        return f"{name}: n/a ({iv.note})"
+    head = f"{name}: {iv.value:.3f}"
+    if not iv.available:
+        text = f"{head} (no confidence interval: {iv.note})"
+    else:
+        label = stats.speedup_verdict(name, iv).label
+        why = {"faster": "labkit faster than the plain loop",
+               "slower": "labkit slower than the plain loop"}.get(
+            label, f"within the trial-to-trial noise of {iv.n} trials")
+        text = f"{head}, {100 * iv.confidence:.0f}% CI {iv.ci_text(digits=3, ref=1.0)}: {why}"
+    if not o.get("params_equal", True):
+        text += f"; WARNING: the two loops' parameters differ ({o.get('params_differing')} tensors)"
+    return text
+
+
+def overhead_rows(doc: dict) -> list[dict]:
+    out = []
+    for o in doc.get("overhead") or []:
+        p, l = o["plain"], o["labkit_ddp"]
+        out.append({
+            "procs": o["nproc"], "plain loop img/s": p["throughput"],
+            "labkit DDP img/s": l["throughput"],
+            OVERHEAD_NAME: overhead_interval(o).value,
+            "95% CI": overhead_interval(o).ci_text(digits=3, ref=1.0),
+            "trials": f"{o['trials']} x {o['steps']} steps",
+            "same parameters": "yes" if o.get("params_equal") else "NO",
+        })
+    return out
+
+
+OVERHEAD_NOTE = ("labkit's own overhead: a plain PyTorch DDP loop and labkit's DDP training loop, "
+                 "trials alternating in one job, both loading their data through a DataLoader "
+                 "(same data, same batches, same initial weights); a step timed from the start of "
+                 "one to the start of the next, warm-up left out")
+
+
 def summary_line(r: dict) -> str:
     st, ct = r["step_time"], r["compute_time"]
     return (f"{r['variant']} x{r['nproc']}: step {1000 * st['median']:.1f} ms "
@@ -152,7 +215,7 @@ def rows(doc: dict) -> list[dict]:
             "overlap %": 100 * r["overlap"] if r.get("overlap") is not None else None,
             "MB/step": r["bytes_per_step"] / 1e6,
             "all-reduce ms": 1000 * ar["time"] if ar else None,
-            "busbw GB/s": ar["busbw"] / 1e9 if ar else None,
+            "busbw GB/s": ar["busbw"] / 1e9 if ar and ar.get("busbw") is not None else None,
             "reduce+bcast ms": 1000 * rb["time"] if rb else None,
             "sync ms": 1000 * sync if sync is not None else None,
             "sync / raw": sync / raw["time"] if sync is not None and raw and raw["time"] else None,
@@ -182,7 +245,16 @@ def text_table(doc: dict) -> str:
             f"{doc['config'].get('batch_size')}/trainer, {doc['backend']} on {doc['device']}; "
             f"{doc['trials']} trials x {doc['steps']} steps after {doc['warmup']} warm-up steps\n"
             f"{CI_NOTE}")
-    return "\n".join([head, _table(rs, short_number, right=True), "", *verdicts(doc)]).rstrip()
+    return "\n".join([head, _table(rs, short_number, right=True), "", *verdicts(doc),
+                      *_overhead_text(doc)]).rstrip()
+
+
+def _overhead_text(doc: dict) -> list[str]:
+    rs = overhead_rows(doc)
+    if not rs:
+        return []
+    return ["", OVERHEAD_NOTE, _table(rs, short_number, right=True), "",
+            *(overhead_line(o) for o in doc["overhead"])]
 
 
 def plot(doc: dict, path: str | os.PathLike) -> Optional[Path]:

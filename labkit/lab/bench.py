@@ -8,6 +8,11 @@ launches them one after another into ``runs/<date>_<time>_bench/`` and writes ``
 ``bench.txt`` and ``bench.png`` there (``bench.json`` after every job, so a failure keeps what
 was measured). The document's derived figures (exposed communication, bus bandwidth), table
 and plot are labkit.analysis.bench_view, which the report and the cost model read.
+
+Then, for every process count, one more job: labkit's own overhead (``overhead_x<n>``), a
+plain PyTorch DDP loop and labkit's DDP training loop alternating in the same processes, both
+loading their data (labkit.training.plain_loop says why one job); the document's ``overhead``
+holds labkit DDP / plain loop with its 95% interval.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from labkit.analysis.bench_view import KIND, compare_to_ddp, derive, summary_line, write_outputs
+from labkit.analysis.bench_view import (KIND, compare_to_ddp, derive, derive_overhead, overhead_line,
+                                        summary_line, write_outputs)
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
@@ -29,9 +35,11 @@ from .launch import launch, validate
 from .params import with_absolute_paths
 from .record import snapshot, write_record
 from .render import make_report, report_or_why
-from .run_folder import new_run_dir
+from .run_folder import new_run_dir, write_index
 
 RANK_MODULE = "labkit.training.bench_rank"  # what torchrun runs on every rank of a bench job
+OVERHEAD_MODULE = "labkit.training.plain_loop"  # the overhead job's ranks
+OVERHEAD = "overhead"  # the overhead jobs' name in the document and the jobs' folders
 
 
 @dataclasses.dataclass
@@ -62,6 +70,7 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     stream = stream or sys.stdout
     _check(plan)
     jobs, skipped = _jobs(with_absolute_paths(cfg), plan)
+    overheads = _overhead_jobs(with_absolute_paths(cfg), plan, skipped)
     run = new_run_dir(plan.runs_dir, plan.tag or "bench").resolve()
     env = write_record(run, snapshot({f"{v}_x{n}": c for v, n, c in jobs}, cfg.seed))
     atomic_write_json(str(run / layout.ENVIRONMENT), layout.portable(env, run))
@@ -72,6 +81,7 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
         "warmup": plan.warmup, "config": jobs[0][2].to_dict(),
         # the jobs that failed are listed under the status's name
         "plan": dataclasses.asdict(plan), "results": [], "skipped": skipped, Status.FAILED: [],
+        OVERHEAD: [],  # labkit DDP against the plain loop, per process count
     }
     path = str(run / layout.BENCH)
     atomic_write_json(path, doc)
@@ -81,6 +91,9 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     try:
         for v, n, vcfg in jobs:
             _run_job(run, doc, v, n, vcfg, plan, stream)
+            atomic_write_json(path, doc)
+        for n, vcfg in overheads:
+            _run_overhead(run, doc, n, vcfg, plan, stream)
             atomic_write_json(path, doc)
     except KeyboardInterrupt:
         doc["status"] = Status.INTERRUPTED
@@ -92,6 +105,7 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     write_outputs(doc, run)
     if plan.report and doc["results"]:
         _report(run, stream)
+    write_index(run.parent)
     return run, doc
 
 
@@ -123,6 +137,42 @@ def _jobs(cfg: TrainConfig, plan: BenchPlan) -> tuple[list, list]:
         raise ConfigError("nothing to run: " + "; ".join(f"{s['variant']} x{s['nproc']}: "
                                                          f"{s['reason']}" for s in skipped))
     return jobs, skipped
+
+
+def _overhead_jobs(cfg: TrainConfig, plan: BenchPlan, skipped: list) -> list:
+    """(process count, checked DDP config) of every overhead job; those that cannot run are
+    added to ``skipped`` with their reason."""
+    from labkit.training.plain_loop import unsupported
+
+    out = []
+    for n in plan.nprocs:
+        vcfg = dataclasses.replace(cfg, out=None, **VARIANTS["ddp"])
+        try:
+            why = unsupported(vcfg)
+            if why:
+                raise ConfigError(why)
+            out.append((n, validate(vcfg, n)))
+        except ConfigError as e:
+            skipped.append({"variant": OVERHEAD, "nproc": n, "reason": str(e)})
+    return out
+
+
+def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPlan,
+                  stream: IO[str]) -> None:
+    out = run / layout.BENCH_JOBS_DIR / f"{OVERHEAD}_x{n}"
+    stream.write(f"\n=== labkit DDP against a plain DDP loop, both loading data: {n} processes ===\n")
+    stream.flush()
+    extra = ("--overhead", "--steps", str(plan.steps), "--trials", str(plan.trials),
+             "--bench-warmup", str(plan.warmup))
+    res = launch(vcfg, n, str(out), stream=stream, module=OVERHEAD_MODULE, extra=extra)
+    if not res.ok:
+        doc[Status.FAILED].append({"variant": OVERHEAD, "nproc": n, "error": res.message})
+        stream.write(f"{OVERHEAD} x{n} FAILED: {res.message}\n")
+        return
+    o = json.loads((out / layout.BENCH_RESULT).read_text())
+    o["folder"] = str(out.relative_to(run))
+    doc[OVERHEAD].append(derive_overhead(o))
+    stream.write(overhead_line(o) + "\n")
 
 
 def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: BenchPlan,

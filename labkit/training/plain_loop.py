@@ -1,0 +1,244 @@
+"""The floor labkit's own overhead is measured against: a plain PyTorch DDP loop, and the rank
+side of the `labkit bench` job that times it beside labkit's DDP.
+
+The loop (:class:`PlainDDP`) is what a user's script does and nothing else: a torch DataLoader
+(torch's defaults: no persistent workers, the default prefetch, pinned memory only on a GPU),
+forward, cross-entropy, backward through ``DistributedDataParallel`` with its defaults (no comm
+hook), ``torch.optim.SGD`` with the run's lr, momentum and weight decay. No timers, meters,
+progress bars or hooks. It reads THE SAME data as labkit's DDP: the datasets of
+labkit.training.data, trainer k's ``train_sampler``, and the loader's generator reseeded per
+epoch as labkit.training.trainer does (seed + 1000 k + epoch), so the batches are identical;
+from ``torch.manual_seed(seed)`` before ``build_model``, as labkit.training.rank does, it
+computes the same parameters bit for bit (tests/test_overhead.py).
+
+    torchrun --nproc_per_node=2 -m labkit.training.plain_loop [labkit.train flags] --out DIR
+        trains ``--epochs`` epochs as labkit.train would (without validation) and writes rank
+        0's final_model.pt in DIR;
+    ... --overhead --steps S --trials T --bench-warmup W --out DIR
+        the bench's overhead job (labkit.lab.bench): bench_result.json in DIR.
+
+Why the overhead is one job that alternates the two loops in the same processes (plain,
+labkit, plain, labkit, ...), rather than one job per loop like the methods' jobs: a difference
+of 1% is far below what separates two launches on a shared machine (where the OS places the
+ranks, what else runs; see docs/performance.md), and each launch's own interval cannot see
+that. In one job both loops run in the same processes, process group, placement and warm
+caches, trial after trial, so a drift of the machine hits both alike and the ratio holds only
+the loops' difference. Both load their data through their own DataLoader (the bench's method
+jobs cycle batches already on the device, which would leave loading out), from the same
+datasets; each trial is one epoch of W + S + 1 steps, both sides timed by the same clock: a
+timestamp at the start of every step (for labkit, from a step callback of Trainer.train_epoch;
+on a GPU after synchronising), S full steps from the start of step W (warm-up and worker
+start left out), the slowest rank's. Both models start from the same weights and see the same
+batches, so after the trials their parameters must be equal: the job checks it
+(``params_equal``), so the two loops are seen to have done the same work.
+"""
+from __future__ import annotations
+
+if __name__ == "__main__":
+    # the same life as a training rank (labkit/train.py): SIGTERM taken by a thread before
+    # torch is imported, errors as one line and torchrun's error file, then leave()
+    from labkit.training.lifecycle import start_rank
+
+    start_rank("labkit.training.plain_loop")
+
+import os
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from labkit.core import layout
+from labkit.core.config import ConfigError, TrainConfig, build_parser, from_args
+from labkit.core.files import atomic_write_json
+
+from . import lifecycle
+from .dist import DistContext, sync_device
+
+PROG = "labkit.plain_loop"  # how the rank names itself in its one-line errors
+LOOPS = ("plain", "labkit_ddp")  # the overhead job's two loops, in the order each round runs them
+
+
+class PlainDDP:
+    """A plain DDP training loop over labkit's data (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, data, model: torch.nn.Module, ctx: DistContext):
+        from torch.nn.parallel import DistributedDataParallel
+
+        from .data import default_workers, train_sampler
+
+        cuda = ctx.device.type == "cuda"
+        self.device, self.rank, self.seed = ctx.device, ctx.rank, cfg.seed
+        self.model = model.to(ctx.device)
+        self.net = (DistributedDataParallel(self.model, device_ids=[ctx.device.index] if cuda else None)
+                    if ctx.distributed else self.model)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                         weight_decay=cfg.weight_decay)
+        self.sampler = train_sampler(data.train, ctx.world_size, ctx.rank, cfg.seed)
+        self.generator = torch.Generator()
+        self.workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
+        self.loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=self.sampler,
+                                 num_workers=self.workers, pin_memory=cuda, drop_last=True,
+                                 generator=self.generator)
+
+    def train_epoch(self, epoch: int, steps: int,
+                    at_step: Optional[Callable[[int], None]] = None) -> None:
+        """``steps`` steps of ``epoch``; ``at_step(i)`` is called as step i begins."""
+        self.model.train()
+        self.sampler.set_epoch(epoch)
+        self.generator.manual_seed(self.seed + 1000 * self.rank + epoch)  # as labkit's _batches
+        batches = iter(self.loader)
+        for i in range(steps):
+            if at_step is not None:
+                at_step(i)
+            x, y = next(batches)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(self.net(x), y)
+            loss.backward()
+            self.optimizer.step()
+
+
+def train(cfg: TrainConfig) -> None:
+    """``cfg.epochs`` epochs of the plain loop, as many steps each as labkit.train takes; rank 0
+    writes the final model (final_model.pt) in ``cfg.out``."""
+    from .data import build_datasets, steps_per_epoch
+    from .dist import env_world, init, teardown
+    from .models import build_model
+    from .timers import atomic_torch_save
+
+    data = build_datasets(cfg)
+    world = env_world()[1]
+    steps = steps_per_epoch(len(data.train), world, cfg.batch_size, cfg.max_steps_per_epoch)
+    torch.manual_seed(cfg.seed)  # as labkit.training.rank: same initial weights
+    model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
+    try:
+        loop = PlainDDP(cfg, data, model, ctx)
+        for epoch in range(1, cfg.epochs + 1):
+            loop.train_epoch(epoch, steps)
+        if ctx.is_main:
+            atomic_torch_save(model.state_dict(), os.path.join(cfg.out, layout.FINAL_MODEL))
+    finally:
+        teardown()
+
+
+# ------------------------------------------------------------------ the bench's overhead job
+def trial_steps(epoch_steps: int, warmup: int, steps: int) -> tuple[int, int]:
+    """(warm-up steps, timed steps) of one trial, which must fit in one epoch of
+    ``epoch_steps`` steps with one more step (the timed window ends where it begins)."""
+    warmup = min(warmup, max(0, epoch_steps - 2))
+    steps = min(steps, epoch_steps - warmup - 1)
+    if steps < 1:
+        raise ConfigError(f"one epoch holds {epoch_steps} step(s) per trainer: too few to time the "
+                          f"plain loop against labkit's DDP (needs 2; use more data or a smaller "
+                          f"--batch-size)")
+    return warmup, steps
+
+
+def unsupported(cfg: TrainConfig) -> Optional[str]:
+    """Why the plain loop cannot stand beside labkit's DDP with ``cfg`` (None: it can)."""
+    found = [f for f, on in (("--amp", cfg.amp != "off"), ("--compile", cfg.compile),
+                             ("--channels-last", cfg.channels_last),
+                             ("--compress", cfg.compress != "none")) if on]
+    if found:
+        return f"the plain loop has no {', '.join(found)}"
+    return None
+
+
+def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> dict:
+    """This rank's part of the overhead job; rank 0 returns the document (others: {})."""
+    from .bench_rank import _slowest, _stats
+    from .data import build_datasets, steps_per_epoch
+    from .dist import env_world, init, teardown
+    from .models import build_model
+    from .trainer import Trainer
+
+    data = build_datasets(cfg)
+    world = env_world()[1]
+    warmup, steps = trial_steps(steps_per_epoch(len(data.train), world, cfg.batch_size,
+                                                cfg.max_steps_per_epoch), warmup, steps)
+    n = warmup + steps + 1
+    models = []
+    for _ in LOOPS:  # the same initial weights for both, as labkit.training.rank makes them
+        torch.manual_seed(cfg.seed)
+        models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
+    try:
+        plain = PlainDDP(cfg, data, models[0], ctx)
+        tr = Trainer(cfg, ctx, None, data, models[1], n)
+        stamps: list[float] = []
+
+        def stamp(*_) -> None:  # the one clock of both loops: as a step begins
+            sync_device(ctx.device)
+            stamps.append(time.perf_counter())
+
+        tr.step_callbacks.append(stamp)
+        run = {"plain": lambda e: plain.train_epoch(e, n, stamp), "labkit_ddp": tr.train_epoch}
+        times: dict[str, list[float]] = {k: [] for k in LOOPS}
+        for trial in range(trials):
+            for name in LOOPS:
+                stamps.clear()
+                torch.manual_seed(cfg.seed + trial)  # augmentation in this process draws alike
+                run[name](trial + 1)
+                window = stamps[warmup + steps] - stamps[warmup]
+                times[name].append(_slowest(window, ctx.device) / steps)
+        differ = _differing(plain.model, tr.model, ctx.device)
+        if ctx.rank != 0:
+            return {}
+        gb = cfg.batch_size * world
+        return {
+            "nproc": world, "trainers": world, "batch_size": cfg.batch_size, "global_batch": gb,
+            "steps": steps, "warmup": warmup, "trials": trials, "order": list(LOOPS) * trials,
+            "workers": plain.workers, "pin_cpus": cfg.pin_cpus, "time_comm": cfg.time_comm,
+            # throughput from the mean step time, as the ratio's interval takes means
+            **{k: {"step_time": _stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
+            "paired_ratios": [p / q for p, q in zip(times["plain"], times["labkit_ddp"])],
+            "params_equal": differ == 0, "params_differing": differ,
+        }
+    finally:
+        teardown()
+
+
+def _differing(a: torch.nn.Module, b: torch.nn.Module, device: torch.device) -> int:
+    """How many tensors of the two models' state differ (not bit for bit), over all ranks."""
+    sa, sb = a.state_dict(), b.state_dict()
+    n = torch.tensor([sum(not torch.equal(sa[k], sb[k]) for k in sa) + len(set(sa) ^ set(sb))],
+                     dtype=torch.int64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(n)
+    return int(n.item())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = build_parser(prog=PROG)
+    p.add_argument("--overhead", action="store_true",
+                   help="time the plain loop against labkit's DDP (the bench's overhead job)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
+    a = p.parse_args(argv)
+
+    def work() -> None:
+        from .checks import preflight
+        from .dist import env_world
+
+        cfg = preflight(from_args(a))
+        if not cfg.out:
+            raise ConfigError("--out is required")
+        if cfg.method != "ddp":
+            raise ConfigError(f"the plain loop is DDP's floor (got --method {cfg.method})")
+        why = unsupported(cfg)
+        if why:
+            raise ConfigError(why)
+        os.makedirs(cfg.out, exist_ok=True)
+        if not a.overhead:
+            train(cfg)
+            return
+        doc = measure_overhead(cfg, a.steps, a.trials, a.bench_warmup)
+        if env_world()[0] == 0:
+            atomic_write_json(os.path.join(cfg.out, layout.BENCH_RESULT), doc)
+
+    return lifecycle.run_rank(work, PROG)

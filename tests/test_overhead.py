@@ -1,0 +1,101 @@
+"""The plain DDP loop (labkit.training.plain_loop), the floor labkit's overhead is measured
+against: it computes labkit's DDP parameters bit for bit, and the bench's figure of labkit
+DDP / plain loop is the existing trials interval. Speeds are the bench's business
+(`labkit bench`, docs/performance.md), not a test's."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import TINY, check_ok
+
+# reads the session's ddp_run, as the equivalence tests do: on their xdist worker
+pytestmark = pytest.mark.xdist_group("equivalence_runs")
+
+
+def plain_torchrun(nproc: int, args: list[str], cwd, timeout: float = 240):
+    """``torchrun -m labkit.training.plain_loop ARGS`` for real (gloo, one thread per rank, as
+    conftest.torchrun runs labkit.train)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "labkit.training.plain_loop", *args,
+           "--backend", "gloo"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_plain_loop_computes_labkits_ddp_parameters_bit_for_bit(ddp_run, tmp_path):
+    """TINY on 2 gloo ranks: labkit's DDP (labkit.train, its timing comm hook, meters and
+    all) and the plain loop over the same datasets, sampler shards, per-epoch loader seeds
+    and initial weights end with the same state, every tensor equal bit for bit, and
+    training moved the weights."""
+    out = tmp_path / "plain"
+    check_ok(plain_torchrun(2, TINY + ["--out", str(out)], cwd=tmp_path))
+    plain = torch.load(out / "final_model.pt", weights_only=True)
+    labkit = torch.load(ddp_run / "final_model.pt", weights_only=True)
+    assert set(plain) == set(labkit)
+    differ = [k for k in labkit if not torch.equal(plain[k], labkit[k])]
+    assert differ == [], f"{len(differ)} tensors differ, the first {differ[0]}: max abs diff " \
+                         f"{(plain[differ[0]].double() - labkit[differ[0]].double()).abs().max().item()}"
+    from labkit.training.models import build_model
+
+    torch.manual_seed(0)
+    init = build_model("resnet10_small", 10)[0].state_dict()
+    assert not torch.equal(init["fc.weight"], plain["fc.weight"])
+
+
+def test_plain_loop_refuses_what_it_does_not_do(tmp_path, capsys):
+    """One line, exit 2, before any process group: the floor is DDP's, without labkit's options."""
+    from labkit.training import plain_loop
+
+    for args, needle in ((["--method", "allreduce"], "the plain loop is DDP's floor"),
+                         (["--compress", "fp16"], "the plain loop has no --compress")):
+        code = plain_loop.main(TINY + args + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+def overhead_result(plain, labkit, nproc=2):
+    """An overhead job's result holding known trials (only the fields the view reads)."""
+    from labkit.analysis.bench_view import derive_overhead
+
+    def side(ts):
+        return {"step_time": {"trials": ts}, "throughput": 16 * nproc * len(ts) / sum(ts)}
+    return derive_overhead({"nproc": nproc, "trials": len(plain), "steps": 10, "params_equal": True,
+                            "plain": side(plain), "labkit_ddp": side(labkit)})
+
+
+def test_overhead_ratio_is_the_trials_interval_of_x_ddp():
+    """labkit DDP / plain loop = mean plain step / mean labkit step, with the Welch interval on
+    its log (delta method) that the bench's "x DDP 95% CI" uses, computed here independently;
+    the sentence calls labkit slower only when the interval excludes 1.00."""
+    import math
+
+    import numpy as np
+    from scipy import stats as sps
+
+    from labkit.analysis import bench_view
+
+    plain, labkit = [2.00, 2.04, 1.98, 2.02], [2.10, 2.13, 2.08, 2.12]
+    o = overhead_result(plain, labkit)
+    a, b = np.asarray(plain), np.asarray(labkit)
+    va, vb = a.var(ddof=1) / 4 / a.mean() ** 2, b.var(ddof=1) / 4 / b.mean() ** 2
+    df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 3)
+    r, h = a.mean() / b.mean(), sps.t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert o["ratio"] == pytest.approx(r) == pytest.approx(
+        o["labkit_ddp"]["throughput"] / o["plain"]["throughput"])
+    assert o["ratio_ci"] == pytest.approx([r * math.exp(-h), r * math.exp(h)])
+    line = bench_view.overhead_line(o)
+    assert line.startswith(f"labkit DDP / plain loop x2: {r:.3f}, 95% CI ") and "labkit slower" in line
+    tie = overhead_result(plain, plain[::-1])
+    assert "within the trial-to-trial noise of 4 trials" in bench_view.overhead_line(tie)
+    one = overhead_result([2.0], [2.1])
+    assert one["ratio_ci"] is None and "no confidence interval" in bench_view.overhead_line(one)
+    doc = {"overhead": [o]}
+    row = bench_view.overhead_rows(doc)[0]
+    assert row["95% CI"] == f"{o['ratio_ci'][0]:.3f}-{o['ratio_ci'][1]:.3f}"
+    assert row["same parameters"] == "yes"
