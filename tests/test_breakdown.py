@@ -82,11 +82,12 @@ def test_no_overlap_hides_nothing_and_overlap_hides_some(tmp_path):
 def test_a_late_rank_is_named_as_the_one_the_others_waited_for(tmp_path):
     out = tmp_path / "ddp"
     check_ok(torchrun(2, STEPS + ["--method", "ddp", "--out", str(out)], cwd=tmp_path,
-                      env={"PYTHONPATH": HOOKS, "LABKIT_TEST_LATE": "1:0.05"}))
+                      env={"PYTHONPATH": HOOKS, "LABKIT_TEST_LATE": "1:0.1"}))
     doc = load_json(out / "results_baseline_ddp.json")
     w = breakdown.waits(doc)
     assert w.last == 1 and w.last_share[1] > 0.8, w
-    assert w.mean_wait[0] > w.mean_wait[1] + 0.03  # rank 0 waited the 50 ms rank 1 slept
+    # rank 0 waited the 100 ms rank 1 slept (more than a busy 2-core machine's own jitter)
+    assert w.mean_wait[0] > w.mean_wait[1] + 0.06
     text = report.text_report(load_files([str(out)]))
     assert "rank 1 arrived last at the synchronisation point" in text
     # DDP's communication is a number in Table 2 now, not "inside PyTorch"
