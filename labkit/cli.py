@@ -374,6 +374,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"labkit {command}: interrupted; every child process was stopped", file=sys.stderr)
         return 130
+    except OSError as e:
+        import errno
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a full disk under labkit itself (experiment.json, a notebook): what, where; what ran
+        # before is kept, every file being written atomically
+        print(f"labkit {command}: error: the disk is full: {e.strerror} writing "
+              f"{e.filename or 'a file'}; every file written before is kept", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -129,6 +129,8 @@ class TrainConfig:
                         "or dead rank ends the run after this long)")
     resume: bool = _f(False, "continue from the last epoch checkpoint in --out (also automatic "
                       "after a torchrun --max-restarts restart)")
+    checkpoint: bool = _f(True, "write checkpoint.pt after every epoch, to --resume from "
+                          "(--no-checkpoint: none, for a folder short of space; no --resume)")
     progress: bool = _f(True, "show tqdm progress bars (--no-progress to turn off)")
     pin_cpus: bool = _f(True, "without GPUs: bind each rank to its even share of the cores "
                         "(Linux; where no even share exists, e.g. 3 ranks on 2 cores, the OS "

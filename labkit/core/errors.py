@@ -29,3 +29,11 @@ class RunFailed(RuntimeError):
 
 #: a rank's line that says its run failed (RunFailed): the launcher shows the message alone
 RUN_FAILED_LINE = re.compile(r"labkit\.train: error: (\w+ failed: .*\S)")
+
+
+class Exhausted(RunFailed):
+    """The machine ran out of something under a rank: the disk, /dev/shm, host or GPU memory
+    (labkit.training.exhaustion says which, where, at which epoch and step). Unlike its parent
+    only the rank that ran out knows, so that rank says it (its line still matches
+    :data:`RUN_FAILED_LINE`, so the launcher shows it alone), and torchrun's error file of that
+    rank records it, the traceback kept in the rank's log."""

@@ -10,17 +10,22 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temp path beside ``path``; on success fsync it and rename it over ``path``.
 
-    Readers never see half a file, and a failure leaves no temp file behind.
+    Readers never see half a file, and a failure leaves no temp file behind: on a full disk the
+    partial file is removed at once (which frees the space for the one-line record of the
+    failure), and the OSError names ``path``, not the temp file.
     """
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from e
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users
@@ -30,10 +35,24 @@ def atomic_path(path: str) -> Iterator[str]:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        cause = _os_error(e)  # torch's writer wraps the OSError of its file in a RuntimeError
+        if cause is not None and cause.filename in (None, tmp):
+            raise OSError(cause.errno, cause.strerror, path) from e
         raise
+
+
+def _os_error(e: BaseException) -> Optional[OSError]:
+    """The first OSError with an errno in ``e`` and what it was raised from or while handling."""
+    for _ in range(8):
+        if isinstance(e, OSError) and e.errno:
+            return e
+        e = e.__cause__ or e.__context__
+        if e is None:
+            return None
+    return None
 
 
 def finite(obj: Any) -> Any:

@@ -22,7 +22,9 @@ from labkit.core.methods import METHODS
 from labkit.core.status import Status, stamp
 
 from .kernels import kernel_name
-from .launch import Nodes, mark_ended, validate
+from labkit.training import budget
+
+from .launch import Nodes, mark_ended, validate, warn
 from .params import nproc_or_default, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
@@ -78,8 +80,21 @@ def prepare(cfg: TrainConfig, exp: Experiment,
         resolved = {m: dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m]))
                     for m in exp.methods}
     resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
+    check_machine(resolved, nproc, exp)
     snap = snapshot(resolved, cfg.seed)  # packages, code, data fingerprints: before any folder
     return Prepared(cfg, exp, nproc, resolved, snap)
+
+
+def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment) -> None:
+    """Room for every method's checkpoints and final model in --runs-dir, /dev/shm and memory
+    for each: a shortfall is refused here, before the run folder exists; tight margins warned
+    about once."""
+    runs = len(exp.methods) * exp.repeats
+    said: list[str] = []
+    for c in resolved.values():
+        said += [w for w in budget.machine(c, nproc, exp.runs_dir, runs, "--runs-dir")
+                 if w not in said]
+    warn(said)
 
 
 def repeat_plan(methods: list[str], repeats: int, seed: int) -> list[tuple[int, int, list[str]]]:
@@ -250,6 +265,9 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
         entry["status"] = Status.COMPLETED
     except pm.PapermillExecutionError as e:
         entry.update(status=Status.FAILED, error=f"{e.ename}: {e.evalue}".strip())
+        stream.write(f"\n{label} FAILED: {entry['error']}\n")
+    except OSError as e:  # papermill could not write the executed notebook: a full disk
+        entry.update(status=Status.FAILED, error=f"cannot write {e.filename or mdir}: {e.strerror}")
         stream.write(f"\n{label} FAILED: {entry['error']}\n")
     except KeyboardInterrupt:
         # the kernel, and with it the launcher, is gone: mark the method's result file here

@@ -31,6 +31,14 @@ _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitco
 # errors a rank gets because another rank is gone: not the cause
 _SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
                         r"NCCL communicator was aborted", re.I)
+
+
+def is_consequence(text: str) -> bool:
+    """Whether a rank's error only says it lost its peers, timed out waiting for them, or was
+    stopped by torchrun: not why the run failed."""
+    return bool(_SECONDARY.search(text)) or text.startswith("stopped by SIGTERM")
+
+
 _OWN_ERROR = re.compile(r"labkit\.(train|bench): error:")  # the one line a rank prints on failure
 _TIMEOUT = re.compile(r"timed out|Timeout", re.I)
 
@@ -136,9 +144,10 @@ def evidence(f: Failure) -> int:
 
 
 def explain_failure(method: str, returncode: int, output: str, log_dir: str,
-                    multi_node: bool = False) -> Explanation:
+                    multi_node: bool = False, oom: Optional[bool] = None) -> Explanation:
     """One message naming the rank that failed first (never one that only lost its peers);
-    with several nodes, ``output`` and ``log_dir`` cover this node's ranks only."""
+    with several nodes, ``output`` and ``log_dir`` cover this node's ranks only. ``oom``: whether
+    the kernel's out-of-memory killer killed a process meanwhile (None: not known here)."""
     failures = collect(output, log_dir)
     said = _run_failed(failures, log_dir)
     if said is not None:
@@ -147,7 +156,7 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
         return _no_failed_rank(method, returncode, output, multi_node)
     ranked = sorted(failures, key=lambda f: (evidence(f), f.raised_at, f.rank))
     if evidence(ranked[0]) < 3:
-        return _blame(method, ranked[0], log_dir)
+        return _blame(method, ranked[0], log_dir, oom)
     # nobody crashed: ranks timed out waiting in a collective for a rank that hung
     timed_out = [f for f in failures if any(_TIMEOUT.search(l) for l in [f.error or ""] + f.lines)]
     hung = sorted(f.rank for f in failures if f not in timed_out) if timed_out else []
@@ -165,7 +174,7 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
             f"(or timed out waiting for them); the rank that failed first runs on another node: "
             f"see that node's labkit output and logs. Rank {f.rank} said:\n" + _quote(f.lines),
             None, f.lines, f.error_file)
-    return _blame(method, failures[0], log_dir)
+    return _blame(method, failures[0], log_dir, oom)
 
 
 def _run_failed(failures: list[Failure], log_dir: str) -> Optional[Explanation]:
@@ -173,12 +182,13 @@ def _run_failed(failures: list[Failure], log_dir: str) -> Optional[Explanation]:
     replicas that differ): rank 0's one line says it all, and alone."""
     for line in [l for f in failures for l in f.lines] + rank_error_lines(log_dir, 0):
         m = RUN_FAILED_LINE.search(line)
-        if m:
-            return Explanation(m.group(1), 0, [m.group(1)])
+        if m:  # a rank that ran out of something names itself (labkit.core.errors.Exhausted)
+            said = re.search(r" failed: rank (\d+): ", m.group(1))
+            return Explanation(m.group(1), int(said.group(1)) if said else 0, [m.group(1)])
     return None
 
 
-def _blame(method: str, f: Failure, log_dir: str) -> Explanation:
+def _blame(method: str, f: Failure, log_dir: str, oom: Optional[bool] = None) -> Explanation:
     code, sig = f.exitcode, ""
     if code is not None and code < 0:
         try:
@@ -193,11 +203,28 @@ def _blame(method: str, f: Failure, log_dir: str) -> Explanation:
         how = "raised an exception (known from its error file only)"
     else:
         how = f"exited with code {code}{sig}"
+    if code == -signal.SIGKILL:  # it said nothing; its log's last lines are not why
+        return Explanation(f"{method} failed: rank {f.rank} {how}: {killed(oom)}{where}", f.rank,
+                           f.lines, f.error_file)
     lines = f.lines if f.lines else ([f.error] if f.error else [])
     if f.error and not any(f.error.split(":")[0] in l for l in lines):
         lines = lines + [f.error]  # the exception, from torchrun's error file
     return Explanation(f"{method} failed: rank {f.rank} {how}{where}\n" + _quote(lines),
                        f.rank, lines, f.error_file)
+
+
+def killed(oom: Optional[bool]) -> str:
+    """Why a rank dies of SIGKILL, said once: host memory, almost always."""
+    from labkit.core.resources import free_memory, size
+
+    now = free_memory()
+    left = f"; {size(now)} available now" if now is not None else ""
+    if oom:
+        who = "the kernel's out-of-memory killer killed it: host memory ran out"
+    else:
+        who = ("killed from outside, as the kernel's out-of-memory killer does when host memory "
+               "runs out (dmesg names its victims)")
+    return f"{who}{left}; lower --nproc, --batch-size or --workers"
 
 
 def _no_failed_rank(method: str, returncode: int, output: str, multi_node: bool) -> Explanation:

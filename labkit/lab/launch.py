@@ -25,9 +25,12 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import server_ranks
+from labkit.core.resources import oom_kills
 from labkit.core.status import Status
 
-from .failures import explain_failure
+from labkit.training import budget
+
+from .failures import explain_failure, is_consequence
 
 @dataclass(frozen=True)
 class Nodes:
@@ -171,31 +174,54 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     """
     stream = stream or sys.stdout
     cfg = validate(dataclasses.replace(cfg, out=out_dir), nproc, nodes)
+    if module == "labkit.train":  # disk, /dev/shm, memory: refused before anything is created
+        warn(budget.machine(cfg, nproc, out_dir, flags="--out (or --runs-dir)"))
     log_dir = _log_dir(out_dir, nodes)
     # rank 0, and the first trainer where ranks serve (a parameter server's training bar)
     show = tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
     cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
-    t0 = time.monotonic()
+    t0, kills = time.monotonic(), oom_kills()
     try:
         returncode, text = _run(cmd, _environment(nproc, env), Throttle(stream, throttle_s))
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, "interrupted by the user (Ctrl-C)")
         raise
-    with open(os.path.join(log_dir, layout.TORCHRUN_LOG), "w") as f:
-        f.write(" ".join(cmd) + "\n\n" + text)
     res = LaunchResult(cfg.method, returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
     if not res.ok:
-        why = explain_failure(cfg.method, returncode, text, log_dir, nodes.multi)
+        after = oom_kills()
+        why = explain_failure(cfg.method, returncode, text, log_dir, nodes.multi,
+                              oom=None if kills is None or after is None else after > kills)
         res.message, res.failed_rank, res.log_tail = why.message, why.rank, why.lines
         res.explained_from = why.error_file
-        mark_ended(out_dir, cfg.result_file, Status.FAILED, res.message.splitlines()[0])
-    # paths inside out_dir relative to it (the command runs from there), so a run folder that
-    # is copied or moved does not point back at where it ran
-    atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
-        "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
-        "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
-        "message": res.message, "explained_from": res.explained_from}, out_dir))
+    _record(res, cfg, nproc, nodes, text)
     return res
+
+
+def _record(res: LaunchResult, cfg: TrainConfig, nproc: int, nodes: Nodes, text: str) -> None:
+    """torchrun.log, the result file of a failed run marked failed, launch.json; on a disk too
+    full for them the run's own message still stands (it says so when the disk is why)."""
+    cmd, out_dir = res.command, res.out_dir
+    try:
+        with open(os.path.join(res.log_dir, layout.TORCHRUN_LOG), "w") as f:
+            f.write(" ".join(cmd) + "\n\n" + text)
+        if not res.ok:
+            mark_ended(out_dir, cfg.result_file, Status.FAILED, res.message.splitlines()[0])
+        # paths inside out_dir relative to it (the command runs from there), so a run folder
+        # that is copied or moved does not point back at where it ran
+        atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
+            "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
+            "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
+            "message": res.message, "explained_from": res.explained_from}, out_dir))
+    except OSError as e:
+        if res.ok:
+            raise
+        warn([f"could not record the failure in {out_dir} ({e.strerror})"])
+
+
+def warn(lines: list[str]) -> None:
+    """Say each warning once, on stderr (the terminal, a notebook's cell output)."""
+    for line in lines:
+        print(f"labkit: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _log_dir(out_dir: str, nodes: Nodes) -> str:
@@ -223,6 +249,7 @@ def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
     exception here (Ctrl-C included) stops torchrun and every rank first."""
     captured: list[str] = []
     dump = False  # torchrun's own traceback and failure summary have begun (kept in torchrun.log)
+    crashed = RankTracebacks()
     # start_new_session: Ctrl-C in a notebook reaches us, and we stop the whole group
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             text=True, bufsize=1, errors="replace", start_new_session=True,
@@ -234,7 +261,7 @@ def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
                 rank_line = _RANK.match(piece) is not None
                 dump = dump or (not rank_line and piece.startswith("Traceback (most recent call last)"))
                 # a failed run's one line (RunFailed) is the launcher's message: said once
-                if (not _RANK.sub("", piece).strip() or _torchrun_noise(piece)
+                if (not _RANK.sub("", piece).strip() or _torchrun_noise(piece) or crashed.hides(piece)
                         or (dump and not rank_line) or RUN_FAILED_LINE.search(piece)):
                     continue
                 out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
@@ -245,18 +272,43 @@ def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
     return proc.returncode, "".join(captured)
 
 
+class RankTracebacks:
+    """A rank's traceback stays in its log: from its "Traceback" line the rank's lines are not
+    streamed until its one-line error (labkit.training.lifecycle.run_rank) or its next epoch."""
+
+    def __init__(self):
+        self.inside: set[str] = set()
+
+    def hides(self, line: str) -> bool:
+        m = _RANK.match(line)
+        if m is None:
+            return False
+        rank, text = m.group(0), line[m.end():].strip()
+        if text.startswith("Traceback (most recent call last)"):
+            self.inside.add(rank)
+        elif rank in self.inside and (_OWN_LINE.match(text) or text.startswith("epoch ")):
+            self.inside.discard(rank)
+            return False
+        return rank in self.inside
+
+
 def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None:
     """A run that ended badly must not leave a result file that says it is running (rank 0
     may have been the rank that was killed): write how it ended, keeping every finished
-    epoch. (A Ctrl-C also overrides the failure the ranks recorded as they were stopped.)"""
+    epoch. (A Ctrl-C also overrides the failure the ranks recorded as they were stopped.)
+    Where rank 0 recorded only a consequence (it lost its peer, or torchrun stopped it), the
+    cause ``why`` replaces it; what rank 0 saw is kept as ``rank0_error``."""
     path = os.path.join(out_dir, result_file)
     try:
         with open(path) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return
-    if doc.get("status") == Status.RUNNING or (
-            status == Status.INTERRUPTED and doc.get("status") == Status.FAILED):
+    was = doc.get("status")
+    if was == Status.FAILED and status == Status.FAILED and is_consequence(doc.get("error") or ""):
+        doc["rank0_error"], doc["error"] = doc["error"], why
+        atomic_write_json(path, doc)
+    elif was == Status.RUNNING or (status == Status.INTERRUPTED and was == Status.FAILED):
         doc["status"] = status
         doc.setdefault("error", why)
         doc["end_time"] = doc.get("end_time") or now_str()
@@ -264,6 +316,7 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
 
 
 _RANK = re.compile(r"^\[(?:rank|default)\d+\]:")  # a rank's line, as torchrun prefixes it
+_OWN_LINE = re.compile(r"labkit\.(train|bench): error:")  # a rank's one-line error
 # the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
 _KINETO = re.compile(r"^(\[(?:rank|default)\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
 

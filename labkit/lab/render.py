@@ -57,8 +57,11 @@ def report_or_why(make: Callable[[], Path], folder: Path, stream: IO[str],
         ename, evalue = (getattr(e, "ename", None), getattr(e, "evalue", None))
         why = f"{ename or type(e).__name__}: {evalue if ename else e}".strip()
         rdir = folder / layout.REPORT_DIR
-        rdir.mkdir(exist_ok=True)
-        (rdir / "error.log").write_text(traceback.format_exc())
+        try:
+            rdir.mkdir(exist_ok=True)
+            (rdir / "error.log").write_text(traceback.format_exc())
+        except OSError:  # a full disk: the one line below still says what broke
+            pass
         stream.write(f"\n{label} FAILED: {why} (the results are kept; details: "
                      f"{rdir / 'error.log'})\n")
         return None, why

@@ -120,6 +120,10 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
     - a run that failed without crashing (RunFailed: a diverged loss, replicas that differ),
       seen by every rank alike: the same (from each node's local rank 0), exit 1, and no
       torchrun error file (its summary would print a traceback);
+    - the machine ran out of something under this rank (Exhausted: a full disk or /dev/shm, a
+      killed loader worker, GPU memory), which only this rank knows: the traceback into the
+      rank's log, torchrun's error file written with the one line, and that line
+      (``<prog>: error: <method> failed: rank N: ...``) from this rank, exit 1;
     - Ctrl-C: exit 130;
     - a crash: the full traceback into the rank's log, torchrun's error file written (its
       ``record`` decorator), then one ``<prog>: error: rank N: ...`` line, exit 1.
@@ -127,11 +131,13 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from labkit.core.config import ConfigError
-    from labkit.core.errors import RunFailed
+    from labkit.core.errors import Exhausted, RunFailed
 
     def verdict():  # a failed run, not a crash: returned past record(), which would file it
         try:
             work()
+        except Exhausted:
+            raise  # this rank's own: filed by record()
         except RunFailed as e:
             return e
         return None
@@ -144,6 +150,10 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
         return _one_line(prog, e, rank, 2)
     except KeyboardInterrupt:
         return 130
+    except Exhausted as e:
+        traceback.print_exc()
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return 1
     except Exception as e:  # noqa: BLE001 - a crash: its traceback is in the log, then one line
         traceback.print_exc()
         print(f"{prog}: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -18,7 +18,7 @@ from labkit.core.config import TrainConfig, build_parser, from_args
 from labkit.core.errors import RunFailed
 from labkit.core.status import Status
 
-from . import lifecycle
+from . import budget, exhaustion, lifecycle
 from .checks import find_checkpoint, preflight, prepare_out
 from .data import build_datasets, steps_per_epoch
 from .dist import env_world, init, teardown
@@ -31,7 +31,7 @@ PROG = "labkit.train"  # how the rank names itself in its one-line errors
 
 def run(cfg: TrainConfig) -> Optional[str]:
     """Train with ``cfg`` (already resolved) on this process's rank; return the output folder."""
-    rank, world, _, _ = env_world()
+    rank, world, _, local_world = env_world()
     # everything that can reject the input happens before the process group exists
     data = build_datasets(cfg)
     if data.warning and rank == 0:  # every rank built the same datasets: one says so
@@ -41,12 +41,15 @@ def run(cfg: TrainConfig) -> Optional[str]:
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, note = build_model(cfg.model, data.num_classes, cfg.weights)
     ckpt = find_checkpoint(cfg)
+    # the disk and /dev/shm, checked on every rank alike (the launcher checked them, and host
+    # memory, before it spawned; this is for the bare torchrun path)
+    budget.machine(cfg, local_world, cfg.out or ".", only=("disk space", "shared memory"))
     out = prepare_out(cfg, resuming=ckpt is not None) if rank == 0 else None
     if note and rank == 0:
         print(note, flush=True)
 
-    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
-    results = None
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
+    results = trainer = None
     try:
         trainer = Trainer(cfg, ctx, out, data, model, steps)
         start = trainer.load_checkpoint(ckpt) if ckpt else 1
@@ -64,12 +67,27 @@ def run(cfg: TrainConfig) -> Optional[str]:
             print(f"results: {results.path}", flush=True)
         return out
     except BaseException as e:
+        ran_out = exhaustion.translate(e, cfg.method, ctx.rank,
+                                       trainer.position() if trainer else "before training",
+                                       out or cfg.out)
         if results is not None:
-            results.finish(Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED,
-                           error=str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}")
+            _finish(results, ran_out or e)
+        if ran_out is not None:
+            raise ran_out from e  # one line (lifecycle.run_rank); the original stays chained
         raise
     finally:
         teardown()
+
+
+def _finish(results: ResultFile, e: BaseException) -> None:
+    """The result file of a run that ended by ``e``: failed (interrupted for Ctrl-C), with why.
+    A disk still too full to write it leaves it running: the launcher marks it, or readers
+    see its writer gone (labkit.core.status.as_seen)."""
+    try:
+        results.finish(Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED,
+                       error=str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}")
+    except OSError:
+        pass
 
 
 def main(argv: Optional[list[str]] = None) -> int:

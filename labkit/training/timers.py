@@ -154,8 +154,11 @@ class MachineLoad:
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """torch.save, never half-written. Through a Python file object: torch's own writer, given a
+    path, reports a full disk as an "enforce fail" about a file position; Python's write says
+    ENOSPC (errno 28), which labkit.training.exhaustion names."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
 
 
 class Lines:

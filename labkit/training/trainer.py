@@ -67,10 +67,22 @@ class Trainer:
                                           cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
         self.num_train, self.num_val = len(data.train), len(data.val)
         self.global_step = 0
+        # where the run is, for a one-line failure (labkit.training.exhaustion): see position()
+        self.epoch, self.step, self.doing = 0, 0, "start"
         self._local_opt: Optional[torch.optim.Optimizer] = None
         # called as fn(trainer, global_step) before each training step (labkit.training.hooks)
         self.step_callbacks: list[Callable[["Trainer", int], None]] = []
         hooks.trainer_built(self)
+
+    def position(self) -> str:
+        """Where the run is, as a failure's line says it: "at epoch 2, step 5 of 11"."""
+        e = self.epoch
+        return {"start": "before the first step",
+                "train": f"at epoch {e}, step {self.step + 1} of {self.steps}",
+                "validation": f"in epoch {e}'s validation",
+                "checkpoint": f"after epoch {e} (its checkpoint)",
+                "calibration": "in the calibration steps after the last epoch",
+                "final": "after the last epoch (the final model)"}[self.doing]
 
     def log(self, msg: str, echo: bool = True) -> None:
         """One line for people, from the rank that writes results (rank 0); ``echo`` False:
@@ -165,7 +177,9 @@ class Trainer:
         bar = self.progress(epoch)
         s.timer.pop()
         meter.start()
+        self.epoch, self.doing = epoch, "train"
         for step in range(self.steps):
+            self.step = step
             meter.step_begins(step)
             for callback in self.step_callbacks:
                 callback(self, self.global_step)
@@ -253,6 +267,7 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict:
         s, dev = self.strategy, self.ctx.device
+        self.doing = "validation"
         s.finish_epoch(self.model)
         self.model.eval()
         tot = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, count
@@ -335,12 +350,16 @@ class Trainer:
                 line += f" | {p} {1000 * m[comm_key(p)]:.1f} ms/step"
             self.log(line)
             if results is not None:
+                self.doing = "checkpoint"
                 results.add_epoch(epoch, m)
-                self.save_checkpoint(epoch, results)
+                if cfg.checkpoint:
+                    self.save_checkpoint(epoch, results)
+        self.doing = "calibration"
         if cfg.calibrate_steps and start_epoch <= cfg.epochs:
             calibration = self.calibrate(cfg.calibrate_steps)
             if results is not None:
                 results.set("calibration", calibration)
+        self.doing = "final"
         if self.ctx.is_main and self.out:
             # after finish_epoch every rank, the PS server included, holds the final model
             atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))

@@ -20,11 +20,59 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       in sync (a parameter server's flat buffer, which the pull overwrites): with ulp the
       replicas differ from then on, as a bug in a method's synchronisation would leave them;
       with nan that rank's loss is not a number at that step.
+  LABKIT_TEST_FILL=<path>:<bytes>  rank 0, once its Trainer is built (after every preflight),
+      fills the filesystem holding <path> with the file <path>, leaving <bytes> free: the disk
+      then runs out for real at the first large write (the first checkpoint).
+  LABKIT_TEST_WORKER=<method>:<rank>:<step>:<bus|kill>  before that step that rank's DataLoader
+      workers (its child processes) get SIGBUS or SIGKILL, as a full /dev/shm or the kernel's
+      out-of-memory killer would do to them.
+  LABKIT_TEST_CUDA_OOM=<method>:<rank>:<step>  before that step that rank asks the GPU for
+      1 TiB: a real torch.OutOfMemoryError.
 """
 import os
 
 _NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_LATE", "LABKIT_TEST_TRACE",
-          "LABKIT_TEST_PERTURB")
+          "LABKIT_TEST_PERTURB", "LABKIT_TEST_FILL", "LABKIT_TEST_WORKER", "LABKIT_TEST_CUDA_OOM")
+
+
+def _at(name: str, method: str, rank: int):
+    """(step, extra fields) of a <method>:<rank>:<step>[:...] variable meant for this rank."""
+    try:
+        m, r, s, *rest = os.environ.get(name, "").split(":")
+        return (int(s), rest) if m == method and int(r) == rank else None
+    except ValueError:
+        return None
+
+
+def _fill(spec: str) -> None:
+    """Fill the filesystem of the file ``path`` so that only ``leave`` bytes stay free."""
+    path, leave = spec.rsplit(":", 1)
+    st = os.statvfs(os.path.dirname(path))
+    n = st.f_bavail * st.f_frsize - int(leave)
+    if n > 0:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, n)
+        finally:
+            os.close(fd)
+
+
+def _kill_workers(how: str) -> None:
+    import signal
+    import time
+
+    import psutil
+
+    sig = signal.SIGBUS if how == "bus" else signal.SIGKILL
+    for child in psutil.Process().children():
+        child.send_signal(sig)
+    time.sleep(0.5)  # the loader's SIGCHLD handler names the signal before the step goes on
+
+
+def _cuda_oom() -> None:
+    import torch
+
+    torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
 
 
 def _fault(method: str, rank: int):
@@ -93,6 +141,17 @@ def _install() -> None:
         at = _perturb_at(trainer.cfg.method, trainer.ctx.rank)
         if at is not None:
             trainer.step_callbacks.append(lambda tr, step: _perturb(tr, at[1]) if step == at[0] else None)
+        m, r = trainer.cfg.method, trainer.ctx.rank
+        fill = os.environ.get("LABKIT_TEST_FILL")
+        if fill and r == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            _fill(fill)
+        worker = _at("LABKIT_TEST_WORKER", m, r)
+        if worker is not None:
+            trainer.step_callbacks.append(
+                lambda tr, step: _kill_workers(worker[1][0]) if step == worker[0] else None)
+        oom = _at("LABKIT_TEST_CUDA_OOM", m, r)
+        if oom is not None:
+            trainer.step_callbacks.append(lambda tr, step: _cuda_oom() if step == oom[0] else None)
         late = _slow(trainer.ctx.rank, "LABKIT_TEST_LATE")
         if late:
             import time

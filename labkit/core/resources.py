@@ -1,0 +1,172 @@
+"""What a run will need of the machine, what the machine has, and what to say when it is short.
+
+A run that dies for want of disk, shared memory or host memory does so minutes or hours in,
+and the user then reads a wall of tracebacks. The arithmetic here lets the launcher refuse
+such a run before anything is spawned, in one line that names what is short, how much is
+needed, how much is free and the flag that changes it. No torch here: the parameter count is
+the caller's (labkit.training.budget counts it), so the figures are plain numbers and the
+rules read in one place.
+
+Estimates err on the generous side only where a refusal would be wrong to miss: a shortfall
+is refused (ConfigError, exit 2), a margin that is only tight is a warning.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Optional
+
+MiB = 1 << 20
+GiB = 1 << 30
+#: below this share of headroom over the estimate, a check warns instead of staying quiet
+TIGHT = 1.5
+#: result files, logs, launch records, the executed notebook: per method, small but not nothing
+PER_METHOD_FILES = 8 * MiB
+#: a rank's interpreter with torch, gloo and its buffers before any model (measured RSS of an
+#: idle TINY rank on the CPU box is 350-450 MiB; the figure errs high)
+RANK_BASE = 500 * MiB
+#: a DataLoader worker's own memory besides the batches it holds in shared memory
+WORKER_BASE = 150 * MiB
+#: batches each worker keeps in flight (DataLoader's default prefetch_factor)
+PREFETCH = 2
+
+
+@dataclass(frozen=True)
+class Need:
+    """One resource a run needs: ``needed`` bytes of ``what`` at ``where``, ``free`` there."""
+    what: str             # "disk space", "shared memory", "host memory"
+    where: str            # the folder or file it is measured at
+    needed: int
+    free: Optional[int]   # None: cannot be measured here (then nothing is said)
+    detail: str           # what the estimate is made of
+    remedy: str           # the flag or change that lowers the need or raises the supply
+
+    @property
+    def short(self) -> bool:
+        return self.free is not None and self.needed > self.free
+
+    @property
+    def tight(self) -> bool:
+        return self.free is not None and not self.short and self.needed * TIGHT > self.free
+
+    def line(self) -> str:
+        """The one line a refusal or a warning says."""
+        verdict = "not enough" if self.short else "little headroom:"
+        return (f"{verdict} {self.what} in {self.where}: the run needs about {size(self.needed)} "
+                f"({self.detail}), {size(self.free or 0)} free; {self.remedy}")
+
+
+def size(n: float) -> str:
+    """Bytes for people: 512 KiB, 37.4 MiB, 2.1 GiB."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# ------------------------------------------------------------------ what the machine has
+def free_disk(path: str) -> Optional[int]:
+    """Bytes an unprivileged writer may still use on the filesystem that holds ``path`` (or
+    would hold it: the nearest folder that exists); None where it cannot be measured."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def free_shm(path: str = "/dev/shm") -> Optional[int]:
+    """Free bytes of the shared-memory filesystem DataLoader workers pass batches through."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def meminfo(key: str = "MemAvailable") -> Optional[int]:
+    """A /proc/meminfo figure in bytes (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name == key:
+                    return int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cgroup_memory_left() -> Optional[int]:
+    """What a cgroup (v2) memory limit still allows this container, or None without one: in a
+    container MemAvailable is the host's, the limit is what the OOM killer enforces."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(0, int(limit) - used)
+
+
+def free_memory() -> Optional[int]:
+    """Host memory a new process can have: the smaller of MemAvailable and the cgroup's room."""
+    known = [v for v in (meminfo(), cgroup_memory_left()) if v is not None]
+    return min(known) if known else None
+
+
+def oom_kills() -> Optional[int]:
+    """How many processes the kernel's OOM killer has killed in this cgroup so far (cgroup v2
+    memory.events), or None where that is not kept. Read before and after a launch, it tells
+    a rank killed for memory from one killed by a person."""
+    try:
+        with open("/sys/fs/cgroup/memory.events") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# ------------------------------------------------------------------ what a run needs
+def disk_need(where: str, state_bytes: int, model_bytes: int, methods: int, checkpoint: bool,
+              flags: str) -> Need:
+    """Disk for ``methods`` runs in ``where``: each keeps a checkpoint (model and optimizer
+    state, ``state_bytes``) that is replaced atomically, so for a moment the old and the new
+    one both exist, plus the final model and its small files."""
+    per = model_bytes + PER_METHOD_FILES + (2 * state_bytes if checkpoint else 0)
+    what = (f"2 checkpoints of {size(state_bytes)} while one replaces the other, "
+            if checkpoint else "") + f"final model {size(model_bytes)}, logs"
+    what = what if methods == 1 else f"{methods} x ({what})"
+    remedy = ("free some space, or choose another " + flags
+              + (", or --no-checkpoint (no checkpoint: no --resume)" if checkpoint else ""))
+    return Need("disk space", where, methods * per, free_disk(where), what, remedy)
+
+
+def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int) -> Need:
+    """/dev/shm for DataLoader workers: each holds ``PREFETCH`` batches in shared memory, for
+    each of a rank's ``loaders`` (training and validation keep their workers), on every rank."""
+    need = workers * loaders * ranks * PREFETCH * batch_bytes
+    detail = (f"{ranks} rank(s) x {loaders} loaders x {workers} workers x {PREFETCH} batches of "
+              f"{size(batch_bytes)}")
+    return Need("shared memory", "/dev/shm", need, free_shm(), detail,
+                "--workers 0 loads in the rank itself, a smaller --batch-size shrinks each batch, "
+                "or enlarge /dev/shm (docker run --shm-size)")
+
+
+def memory_need(ranks: int, workers: int, model_bytes: int, data_bytes: int) -> Need:
+    """Host memory for the ranks on this node: each holds torch itself, the model several times
+    over (weights, gradients, optimizer state, communication buffers) and its copy of an
+    in-memory dataset; each worker its own interpreter."""
+    per_rank = RANK_BASE + 5 * model_bytes + data_bytes + workers * 2 * WORKER_BASE
+    detail = (f"{ranks} rank(s) x ({size(RANK_BASE)} for torch + 5 x the {size(model_bytes)} "
+              f"model + {size(data_bytes)} of data" + (f" + {2 * workers} workers" if workers else "")
+              + ")")
+    return Need("host memory", "this node", ranks * per_rank, free_memory(), detail,
+                "lower --nproc" + (" or --workers" if workers else "") + ", or free memory")
