@@ -71,7 +71,7 @@ def killed(tmp_path_factory) -> tuple[Path, bytes]:
     """An experiment (ddp, allreduce, ps) whose process group was SIGKILLed once ddp had
     finished and allreduce had written its first checkpoint; (run folder, ddp's result bytes)."""
     cwd = tmp_path_factory.mktemp("killed")
-    p = start(["experiment", *EXP, "--epochs", "3", "--runs-dir", "runs", "--tag", "killed"], cwd)
+    p = start(["experiment", *EXP, "--epochs", "2", "--runs-dir", "runs", "--tag", "killed"], cwd)
     try:
         wait_for(lambda: (cwd / "runs" / "latest" / "allreduce" / "checkpoint.pt").exists())
     finally:
@@ -110,7 +110,7 @@ def runs_dir(tmp_path_factory, ddp_run, ddp_rerun, killed) -> Path:
                 "--runs-dir", str(runs), "--tag", "fail"], base,
                env={"PYTHONPATH": HOOKS, "LABKIT_TEST_FAULT": "ddp:1:1"})
     assert p.returncode == 1, p.stdout[-2000:]
-    p = start(["experiment", *EXP, "--methods", "ddp,allreduce", "--epochs", "2", "--no-report",
+    p = start(["experiment", *EXP, "--methods", "ddp,allreduce", "--epochs", "1", "--no-report",
                "--runs-dir", str(runs), "--tag", "term"], base)
     wait_for(lambda: any(completed(d / "ddp" / "results_baseline_ddp.json")
                          for d in runs.glob("*_term")))
@@ -194,7 +194,7 @@ def test_continue_finishes_a_killed_experiment(killed, tmp_path):
     html = (run / "report" / "report.html").read_text()
     assert all(name in html for name in ("Baseline DDP", "Manual All-Reduce", "Parameter Server"))
     # the same parameters as an uninterrupted run from the same seed
-    ref = labkit(["experiment", *EXP, "--methods", "allreduce,ps", "--epochs", "3", "--no-report",
+    ref = labkit(["experiment", *EXP, "--methods", "allreduce,ps", "--epochs", "2", "--no-report",
                   "--runs-dir", "runs"], tmp_path)
     assert ref.returncode == 0, ref.stdout[-2000:]
     ref_run = (tmp_path / "runs" / "latest").resolve()
