@@ -9,7 +9,7 @@ ARGS   ?=
 # timeouts, Ctrl-C handling), so two workers keep 2 cores busy
 TEST_WORKERS ?= 2
 
-.PHONY: setup system-deps experiment test lab clean-venv
+.PHONY: setup system-deps slurm-deps experiment test lab clean-venv
 
 # JupyterLab settings the project decides for its lab's users: no "Would you like to get notified
 # about official Jupyter news?" prompt (the lab is for one job, and makes no request out).
@@ -28,6 +28,15 @@ system-deps:
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium poppler-utils; \
 	else echo "note: the PDF report needs Chromium: sudo apt-get install chromium poppler-utils (HTML is written without it)"; fi
 
+# Debian's Slurm and munge for tests/test_slurm.py, which starts its own controller and two node
+# daemons and submits slurm/labkit.sbatch and `labkit sweep --slurm` to them. Installed when
+# missing and root; otherwise those tests skip, saying how to install it.
+slurm-deps:
+	@if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm munge; \
+	else echo "note: the Slurm tests need Slurm: sudo apt-get install slurm-wlm munge (they skip without it)"; fi
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch/torchvision are pinned in pyproject.toml (2.14.1 / 0.29.1)
@@ -45,7 +54,7 @@ $(LAB_OVERRIDES): tools/jupyterlab/overrides.json $(STAMP)
 experiment: setup
 	$(BIN)/labkit experiment $(ARGS)
 
-test: setup
+test: setup slurm-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 # JupyterLab on the project's kernel, notebooks/ open, on this machine only (127.0.0.1). As root

@@ -115,6 +115,10 @@ def _sweep_parser(sub) -> None:
                         "training parameter or nproc; several give their product; also "
                         "`sweep: {nproc: [2, 4]}` in the -f file)")
     _add_experiment(s, sweep=True)
+    s.add_argument("--slurm", action="store_true", help="each grid point a Slurm job (one sbatch "
+                   "job array), gathered with the sweep report when they end (docs/sweep.md)")
+    s.add_argument("--sbatch-args", dest="sbatch_args", metavar="ARGS", help="with --slurm: more "
+                   "sbatch options for the points' jobs, e.g. \"--partition=gpu --gpus-per-node=8\"")
 
 
 def _bench_parser(sub) -> None:
@@ -286,8 +290,9 @@ def cmd_experiment(args: dict) -> int:
 
 
 def cmd_sweep(args: dict) -> int:
-    from .lab.sweep import parse_grid, sweep
+    from .lab.sweep import parse_grid
 
+    slurm = {k: args.pop(k) for k in ("slurm", "sbatch_args") if k in args}
     cfg, exp, extra = _experiment_params(args)
     specs = extra.get("grid") or []
     yaml_grid = extra.get("sweep") or {}
@@ -296,7 +301,8 @@ def cmd_sweep(args: dict) -> int:
     grid = {**(parse_grid(yaml_grid) if yaml_grid else {}), **(parse_grid(specs) if specs else {})}
     if not grid:
         grid = parse_grid([])  # says what to give
-    root, doc = sweep(cfg, exp, grid)
+    from .lab.slurm import sweep_here_or_on_slurm
+    root, doc = sweep_here_or_on_slurm(cfg, exp, grid, **slurm)
     print(f"\nsweep folder: {root}")
     for p in doc["points"]:
         print(f"  {p['name']:24s} {p['status']}")

@@ -181,6 +181,11 @@ LONGEST_FIRST = {
     "test_data_checks.py::test_torchrun_with_skip_bad_images_warns_once": 14,
     "test_launch.py::test_failed_rank_is_named_with_its_log": 13,
     "test_launch.py::test_launch_streams_the_reporting_rank": 12,
+    # one xdist group (one worker owns the Slurm daemons), ~90 s in all: started early
+    "test_slurm.py::test_sweep_on_slurm_is_one_job_per_point_and_ends_with_the_sweep_report": 30,
+    "test_slurm.py::test_the_sbatch_script_runs_each_method_on_two_nodes": 25,
+    "test_slurm.py::test_a_failing_method_fails_the_job_with_labkits_line": 15,
+    "test_slurm.py::test_scancel_stops_every_rank": 6,
 }
 
 

@@ -150,23 +150,35 @@ def test_slurm_script_starts_one_labkit_agent_per_node():
     assert text.startswith("#!/bin/bash\n")
     headers = dict(re.findall(r"^#SBATCH\s+--([\w-]+)=(\S+)", text, re.M))
     assert headers.get("ntasks-per-node") == "1", headers
-    assert {"nodes", "gpus-per-node", "cpus-per-task", "time"} <= set(headers), headers
+    assert {"nodes", "time", "output"} <= set(headers), headers
+    # GPU-less clusters take it as it is: GPUs and cores are asked for at sbatch (documented in
+    # the header), and the ranks per node and their threads come from the allocation
+    assert not {"gpus-per-node", "gpus", "cpus-per-task"} & set(headers), headers
+    assert "sbatch --gpus-per-node=8 slurm/labkit.sbatch" in text and "--cpus-per-task=C" in text
+    assert re.search(r'^GPUS=\$\{SLURM_GPUS_ON_NODE:-0\}$', text, re.M)
+    assert re.search(r'^CPUS=\$\{SLURM_CPUS_ON_NODE:-1\}$', text, re.M)
+    assert re.search(r'^export OMP_NUM_THREADS=\$\{OMP_NUM_THREADS:-\$THREADS\}$', text, re.M)
     opts, task = _srun(text)
     assert "--ntasks-per-node=1" in opts and "--nodes=$SLURM_NNODES" in opts, opts
+    assert "--cpus-per-task=$CPUS" in opts and "--label" in opts, opts
     assert task[0] == "exec" and "labkit" in task[1].lower() and task[2] == "run", task
     assert task[3] == "$METHOD"
     flags = {a: task[j + 1] for j, a in enumerate(task[:-1]) if a.startswith("--")}
     assert flags.get("--nnodes") == "$SLURM_NNODES", flags
     assert flags.get("--node-rank") == "$SLURM_NODEID", flags  # per task, inside the quotes
     assert flags.get("--rdzv-endpoint") == "$RDZV_ENDPOINT", flags
+    assert flags.get("--nproc") == "$NPROC", flags
     assert "--timeout" in flags and "--out" in flags, flags
-    # the endpoint is the first host of the allocation, and reaches the tasks' environment
-    assert re.search(r'^RDZV_HOST=\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| head -n 1\)$',
+    # the endpoint is the first node of the allocation at the address Slurm reaches it by
+    # (NodeAddr: a node name need not resolve, as in tests/test_slurm.py's two nodes on one
+    # host), and reaches the tasks' environment
+    assert re.search(r'^RDZV_NODE=\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| head -n 1\)$',
                      text, re.M)
+    assert re.search(r'^RDZV_HOST=\$\(scontrol show node "\$RDZV_NODE" \| grep -o .NodeAddr=', text, re.M)
     assert re.search(r'^RDZV_ENDPOINT="\$RDZV_HOST:\$RDZV_PORT"$', text, re.M)
     assert re.search(r"^RDZV_PORT=\$\{RDZV_PORT:-29500\}", text, re.M)
     exported = set(re.findall(r"^export ([A-Z_ ]+)$", text, re.M)[-1].split())
-    assert {"METHOD", "LABKIT", "LABKIT_ARGS", "TIMEOUT", "OUT", "RDZV_ENDPOINT"} <= exported
+    assert {"METHOD", "NPROC", "LABKIT", "LABKIT_ARGS", "TIMEOUT", "OUT", "RDZV_ENDPOINT"} <= exported
     for var in ("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
         assert re.search(rf"^export {var}=", text, re.M), var
 

@@ -42,6 +42,7 @@ class Row:
     params: dict[str, Any] = field(default_factory=dict)
     results: dict[str, dict] = field(default_factory=dict)  # method -> throughput, CI, verdict
     report: Optional[str] = None
+    jobs: str = ""                     # a sweep on Slurm (--slurm): each point's job and state
     problem: Optional[str] = None      # why the folder could not be read (whole or in part)
 
     @property
@@ -142,6 +143,20 @@ def _sweep(run: Path, row: Row) -> None:
                           for m in (p.get("params") or {}).get("methods") or []})
     rep = run / layout.REPORT_DIR / "sweep.html"
     row.report = str(rep) if rep.exists() else doc.get("report")
+    if doc.get("slurm"):
+        row.jobs = ", ".join(f"{p.get('job')} {p.get('name')} {_point_state(run, p)}"
+                             for p in doc.get("points") or [])
+
+
+def _point_state(run: Path, point: dict) -> str:
+    """A sweep point's state: sweep.json's once the sweep has gathered it; before, its
+    experiment's own (its job writes it as it goes), or pending until that job starts."""
+    recorded = status_of(point, Status.PENDING)
+    exp = run / str(point.get("dir")) / layout.EXPERIMENT
+    if not recorded.ended and exp.exists():
+        recorded = experiment_status(_json(exp))
+    slurm = point.get("slurm_state")
+    return recorded.label + (f" (Slurm: {slurm})" if slurm else "")
 
 
 def _bench(run: Path, row: Row) -> None:
@@ -241,6 +256,8 @@ def table(rows: list[Row], all_params: bool = False) -> list[dict]:
         d.update({f"{SHORT[m]} img/s": _result_cell(r.results[m]) if m in r.results else "-"
                   for m in methods})
         d["report"] = r.report or "-"
+        if any(x.jobs for x in rows):
+            d["jobs"] = r.jobs or "-"
         if any(x.problem for x in rows):
             d["problem"] = r.problem or ""
         out.append(d)

@@ -13,6 +13,7 @@
           plots/  performance_report.txt         the guide's plots and text report
       <...>_bench/    bench.json bench.txt bench.png  bench/<variant>_x<n>/bench_result.json
       <...>_sweep/    sweep.json  <point>/ (an experiment each)  report/ (scaling.png ...)
+                      [slurm/]  --slurm: points.json, the jobs' scripts and their logs
 
 Paths stored in a run folder's JSON that point inside it are relative to it (:func:`portable`),
 so a copied or moved folder still works; readers resolve them with :func:`resolve_in_run`.
@@ -57,6 +58,8 @@ BENCH_PLOT = "bench.png"
 BENCH_JOBS_DIR = "bench"               # bench/<variant>_x<nproc>/
 BENCH_RESULT = "bench_result.json"     # one job's measurements, by its rank 0
 SWEEP = "sweep.json"
+SLURM_DIR = "slurm"                    # a sweep with --slurm: the jobs' scripts, specs and logs
+SLURM_POINTS = "points.json"           # under it: each grid point's checked parameters
 
 
 def result_file(method: str) -> str:

@@ -9,7 +9,8 @@ experiment` checks it) before any folder or process exists; then papermill runs 
 experiment into ``runs/<date>_<time>_sweep/<point>/``, a normal experiment folder, and
 notebooks/sweep.ipynb renders ``report/sweep.html``: throughput against processes with the
 ideal linear line, and scaling efficiency with 95% confidence intervals
-(labkit.analysis.report.sweep, which also serves `labkit report <sweep folder>`).
+(labkit.analysis.report.sweep, which also serves `labkit report <sweep folder>`). With
+``--slurm``, labkit.lab.slurm runs each point as a Slurm job instead, and gathers them.
 """
 from __future__ import annotations
 
@@ -86,16 +87,9 @@ def point_name(params: dict) -> str:
 def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
           stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Check every point, then run them one after another; write the sweep report."""
-    from .kernels import kernel_name
-    from .run_folder import new_run_dir
-
     stream = stream or sys.stdout
-    points = _prepare_points(cfg, exp, grid)
-    root = new_run_dir(exp.runs_dir, exp.tag or "sweep").resolve()
-    doc: dict[str, Any] = {"grid": grid, "started": now_str(), "status": Status.RUNNING,
-                           "methods": list(exp.methods), "repeats": exp.repeats,
-                           "points": [{"name": point_name(p), "params": p, "dir": point_name(p),
-                                       "status": Status.PENDING} for p, _ in points]}
+    points = prepare_points(cfg, exp, grid)
+    root, doc = new_sweep(exp, grid, points)
 
     def write() -> None:
         atomic_write_json(str(root / layout.SWEEP), doc)
@@ -115,16 +109,37 @@ def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
             raise
         entry["status"] = status["status"]
         write()
-    ok = all(p["status"] == Status.COMPLETED for p in doc["points"])
-    doc["status"] = Status.COMPLETED if ok else Status.FAILED
-    _report(root, doc, kernel_name(), exp.cell_timeout, stream)
-    doc["finished"] = now_str()
-    write()
-    write_index(root.parent)
+    finish(root, doc, exp.cell_timeout, stream)
     return root, doc
 
 
-def _prepare_points(cfg: TrainConfig, exp, grid: dict[str, list]) -> list[tuple[dict, Prepared]]:
+def new_sweep(exp, grid: dict[str, list], points: list[tuple[dict, Prepared]]) -> tuple[Path, dict]:
+    """The sweep's new folder and its sweep.json document (not written yet): every point
+    pending."""
+    from .run_folder import new_run_dir
+
+    root = new_run_dir(exp.runs_dir, exp.tag or "sweep").resolve()
+    doc: dict[str, Any] = {"grid": grid, "started": now_str(), "status": Status.RUNNING,
+                           "methods": list(exp.methods), "repeats": exp.repeats,
+                           "points": [{"name": point_name(p), "params": p, "dir": point_name(p),
+                                       "status": Status.PENDING} for p, _ in points]}
+    return root, doc
+
+
+def finish(root: Path, doc: dict, cell_timeout: int, stream: IO[str]) -> None:
+    """Every point has ended: the sweep's status (complete when all points are), its report
+    (of the points that completed), sweep.json, and runs/index.html."""
+    from .kernels import kernel_name
+
+    ok = all(p["status"] == Status.COMPLETED for p in doc["points"])
+    doc["status"] = Status.COMPLETED if ok else Status.FAILED
+    _report(root, doc, kernel_name(), cell_timeout, stream)
+    doc["finished"] = now_str()
+    atomic_write_json(str(root / layout.SWEEP), doc)
+    write_index(root.parent)
+
+
+def prepare_points(cfg: TrainConfig, exp, grid: dict[str, list]) -> list[tuple[dict, Prepared]]:
     """Every grid point's experiment, checked as `labkit experiment` checks one."""
     points = []
     for values in itertools.product(*grid.values()):
