@@ -26,6 +26,8 @@ Amp = Literal["off", "bf16", "fp16"]
 PSMode = Literal["collective", "p2p"]
 Compress = Literal["none", "fp16"]
 Backend = Literal["nccl", "gloo"]
+Device = Literal["cuda", "cpu"]
+Decode = Literal["gpu", "cpu"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 DIGITS_MAX_SIDE = 224  # 1.1 GiB of upsampled digits per process; above, a laptop runs out of memory
 
@@ -63,6 +65,10 @@ class TrainConfig:
     backend: Optional[Backend] = _f(None, "process-group backend (default: nccl with GPUs, gloo "
                                     "without)")
     # --- the lab's own flags ---
+    device: Optional[Device] = _f(None, "where each rank computes: cuda (GPU local_rank) or cpu "
+                                  "(default: cuda with nccl, cpu with gloo); --backend gloo "
+                                  "--device cuda runs several ranks on one GPU, gloo moving CUDA "
+                                  "tensors (tests of the CUDA code paths without one GPU per rank)")
     dataset: Optional[Dataset] = _f(None, "imagefolder | digits | synthetic (default: imagefolder "
                                     "when --data-dir is given, else digits without GPUs, "
                                     "synthetic with GPUs)")
@@ -81,6 +87,10 @@ class TrainConfig:
     skip_bad_images: bool = _f(False, "imagefolder: leave out images PIL cannot open or verify "
                                "(truncated, not images, unreadable) with a warning, instead of "
                                "stopping with an error naming them")
+    decode: Optional[Decode] = _f(None, "imagefolder: where JPEGs are decoded and augmented: gpu "
+                                  "(loader workers read the files, torchvision's nvJPEG decoder "
+                                  "and the transforms run on the GPU) or cpu (PIL in the loader "
+                                  "workers); default: gpu on a GPU, else cpu")
     lr: Optional[float] = _f(None, "SGD learning rate (default: 0.1 x global batch / 256, the "
                              "linear scaling rule of Goyal et al.)")
     momentum: float = _f(0.9, "SGD momentum")
@@ -192,6 +202,7 @@ def _resolve_machine(c: TrainConfig, cuda_available: bool) -> None:
         c.backend = "nccl" if cuda_available else "gloo"
     if c.backend == "nccl" and not cuda_available:
         raise ConfigError("backend nccl needs CUDA GPUs and none is available; use --backend gloo")
+    _resolve_device(c, cuda_available)
     if c.dataset is None:
         c.dataset = "imagefolder" if c.data_dir else ("synthetic" if cuda_available else "digits")
     if c.data_dir is None:
@@ -202,6 +213,22 @@ def _resolve_machine(c: TrainConfig, cuda_available: bool) -> None:
         # digits at 16x16: as accurate as 32x32 after 3 epochs, at 3x the throughput on a CPU
         # (docs/performance.md)
         c.image_size = 16 if c.dataset == "digits" else 32 if c.model.endswith("_small") else 224
+
+
+def _resolve_device(c: TrainConfig, cuda_available: bool) -> None:
+    """--device and --decode against the machine (labkit.training.gpu_data decodes on the GPU)."""
+    if c.device is None:
+        c.device = "cuda" if c.backend == "nccl" else "cpu"
+    if c.device == "cuda" and not cuda_available:
+        raise ConfigError("--device cuda needs a CUDA GPU and none is available (use --device cpu)")
+    if c.backend == "nccl" and c.device != "cuda":
+        raise ConfigError("backend nccl runs on GPUs only: --device cpu needs --backend gloo")
+    if c.decode is None:
+        c.decode = "gpu" if c.device == "cuda" else "cpu"
+    if c.decode == "gpu" and c.device != "cuda":
+        raise ConfigError("--decode gpu needs the ranks on a CUDA GPU" + (
+            " and none is available (use --decode cpu)" if not cuda_available else
+            " (--device cuda, or the default nccl backend)"))
 
 
 def _check_ranges(c: TrainConfig) -> None:

@@ -185,7 +185,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
     data = build_datasets(cfg)
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
-    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
         tr = Trainer(cfg, ctx, None, data, model, steps)
         s = tr.strategy

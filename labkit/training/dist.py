@@ -81,12 +81,15 @@ def bind_cpus(local_rank: int, local_world_size: int) -> Optional[list[int]]:
     return cores
 
 
-def init(backend: str, timeout_s: float, pin_cpus: bool = False) -> DistContext:
+def init(backend: str, timeout_s: float, pin_cpus: bool = False,
+         device_type: Optional[str] = None) -> DistContext:
     """The process group from torchrun's environment. ``pin_cpus``: on CPU (not with nccl),
-    ``bind_cpus`` first, so gloo's threads start bound."""
+    ``bind_cpus`` first, so gloo's threads start bound. ``device_type`` "cuda" with gloo: the
+    ranks share the GPUs there are (local rank modulo their number), gloo moving CUDA tensors
+    (several ranks on one GPU: the CUDA code paths tested without one GPU per rank)."""
     rank, world, local_rank, local_world = env_world()
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
+    if backend == "nccl" or device_type == "cuda":
+        device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -24,8 +24,10 @@ from labkit.core.health import DIVERGED, REPLICAS, REPLICAS_DIFFER
 from labkit.core.methods import comm_key
 
 from . import health, hooks
-from .data import Datasets, ShardSampler, default_workers, make_loader, train_sampler
+from .data import Datasets, ShardSampler, default_workers, train_sampler
 from .dist import DistContext, all_reduce_sum
+from .flops import Efficiency
+from .gpu_data import make_loaders
 from .meter import EpochMeter
 from .result_file import ResultFile
 from .sync import make_strategy
@@ -61,11 +63,12 @@ class Trainer:
         if s.is_trainer:
             workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
             self.sampler = train_sampler(data.train, s.trainers, s.trainer_index, cfg.seed)
-            self.train_loader = make_loader(data.train, self.sampler, cfg.batch_size, workers, cuda,
-                                            drop_last=True, seed=cfg.seed + s.trainer_index)
-            self.val_loader = make_loader(data.val, ShardSampler(len(data.val), s.trainers, s.trainer_index),
-                                          cfg.batch_size, workers, cuda, drop_last=False, seed=cfg.seed)
+            # on a GPU the batches are made there (labkit.training.gpu_data); else DataLoaders
+            self.train_loader, self.val_loader = make_loaders(
+                cfg, data, self.sampler, ShardSampler(len(data.val), s.trainers, s.trainer_index),
+                workers, ctx.device, seed=cfg.seed + s.trainer_index)
         self.num_train, self.num_val = len(data.train), len(data.val)
+        self.efficiency = Efficiency(cfg, ctx, data.num_classes)  # FLOPs, MFU, peak memory, data wait share
         self.global_step = 0
         # where the run is, for a one-line failure (labkit.training.exhaustion): see position()
         self.epoch, self.step, self.doing = 0, 0, "start"
@@ -194,6 +197,7 @@ class Trainer:
         if bar is not None:
             bar.close()
         m = meter.metrics(cfg.batch_size * s.trainers)
+        m.update(self.efficiency.epoch(m))
         m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
         return m
 
@@ -352,6 +356,7 @@ class Trainer:
             if results is not None:
                 self.doing = "checkpoint"
                 results.add_epoch(epoch, m)
+                results.set("efficiency", self.efficiency.summary(results.doc["epochs"]))
                 if cfg.checkpoint:
                     self.save_checkpoint(epoch, results)
         self.doing = "calibration"

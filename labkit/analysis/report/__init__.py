@@ -27,7 +27,8 @@ from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communicatio
                     plot_throughput, plot_training_time, write_plots)
 from .repeats import aggregate_rows, repeat_rows, repeats_section
 from .sections import bench_section, packages_html, reproduction_section, variants_section
-from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, environment_rows,
+from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, efficiency_rows,
+                     environment_rows,
                      epoch_rows, html_table, intervals, method_runs, reproduction_rows, target_text, text_table,
                      variant_rows)
 from .text import (accuracy_verdicts, discussion, load_bench, reproduction_summary, speed_verdicts,

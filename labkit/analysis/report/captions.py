@@ -120,6 +120,17 @@ CAPTIONS: dict[str, Caption] = {
         "difference is shown); *different*: where the runs first part. *Speed*: this run's "
         "throughput over the recorded run's, with its 95% CI; machine load moves it, so it is "
         "not part of the verdict."),
+    "efficiency": Caption(
+        "Table 9", "How much of the GPU each method used",
+        "model FLOPs, MFU, peak memory, data wait",
+        "per method. *GFLOP/image*: the model's FLOPs for one image, forward and backward (3 x "
+        "one forward counted by torch.utils.flop_counter: convolutions and matrix products). "
+        "*MFU*: those FLOPs x the steady-state throughput over the GPUs' dense peak for the "
+        "precision used (bf16/fp16 autocast, else TF32; H100, H200 and A100 by name; none on a "
+        "CPU or another GPU). *Peak GPU memory*: torch.cuda.max_memory_allocated of each rank. "
+        "*Data wait*: the time a trainer waited for its next batch (and its copy to the device) "
+        "as a share of the steady-state step; above 10% the discussion says the run measured "
+        "the data loader."),
 }
 
 

@@ -7,6 +7,7 @@ from typing import Optional
 from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import breakdown, stats
+from labkit.core import efficiency
 from labkit.core.methods import METHOD_ORDER, SHORT, spec
 
 from .load import RunResults, _epochs, summary_value
@@ -135,6 +136,30 @@ def communication_rows(res: RunResults) -> list[dict]:
                         "Hidden (ms)": 1000 * b.hidden,
                         "Overlap (95% CI)": "n/a" if ov.value is None else
                         f"{100 * ov.value:.0f}% ({ov.ci_text(digits=2)})"})
+    return rows
+
+
+def efficiency_rows(res: RunResults) -> list[dict]:
+    """Table 9, per method: model FLOPs per image (forward and backward), MFU against the GPU's
+    peak for the precision used, peak GPU memory per rank, and the data wait as a share of the
+    step (labkit.core.efficiency; "-" where a file has none, e.g. a CPU run's MFU)."""
+    rows = []
+    for m in METHOD_ORDER:
+        if m not in res.ok:
+            continue
+        d = res.ok[m]
+        e, ep = d.get("efficiency") or {}, _epochs(d)
+        waits = [w for w in (efficiency.data_wait_share(x) for x in ep) if w is not None]
+        mem = e.get("peak_memory_bytes")
+        rows.append({
+            "Method": SHORT[m],
+            "GFLOP/image (fwd+bwd)": e["flops_per_image"] / 1e9 if e.get("flops_per_image") else "-",
+            "Precision": e.get("precision") or "-",
+            "MFU (%)": 100 * e["mfu"] if e.get("mfu") is not None else "-",
+            "Peak GPU memory per rank (GiB)": ", ".join(f"{b / 2**30:.2f}" for b in mem) if mem else "-",
+            "Data wait (% of step)": 100 * sum(waits) / len(waits) if waits else "-",
+            "GPU": e.get("device_name") or d.get("world", {}).get("device", "-"),
+        })
     return rows
 
 

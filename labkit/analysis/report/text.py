@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from labkit.analysis import bench_view, breakdown
 from labkit.analysis import stats
-from labkit.core import layout
+from labkit.core import efficiency, layout
 from labkit.core.files import atomic_path
 from labkit.core.health import diverged_where, replicas_verdict
 from .captions import heading
@@ -17,8 +17,8 @@ from labkit.core.methods import METHOD_ORDER, SHORT
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
 from .repeats import repeats_text
-from .tables import (comparison_rows, communication_rows, epoch_rows, method_runs, target,
-                     text_table)
+from .tables import (comparison_rows, communication_rows, efficiency_rows, epoch_rows, method_runs,
+                     target, text_table)
 
 
 RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
@@ -178,9 +178,13 @@ def discussion(res: RunResults) -> list[str]:
             lines.append(f"Parameter Server: a worker spent {1000 * pull:.1f} ms per step pulling parameters and "
                          f"{1000 * push:.1f} ms pushing gradients, {100 * (pull + push) / step:.0f}% of its "
                          f"{1000 * step:.0f} ms step; with {d.get('num_workers', '?')} workers on one server.")
-        data = [e["avg_data_time"] for e in ep if "avg_data_time" in e]
-        if data and step == step and mean(data) / step > 0.05:
-            lines.append(f"{SHORT[m]}: waiting for data took {100 * mean(data) / step:.0f}% of the step time "
+        waits = [w for w in (efficiency.data_wait_share(e) for e in ep) if w is not None]
+        if waits and mean(waits) > efficiency.DATA_WAIT_FLAG:
+            lines.append(f"{SHORT[m]}: its trainers waited for data {100 * mean(waits):.0f}% of the "
+                         f"step: {efficiency.LOADER_FLAG_TEXT}, not the method (more --workers; "
+                         f"on a GPU, device-side data or --decode gpu).")
+        elif waits and mean(waits) > 0.05:  # steady-state steps (warm-up ones start the workers)
+            lines.append(f"{SHORT[m]}: waiting for data took {100 * mean(waits):.0f}% of the step time "
                          f"(raise --workers).")
     acc = {m: summary_value(d, "best_val_accuracy") for m, d in docs.items()}
     acc = {m: a for m, a in acc.items() if a == a}
@@ -246,7 +250,9 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
               f"(time and steps to target: the validation accuracy first reaching {t:.2f}%)"
               if t is not None else "", "",
               heading("communication"), "",
-              text_table(communication_rows(res)), ""]
+              text_table(communication_rows(res)), "",
+              heading("efficiency"), "",
+              text_table(efficiency_rows(res)), ""]
     parts += repeats_text(res)  # nothing without --repeats
     for m, d in res.ok.items():
         parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
