@@ -181,6 +181,10 @@ LONGEST_FIRST = {
     "test_data_checks.py::test_torchrun_with_skip_bad_images_warns_once": 14,
     "test_launch.py::test_failed_rank_is_named_with_its_log": 13,
     "test_launch.py::test_launch_streams_the_reporting_rank": 12,
+    # the lab notebook's group builds its run folders in its first test's fixtures
+    "test_lab_notebook.py::test_runs_lists_every_kind_with_its_status": 95,
+    "test_resources.py::test_a_disk_that_fills_at_the_first_checkpoint_is_one_line": 24,
+    "test_resources.py::test_a_rank_killed_as_by_the_oom_killer_is_one_line": 23,
     # one xdist group (one worker owns the Slurm daemons), ~90 s in all: started early
     "test_slurm.py::test_sweep_on_slurm_is_one_job_per_point_and_ends_with_the_sweep_report": 30,
     "test_slurm.py::test_the_sbatch_script_runs_each_method_on_two_nodes": 25,
