@@ -6,9 +6,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
 # pytest-xdist workers: most tests wait on subprocesses (torchrun agents importing, collective
-# timeouts, Ctrl-C handling, Slurm daemons, killed ranks), so on 2 cores a third worker fills
-# the waits of the other two (make test TEST_WORKERS=2 for fewer)
-TEST_WORKERS ?= 3
+# timeouts, Ctrl-C handling), so two workers keep 2 cores busy
+TEST_WORKERS ?= 2
 
 .PHONY: setup system-deps slurm-deps experiment test lab clean-venv
 
