@@ -270,7 +270,7 @@ def _synthetic(cfg: TrainConfig) -> Datasets:
 def build_datasets(cfg: TrainConfig) -> Datasets:
     data = {"imagefolder": _image_folder, "digits": _digits, "synthetic": _synthetic}[cfg.dataset](cfg)
     if cfg.dataset == "imagefolder" and cfg.decode == "gpu":
-        from .gpu_data import jpeg_files  # the workers read the files, the GPU decodes them
+        from .jpeg_files import jpeg_files  # the workers read the files, the GPU decodes them
 
         data = jpeg_files(data, cfg)
     return data

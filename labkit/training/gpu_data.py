@@ -16,7 +16,6 @@ On a CPU device (``--device cpu``) the DataLoaders of labkit.training.data are u
 from __future__ import annotations
 
 import math
-import os
 import queue
 import random
 import sys
@@ -31,8 +30,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from labkit.core.config import ConfigError, TrainConfig
 
 from .data import IMAGENET_MEAN, IMAGENET_STD, Datasets, SyntheticImages, make_loader
+from .jpeg_files import JpegFiles, collate_files
 
-JPEG_MAGIC = b"\xff\xd8\xff"
 # an in-memory set goes onto the GPU when it takes at most this share of the free memory
 DEVICE_SHARE = 0.25
 PREFETCH = 2  # decoded batches ready ahead of the step
@@ -81,61 +80,6 @@ def _on_device(ds: Dataset, device: torch.device) -> Optional[tuple]:
 
 
 # ---------------------------------------------------------------- JPEG files for GPU decoding
-class JpegFiles(Dataset):
-    """An ImageFolder's (path, class) list whose items are the files' bytes: the loader workers
-    read, the rank decodes on the GPU."""
-
-    def __init__(self, samples: list[tuple[str, int]], classes: list[str]):
-        self.samples, self.classes = samples, classes
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int):
-        with open(self.samples[i][0], "rb") as f:
-            data = f.read()
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.samples[i][1], i
-
-
-def collate_files(batch):
-    """One flat byte tensor per batch (not one shared-memory tensor per file: 256 file
-    descriptors a batch), the files' lengths, classes and indices."""
-    data, labels, idx = zip(*batch)
-    return (torch.cat(data), torch.tensor([len(d) for d in data]), torch.tensor(labels),
-            torch.tensor(idx))
-
-
-def is_jpeg(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(3) == JPEG_MAGIC
-    except OSError:
-        return False
-
-
-def jpeg_files(data: Datasets, cfg: TrainConfig) -> Datasets:
-    """The ImageFolder datasets of ``data`` as JpegFiles, for --decode gpu. A file that is not a
-    JPEG (the GPU decoder reads JPEGs only) is bad input, left out with --skip-bad-images (every
-    rank leaves out the same files, so the shards stay identical)."""
-    out, left = [], []
-    for ds in (data.train, data.val):
-        keep = []
-        for path, label in ds.samples:
-            (keep if is_jpeg(path) else left).append((path, label))
-        out.append(JpegFiles(keep, ds.classes))
-    warning = data.warning
-    if left:
-        first = os.path.relpath(left[0][0], cfg.data_dir)
-        if not cfg.skip_bad_images:
-            raise ConfigError(
-                f"{len(left)} image(s) under {cfg.data_dir!r} the GPU decoder cannot read (not "
-                f"JPEG), the first: {first}; pass --decode cpu, or --skip-bad-images to leave "
-                f"them out")
-        note = f"--decode gpu: left out {len(left)} image(s) that are not JPEG, the first: {first}"
-        warning = f"{warning}; {note}" if warning else note
-    return Datasets(out[0], out[1], data.num_classes, in_memory=False, warning=warning)
-
-
 # ---------------------------------------------------------------- the transforms on the GPU
 def crop_box(h: int, w: int, rng: random.Random, scale=(0.08, 1.0),
              ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
