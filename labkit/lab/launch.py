@@ -284,7 +284,9 @@ class RankTracebacks:
         if m is None:
             return False
         rank, text = m.group(0), line[m.end():].strip()
-        if text.startswith("Traceback (most recent call last)"):
+        # a traceback's header can reach us glued to another line (a progress bar's \r, a
+        # second stream): its "File" lines open it as well
+        if _TRACE_START.match(text) or "Traceback (most recent call last)" in text:
             self.inside.add(rank)
         elif rank in self.inside and (_OWN_LINE.match(text) or text.startswith("epoch ")):
             self.inside.discard(rank)
@@ -317,6 +319,7 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
 
 _RANK = re.compile(r"^\[(?:rank|default)\d+\]:")  # a rank's line, as torchrun prefixes it
 _OWN_LINE = re.compile(r"labkit\.(train|bench): error:")  # a rank's one-line error
+_TRACE_START = re.compile(r'(File "|During handling of the above|The above exception)')
 # the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
 _KINETO = re.compile(r"^(\[(?:rank|default)\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
 
