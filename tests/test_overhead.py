@@ -48,6 +48,25 @@ def test_plain_loop_computes_labkits_ddp_parameters_bit_for_bit(ddp_run, tmp_pat
     assert not torch.equal(init["fc.weight"], plain["fc.weight"])
 
 
+@pytest.mark.slow
+def test_the_overhead_job_on_an_image_folder_computes_the_same_parameters(image_tree, tmp_path):
+    """The bench's overhead job on JPEG-style files read by a loader worker per rank, with
+    random crops and flips, over two trials (two epochs of each loop): both loops reseed their
+    workers' augmentation per epoch, so they draw the same crops and end equal. (Persistent
+    training workers kept epoch 1's random state and made 124 tensors differ.)"""
+    import json
+
+    out = tmp_path / "overhead"
+    args = ["--data-dir", str(image_tree), "--model", "resnet10_small", "--image-size", "32",
+            "--batch-size", "2", "--workers", "1", "--epochs", "1", "--no-progress",
+            "--no-pin-cpus", "--timeout", "120", "--overhead", "--steps", "2", "--trials", "2",
+            "--bench-warmup", "0", "--out", str(out)]
+    check_ok(plain_torchrun(2, args, cwd=tmp_path))
+    doc = json.loads((out / "bench_result.json").read_text())
+    assert doc["workers"] == 1 and doc["trials"] == 2
+    assert doc["params_equal"] and doc["params_differing"] == 0
+
+
 def test_plain_loop_refuses_what_it_does_not_do(tmp_path, capsys):
     """One line, exit 2, before any process group: the floor is DDP's, without labkit's options."""
     from labkit.training import plain_loop

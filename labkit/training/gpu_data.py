@@ -292,6 +292,7 @@ def make_loaders(cfg: TrainConfig, data: Datasets, sampler: Sampler, val_sampler
         if train is not None and val is not None:
             return (DeviceBatches(*train, sampler, cfg.batch_size, drop_last=True),
                     DeviceBatches(*val, val_sampler, cfg.batch_size, drop_last=False))
-    return (make_loader(data.train, sampler, cfg.batch_size, workers, cuda, drop_last=True, seed=seed),
+    return (make_loader(data.train, sampler, cfg.batch_size, workers, cuda, drop_last=True, seed=seed,
+                        persistent=False),  # reseeded per epoch (make_loader says why)
             make_loader(data.val, val_sampler, cfg.batch_size, workers, cuda, drop_last=False,
                         seed=cfg.seed))
