@@ -67,8 +67,10 @@ def lab_root(tmp_path_factory, equivalence_runs):
                    model="resnet10_small", nproc=2, epochs=1, batch_size=8, max_steps_per_epoch=10,
                    max_val_steps=2, lr=0.01, timeout=120.0, out=str(root / "runs" / "single_ddp"))
     set_parameters(nb / "run_method.ipynb", nb / "run_bad.ipynb", epochs="three")
-    # a copy outside the project: by default explore.ipynb would read the checkout's runs/
+    # a copy outside the project: by default these would read the checkout's runs/
     set_parameters(nb / "explore.ipynb", nb / "explore.ipynb", runs_dir=str(root / "runs"))
+    set_parameters(nb / "runs.ipynb", nb / "runs.ipynb", runs_dir=str(root / "runs"))
+    set_parameters(nb / "report.ipynb", nb / "report.ipynb", run_dir=str(root / "runs" / "latest"))
     return root
 
 

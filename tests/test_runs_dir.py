@@ -95,6 +95,27 @@ def test_the_explorer_reads_the_projects_runs_by_default(tmp_path, monkeypatch):
     assert looked == [PROJECT_RUNS, tmp_path / "given"]
 
 
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+def test_a_notebooks_run_folder_is_the_projects_latest_unless_given(where, tmp_path, monkeypatch):
+    cwd = {"root": ROOT, "elsewhere": tmp_path}[where]
+    monkeypatch.chdir(cwd)
+    assert layout.run_or_latest() == (PROJECT_RUNS / "latest").resolve()
+    assert layout.run_or_latest("given") == cwd / "given"
+
+
+def test_no_notebook_parameter_is_a_path_relative_to_the_working_directory():
+    """report, sweep, runs and explore read the project's runs/ by default (None), as
+    run_method writes there: a literal "../runs" would point outside the project under
+    papermill run from the repository root."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        paths = re.findall(r"^(\w+_dir)\s*=\s*(.+?)\s*(?:#|$)", cell.source, re.M)
+        assert all(value == "None" for _, value in paths), (path.name, paths)
+        if path.stem != "run_method":
+            assert paths, path.name  # every reading notebook names its folder as a parameter
+
+
 # ------------------------------------------------------------------ run_method.ipynb under papermill
 def printed_out(nb_path: Path) -> Path | None:
     """The method's folder as the notebook printed it ("ddp: 1 processes per node -> PATH")."""

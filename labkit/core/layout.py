@@ -101,6 +101,12 @@ def runs_root(runs_dir: Optional[str | os.PathLike] = None, package: Optional[Pa
     return (project_dir(package) or Path.cwd()) / RUNS
 
 
+def run_or_latest(run_dir: Optional[str | os.PathLike] = None) -> Path:
+    """The run folder a notebook reads: ``run_dir`` when given (relative to the current folder),
+    else the project's runs/latest (:func:`runs_root`), resolved, from any working directory."""
+    return Path(run_dir).resolve() if run_dir else (runs_root() / LATEST).resolve()
+
+
 def default_out(method: str, runs_dir: str | os.PathLike = "runs") -> str:
     """A new folder under ``runs_dir`` for a run started without --out (never an existing one)."""
     base = os.path.join(runs_dir, folder_stamp() + f"_{method}")
