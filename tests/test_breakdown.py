@@ -12,9 +12,12 @@ from labkit.analysis import breakdown, report
 from labkit.analysis.report import load_files
 from labkit.core.methods import SHORT
 
-# enough steady-state steps in one epoch for a batch-means interval (4 blocks of 3 steps)
+# enough steady-state steps in one epoch for a batch-means interval that a busy 2-core machine
+# does not swamp: 41 steps in 6 blocks of about 7 (with 12 steps in 4 blocks of 3, the overlap
+# interval of a full suite run once reached down to 0). Steps of 16 images take tens of ms:
+# the launch, not the steps, is what these runs cost.
 STEPS = [a for a in TINY if a not in ("--max-steps-per-epoch", "5", "--batch-size", "8")] + [
-    "--max-steps-per-epoch", "15", "--batch-size", "32"]
+    "--max-steps-per-epoch", "44", "--batch-size", "16"]
 
 
 # ------------------------------------------------------------------ the definitions, by hand
