@@ -1,6 +1,6 @@
 """The plain DDP loop (labkit.training.plain_loop), the floor labkit's overhead is measured
 against: it computes labkit's DDP parameters bit for bit, and the bench's figure of labkit
-DDP / plain loop is the existing trials interval. Speeds are the bench's business
+DDP / plain loop is paired over rounds that turn the loops' order round. Speeds are the bench's business
 (`labkit bench`, docs/performance.md), not a test's."""
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def test_the_overhead_job_on_an_image_folder_computes_the_same_parameters(image_
     check_ok(plain_torchrun(2, args, cwd=tmp_path))
     doc = json.loads((out / "bench_result.json").read_text())
     assert doc["workers"] == 1 and doc["trials"] == 2
+    assert doc["order"] == ["plain", "labkit_ddp", "labkit_ddp", "plain"]  # ABBA
     assert doc["params_equal"] and doc["params_differing"] == 0
 
 
@@ -88,9 +89,9 @@ def overhead_result(plain, labkit, nproc=2):
                             "plain": side(plain), "labkit_ddp": side(labkit)})
 
 
-def test_overhead_ratio_is_the_trials_interval_of_x_ddp():
-    """labkit DDP / plain loop = mean plain step / mean labkit step, with the Welch interval on
-    its log (delta method) that the bench's "x DDP 95% CI" uses, computed here independently;
+def test_overhead_ratio_is_the_paired_interval_over_the_rounds():
+    """labkit DDP / plain loop = the geometric mean of each round's plain step / labkit step,
+    with the t-interval of the mean log ratio over the rounds, computed here independently;
     the sentence calls labkit slower only when the interval excludes 1.00."""
     import math
 
@@ -101,13 +102,16 @@ def test_overhead_ratio_is_the_trials_interval_of_x_ddp():
 
     plain, labkit = [2.00, 2.04, 1.98, 2.02], [2.10, 2.13, 2.08, 2.12]
     o = overhead_result(plain, labkit)
-    a, b = np.asarray(plain), np.asarray(labkit)
-    va, vb = a.var(ddof=1) / 4 / a.mean() ** 2, b.var(ddof=1) / 4 / b.mean() ** 2
-    df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 3)
-    r, h = a.mean() / b.mean(), sps.t.ppf(0.975, df) * math.sqrt(va + vb)
-    assert o["ratio"] == pytest.approx(r) == pytest.approx(
-        o["labkit_ddp"]["throughput"] / o["plain"]["throughput"])
-    assert o["ratio_ci"] == pytest.approx([r * math.exp(-h), r * math.exp(h)])
+    d = np.log(np.asarray(plain) / np.asarray(labkit))
+    r, h = math.exp(d.mean()), sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert o["ratio"] == pytest.approx(r)
+    assert o["ratio_ci"] == pytest.approx([math.exp(d.mean() - h), math.exp(d.mean() + h)])
+    # paired: a machine that ran every round at another speed moves both loops alike, and a
+    # spread between rounds far larger than the loops' difference leaves the interval as narrow
+    drift = [1.0, 1.3, 0.8, 1.1]
+    moved = overhead_result([p * k for p, k in zip(plain, drift)], [q * k for q, k in zip(labkit, drift)])
+    assert moved["ratio"] == pytest.approx(r) and moved["ratio_ci"] == pytest.approx(o["ratio_ci"])
+    assert moved["ratio_ci"][1] < 1.0
     line = bench_view.overhead_line(o)
     assert line.startswith(f"labkit DDP / plain loop x2: {r:.3f}, 95% CI ") and "labkit slower" in line
     tie = overhead_result(plain, plain[::-1])

@@ -17,13 +17,15 @@ computes the same parameters bit for bit (tests/test_overhead.py).
     ... --overhead --steps S --trials T --bench-warmup W --out DIR
         the bench's overhead job (labkit.lab.bench): bench_result.json in DIR.
 
-Why the overhead is one job that alternates the two loops in the same processes (plain,
-labkit, plain, labkit, ...), rather than one job per loop like the methods' jobs: a difference
+Why the overhead is one job that alternates the two loops in the same processes, in rounds
+of one trial each (plain, labkit | labkit, plain | plain, labkit ...: :func:`rounds`), rather
+than one job per loop like the methods' jobs: a difference
 of 1% is far below what separates two launches on a shared machine (where the OS places the
 ranks, what else runs; see docs/performance.md), and each launch's own interval cannot see
 that. In one job both loops run in the same processes, process group, placement and warm
-caches, trial after trial, so a drift of the machine hits both alike and the ratio holds only
-the loops' difference. Both load their data through their own DataLoader (the bench's method
+caches, trial after trial, so a drift of the machine hits both loops of a round alike and
+each round's ratio holds only the loops' difference (the figure and its interval are over the
+rounds: labkit.analysis.bench_view.overhead_interval). Both load their data through their own DataLoader (the bench's method
 jobs cycle batches already on the device, which would leave loading out), from the same
 datasets; each trial is one epoch of W + S + 1 steps, both sides timed by the same clock: a
 timestamp at the start of every step (for labkit, from a step callback of Trainer.train_epoch;
@@ -58,7 +60,7 @@ from . import lifecycle
 from .dist import DistContext, sync_device
 
 PROG = "labkit.plain_loop"  # how the rank names itself in its one-line errors
-LOOPS = ("plain", "labkit_ddp")  # the overhead job's two loops, in the order each round runs them
+LOOPS = ("plain", "labkit_ddp")  # the overhead job's two loops (rounds() says in which order)
 
 
 class PlainDDP:
@@ -138,6 +140,12 @@ def trial_steps(epoch_steps: int, warmup: int, steps: int) -> tuple[int, int]:
     return warmup, steps
 
 
+def rounds(trials: int) -> list[tuple[str, ...]]:
+    """The loops' order in each round: plain first, then labkit, then the other way round
+    (ABBA), so a machine that speeds up or slows down within a round favours neither loop."""
+    return [LOOPS if t % 2 == 0 else LOOPS[::-1] for t in range(trials)]
+
+
 def unsupported(cfg: TrainConfig) -> Optional[str]:
     """Why the plain loop cannot stand beside labkit's DDP with ``cfg`` (None: it can)."""
     found = [f for f, on in (("--amp", cfg.amp != "off"), ("--compile", cfg.compile),
@@ -178,8 +186,9 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
         tr.step_callbacks.append(stamp)
         run = {"plain": lambda e: plain.train_epoch(e, n, stamp), "labkit_ddp": tr.train_epoch}
         times: dict[str, list[float]] = {k: [] for k in LOOPS}
-        for trial in range(trials):
-            for name in LOOPS:
+        order = rounds(trials)
+        for trial, pair in enumerate(order):
+            for name in pair:
                 stamps.clear()
                 torch.manual_seed(cfg.seed + trial)  # augmentation in this process draws alike
                 run[name](trial + 1)
@@ -191,9 +200,8 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
         gb = cfg.batch_size * world
         return {
             "nproc": world, "trainers": world, "batch_size": cfg.batch_size, "global_batch": gb,
-            "steps": steps, "warmup": warmup, "trials": trials, "order": list(LOOPS) * trials,
+            "steps": steps, "warmup": warmup, "trials": trials, "order": [n for pair in order for n in pair],
             "workers": plain.workers, "pin_cpus": cfg.pin_cpus, "time_comm": cfg.time_comm,
-            # throughput from the mean step time, as the ratio's interval takes means
             **{k: {"step_time": _stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
             "paired_ratios": [p / q for p, q in zip(times["plain"], times["labkit_ddp"])],
             "params_equal": differ == 0, "params_differing": differ,
