@@ -227,3 +227,14 @@ def make_run(root: Path, name: str, trained: Path, extra: tuple[str, ...] = ()) 
                                                   "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
     shutil.copytree(trained, run / "ddp")
     return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The Slurm jobs the tests submitted, with the states Slurm recorded (test_slurm.show):
+    the suite's output says that the jobs ran on a real controller, and how they ended."""
+    lines = [v for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
+             for k, v in getattr(rep, "user_properties", ()) if k == "slurm"]
+    if lines:
+        terminalreporter.write_sep("-", "Slurm jobs (tests/test_slurm.py)")
+        for line in lines:
+            terminalreporter.write_line(line)

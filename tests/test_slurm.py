@@ -226,14 +226,21 @@ def submit_script(cluster: Cluster, cwd: Path, method: str, extra=(), env=None) 
         "LABKIT_ARGS": " ".join([*TINY, *extra]), **(env or {})})
 
 
+def show(record_property, line: str) -> None:
+    """A job's state as Slurm recorded it, printed and kept with the test's report, so the
+    suite's summary lists every job's state (conftest.pytest_terminal_summary), in CI too."""
+    print(line)
+    record_property("slurm", line)
+
+
 # ------------------------------------------------------------------ the sbatch script
 @pytest.mark.slow
-def test_the_sbatch_script_runs_each_method_on_two_nodes(cluster, tmp_path):
+def test_the_sbatch_script_runs_each_method_on_two_nodes(cluster, tmp_path, record_property):
     """All three at once (the two nodes fit two jobs of one CPU per node; the third waits)."""
     jobs = {m: submit_script(cluster, tmp_path, m) for m in RESULT}
     for m, job in jobs.items():
         st = cluster.wait(job)
-        print(f"{m}: Slurm job {job} JobState={st['JobState']} ExitCode={st['ExitCode']} "
+        show(record_property, f"{m}: Slurm job {job} JobState={st['JobState']} ExitCode={st['ExitCode']} "
               f"NodeList={st['NodeList']} RunTime={st['RunTime']}")
         log = (tmp_path / f"labkit-{job}.out").read_text()
         assert (st["JobState"], st["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
@@ -251,12 +258,12 @@ def test_the_sbatch_script_runs_each_method_on_two_nodes(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failing_method_fails_the_job_with_labkits_line(cluster, tmp_path):
+def test_a_failing_method_fails_the_job_with_labkits_line(cluster, tmp_path, record_property):
     """Rank 1 (on either node) crashes at step 1: srun's --kill-on-bad-exit ends the other
     node, the job fails, and its log holds labkit's one line naming the rank."""
     job = submit_script(cluster, tmp_path, "ddp", env={"LABKIT_TEST_FAULT": "ddp:1:1"})
     st = cluster.wait(job)
-    print(f"Slurm job {job} JobState={st['JobState']} ExitCode={st['ExitCode']}")
+    show(record_property, f"Slurm job {job} JobState={st['JobState']} ExitCode={st['ExitCode']}")
     log = (tmp_path / f"labkit-{job}.out").read_text()
     assert st["JobState"] == "FAILED" and st["ExitCode"] != "0:0", (st, log[-3000:])
     said = re.findall(r"^[01]: labkit: ddp failed: rank 1 exited with code 1 \(logs: .*\)$", log, re.M)
@@ -267,7 +274,7 @@ def test_a_failing_method_fails_the_job_with_labkits_line(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_scancel_stops_every_rank(cluster, tmp_path):
+def test_scancel_stops_every_rank(cluster, tmp_path, record_property):
     job = submit_script(cluster, tmp_path, "allreduce", ["--epochs", "200"])
     deadline = time.monotonic() + 90
     ranks: list[int] = []
@@ -278,7 +285,7 @@ def test_scancel_stops_every_rank(cluster, tmp_path):
     assert len(pids_with(f"SLURM_JOB_ID={job}")) >= 6  # batch shell, srun, 2 x (labkit, torchrun, rank)
     assert cluster.run("scancel", job).returncode == 0
     st = cluster.wait(job, 60)
-    print(f"Slurm job {job} after scancel: JobState={st['JobState']}")
+    show(record_property, f"Slurm job {job} after scancel: JobState={st['JobState']}")
     assert st["JobState"] == "CANCELLED", st
     no_process_left(job)
 
@@ -290,7 +297,8 @@ def labkit_cmd(args: list[str], cwd: Path, env: dict, **kw) -> subprocess.Comple
 
 
 @pytest.mark.slow
-def test_sweep_on_slurm_is_one_job_per_point_and_ends_with_the_sweep_report(cluster, tmp_path):
+def test_sweep_on_slurm_is_one_job_per_point_and_ends_with_the_sweep_report(cluster, tmp_path,
+                                                                           record_property):
     """nproc=2,3: two jobs of one array, at once on the two nodes; rank 2, which only the
     nproc=3 point has, crashes: that point is reported failed, the other kept and reported."""
     from labkit.analysis import runs_index
@@ -318,9 +326,9 @@ def test_sweep_on_slurm_is_one_job_per_point_and_ends_with_the_sweep_report(clus
     print(text[:text.index("\nsweep folder")])
     for k in (0, 1):
         st = cluster.job(f"{array}_{k}")
-        print(f"Slurm job {array}_{k}: JobState={st['JobState']} ExitCode={st['ExitCode']}")
+        show(record_property, f"Slurm job {array}_{k}: JobState={st['JobState']} ExitCode={st['ExitCode']}")
     gathered = cluster.job(doc["slurm"]["gather_job"])["JobState"]
-    print(f"gather job {doc['slurm']['gather_job']}: JobState={gathered}")
+    show(record_property, f"gather job {doc['slurm']['gather_job']}: JobState={gathered}")
     assert gathered == "COMPLETED"  # it gathered, and wrote the report: a point's failure is not its own
     two, three = doc["points"]
     assert (two["name"], two["job"], two["status"], two["slurm_state"]) == (

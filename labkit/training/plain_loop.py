@@ -43,6 +43,7 @@ if __name__ == "__main__":
 
     start_rank("labkit.training.plain_loop")
 
+import dataclasses
 import os
 import time
 from typing import Callable, Optional
@@ -176,7 +177,8 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
     try:
         plain = PlainDDP(cfg, data, models[0], ctx)
-        tr = Trainer(cfg, ctx, None, data, models[1], n)
+        # its progress bar counts the trials as epochs ("epoch 2/12"), not the run's --epochs
+        tr = Trainer(dataclasses.replace(cfg, epochs=trials), ctx, None, data, models[1], n)
         stamps: list[float] = []
 
         def stamp(*_) -> None:  # the one clock of both loops: as a step begins
