@@ -59,7 +59,8 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
                                                               if sweep else ""))
     e.add_argument("--repeats", type=int, help="run every method N times, in rotated order "
                    "(ABC, BCA, CAB, ...), repeat i from seed + i - 1 (default 1)")
-    e.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: runs)")
+    e.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: the "
+                   "project's runs/, from any folder)")
     e.add_argument("--tag", help="suffix of the run folder name" + (" (default: sweep)" if sweep else ""))
     e.add_argument("--cell-timeout", dest="cell_timeout", type=int,
                    help="seconds a notebook cell may run (default 3600)")
@@ -137,7 +138,8 @@ def _bench_parser(sub) -> None:
                    help="also write a torch.profiler Chrome trace of 3 steps per variant and rank")
     b.add_argument("--profile-steps", dest="profile_steps", type=int,
                    help="like --profile, with this many steps")
-    b.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: runs)")
+    b.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: the "
+                   "project's runs/, from any folder)")
     b.add_argument("--tag", help="suffix of the run folder name (default: bench)")
     b.add_argument("--no-report", dest="report", action="store_false",
                    help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
@@ -173,7 +175,8 @@ def _reproduce_parser(sub) -> None:
 def _runs_parser(sub) -> None:
     r = sub.add_parser("runs", help="the lab notebook: one row per run folder, the parameters "
                        "that differ, each method's throughput with its 95%% CI and verdict")
-    r.add_argument("runs_dir", nargs="?", default="runs", metavar="RUNS_DIR", help="default: runs")
+    r.add_argument("runs_dir", nargs="?", default=None, metavar="RUNS_DIR",
+                   help="default: the project's runs/, from any folder")
     r.add_argument("--tag", help="only runs whose tag contains this")
     r.add_argument("--since", help="only runs started since a date (2026-11-20) or an age (3d, 12h)")
     r.add_argument("--status", help="only runs with this status (complete, failed, interrupted, "

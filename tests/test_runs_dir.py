@@ -95,6 +95,31 @@ def test_the_explorer_reads_the_projects_runs_by_default(tmp_path, monkeypatch):
     assert looked == [PROJECT_RUNS, tmp_path / "given"]
 
 
+def test_experiment_bench_sweep_and_runs_use_the_projects_runs_from_any_folder(tmp_path, monkeypatch,
+                                                                              capsys):
+    """Without --runs-dir, every command that makes or lists run folders uses the same runs/
+    as the notebooks (here a stand-in project, so the checkout's runs/ stays untouched)."""
+    import json
+
+    from labkit import cli
+    from labkit.lab.bench import BenchPlan
+    from labkit.lab.experiment import Experiment
+    from labkit.lab.run_folder import new_run_dir
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(layout, "project_dir", lambda package=None: project)
+    monkeypatch.chdir(elsewhere)
+    assert Experiment().runs_dir is None and BenchPlan(["ddp"], [2]).runs_dir is None
+    made = new_run_dir(Experiment().runs_dir, "mine")  # what experiment, sweep and bench call
+    assert made.parent == project / "runs" and made.name.endswith("_mine")
+    assert (project / "runs" / "latest").resolve() == made
+    assert new_run_dir("given").parent == elsewhere / "given"  # a given one: from here
+    assert cli.main(["runs", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == [made.name]
+    assert list(elsewhere.iterdir()) == [elsewhere / "given"]
+
+
 @pytest.mark.parametrize("where", ["root", "elsewhere"])
 def test_a_notebooks_run_folder_is_the_projects_latest_unless_given(where, tmp_path, monkeypatch):
     cwd = {"root": ROOT, "elsewhere": tmp_path}[where]

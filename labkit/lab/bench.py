@@ -50,7 +50,7 @@ class BenchPlan:
     trials: int = 3
     warmup: int = 3
     profile_steps: int = 0
-    runs_dir: str = "runs"
+    runs_dir: Optional[str] = None  # None: the project's runs/ (layout.runs_root)
     tag: Optional[str] = None
     report: bool = True
 

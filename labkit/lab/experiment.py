@@ -36,7 +36,7 @@ class Experiment:
     """Parameters of `labkit experiment` (besides the training config)."""
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     nproc: Optional[int] = None
-    runs_dir: str = "runs"
+    runs_dir: Optional[str] = None  # None: the project's runs/ (layout.runs_root)
     tag: Optional[str] = None
     cell_timeout: int = 3600
     nodes: Nodes = field(default_factory=Nodes)
@@ -92,7 +92,7 @@ def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment)
     runs = len(exp.methods) * exp.repeats
     said: list[str] = []
     for c in resolved.values():
-        said += [w for w in budget.machine(c, nproc, exp.runs_dir, runs, "--runs-dir")
+        said += [w for w in budget.machine(c, nproc, str(layout.runs_root(exp.runs_dir)), runs, "--runs-dir")
                  if w not in said]
     warn(said)
 

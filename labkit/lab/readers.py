@@ -51,12 +51,14 @@ def report_command(paths: list[str], out: Optional[str] = None) -> int:
     return 1 if res.problems else 0
 
 
-def runs_command(runs_dir: str, tag: Optional[str] = None, since: Optional[str] = None,
+def runs_command(runs_dir: Optional[str], tag: Optional[str] = None, since: Optional[str] = None,
                  status: Optional[str] = None, sort: str = "when", reverse: bool = False,
                  all_params: bool = False, as_json: bool = False) -> int:
-    """`labkit runs`: one row per run folder under ``runs_dir`` (filtered and sorted)."""
+    """`labkit runs`: one row per run folder under ``runs_dir`` (None: the project's runs/),
+    filtered and sorted."""
     from labkit.analysis import runs_index as ri
 
+    runs_dir = str(layout.runs_root(runs_dir))
     if not os.path.isdir(runs_dir):
         raise ConfigError(f"{runs_dir!r} is not a folder of runs")
     try:

@@ -12,11 +12,12 @@ from labkit.core.config import ConfigError
 from labkit.core.files import folder_stamp
 
 
-def new_run_dir(runs_dir: str | os.PathLike, tag: Optional[str] = None) -> Path:
-    """Create runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/; an existing folder is never reused."""
+def new_run_dir(runs_dir: Optional[str | os.PathLike], tag: Optional[str] = None) -> Path:
+    """Create runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/ under ``runs_dir`` (None: the project's runs/,
+    from any folder: layout.runs_root); an existing folder is never reused."""
     if tag and not all(c.isalnum() or c in "-_." for c in tag):
         raise ConfigError(f"tag {tag!r} may only hold letters, digits, '-', '_' and '.'")
-    root = Path(runs_dir)
+    root = layout.runs_root(runs_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
