@@ -138,7 +138,8 @@ def overhead_interval(o: dict) -> stats.Interval:
     mean with the t-interval over the rounds (a paired design: whatever the machine did
     between rounds hits both loops of a round alike and leaves the ratio, where the unpaired
     "x DDP" interval of two separate jobs would count it as noise)."""
-    return paired_ratio(o["plain"]["step_time"]["trials"], o["labkit_ddp"]["step_time"]["trials"])
+    return paired_ratio(o["plain"]["step_time"]["trials"],
+                        o["labkit_ddp"]["step_time"]["trials"])
 
 
 def paired_ratio(num, den, confidence: float = stats.CONFIDENCE) -> stats.Interval:

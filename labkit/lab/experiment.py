@@ -91,9 +91,9 @@ def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment)
     about once."""
     runs = len(exp.methods) * exp.repeats
     said: list[str] = []
+    where = str(layout.runs_root(exp.runs_dir))
     for c in resolved.values():
-        said += [w for w in budget.machine(c, nproc, str(layout.runs_root(exp.runs_dir)), runs, "--runs-dir")
-                 if w not in said]
+        said += [w for w in budget.machine(c, nproc, where, runs, "--runs-dir") if w not in said]
     warn(said)
 
 

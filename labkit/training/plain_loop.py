@@ -19,15 +19,15 @@ computes the same parameters bit for bit (tests/test_overhead.py).
 
 Why the overhead is one job that alternates the two loops in the same processes, in rounds
 of one trial each (plain, labkit | labkit, plain | plain, labkit ...: :func:`rounds`), rather
-than one job per loop like the methods' jobs: a difference
-of 1% is far below what separates two launches on a shared machine (where the OS places the
-ranks, what else runs; see docs/performance.md), and each launch's own interval cannot see
-that. In one job both loops run in the same processes, process group, placement and warm
-caches, trial after trial, so a drift of the machine hits both loops of a round alike and
-each round's ratio holds only the loops' difference (the figure and its interval are over the
-rounds: labkit.analysis.bench_view.overhead_interval). Both load their data through their own DataLoader (the bench's method
-jobs cycle batches already on the device, which would leave loading out), from the same
-datasets; each trial is one epoch of W + S + 1 steps, both sides timed by the same clock: a
+than one job per loop like the methods' jobs: a difference of 1% is far below what separates
+two launches on a shared machine (where the OS places the ranks, what else runs; see
+docs/performance.md), and each launch's own interval cannot see that. In one job both loops
+run in the same processes, process group, placement and warm caches, trial after trial, so a
+drift of the machine hits both loops of a round alike and each round's ratio holds only the
+loops' difference (the figure and its interval are over the rounds:
+labkit.analysis.bench_view.overhead_interval). Both load their data through their own
+DataLoader (the bench's method jobs cycle batches already on the device, which would leave
+loading out), from the same datasets; each trial is one epoch of W + S + 1 steps, both sides timed by the same clock: a
 timestamp at the start of every step (for labkit, from a step callback of Trainer.train_epoch;
 on a GPU after synchronising), S full steps from the start of step W (warm-up and worker
 start left out), the slowest rank's. Both models start from the same weights and see the same
