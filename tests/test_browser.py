@@ -274,3 +274,21 @@ def test_runs_index_lists_every_run_and_opens_one_in_the_explorer(lab, lab_root,
     explorer.locator(".widget-output img").wait_for(timeout=20_000)  # its figure is drawn
     assert widget_problems(page) == []
     screenshot(page, tmp_path, "runs")
+
+
+def test_the_runs_index_page_has_one_row_per_run_folder(lab_root, page, tmp_path):
+    """runs/index.html as a person opens it from the file manager: the lab notebook's page,
+    one row per run folder (runs/latest is a link, not a row), each naming its folder."""
+    from labkit.lab.run_folder import write_index
+
+    runs = lab_root / "runs"
+    index = write_index(runs)
+    assert index == runs / "index.html"
+    page.goto(index.as_uri())
+    rows = page.locator("tr.run")
+    folders = sorted(p.name for p in runs.iterdir() if p.is_dir() and not p.is_symlink())
+    assert rows.count() == len(folders) >= 2
+    texts = rows.all_inner_texts()
+    assert all(any(name in t for t in texts) for name in folders), texts
+    assert any(NEW in t and "complete" in t for t in texts)
+    screenshot(page, tmp_path, "runs_index_page")
