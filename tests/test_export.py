@@ -85,6 +85,29 @@ def test_pdf_is_multi_page(report_html, tmp_path):
 
 
 @needs_chromium
+@pytest.mark.skipif(shutil.which("pdftotext") is None, reason="pdftotext (poppler-utils) reads the PDF")
+def test_a_wide_table_keeps_every_column_in_the_pdf(tmp_path):
+    """Table 1 has ten columns: on screen the lab template lets a wide table scroll sideways,
+    which a printed page cannot, so its last columns were cut off the PDF. Printed, tables are
+    set smaller and wrap: every column's header is on the page."""
+    from nbformat.v4 import new_output
+
+    heads = [f"column{k:02d} heading words" for k in range(1, 13)]
+    table = ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in heads) + "</tr></thead><tbody><tr>"
+             + "".join(f"<td>{1234.5678 * k:.4f} (0.91-1.12)</td>" for k in range(12)) + "</tr></tbody></table>")
+    cell = new_code_cell("display(HTML(table))")
+    cell.outputs = [new_output("display_data", data={"text/html": table})]
+    nb_path = tmp_path / "wide.ipynb"
+    nbformat.write(new_notebook(cells=[cell]), nb_path)
+    pdf, msg = export_pdf(export_html(nb_path, tmp_path / "wide.html"), tmp_path / "wide.pdf")
+    assert pdf is not None, msg
+    text = " ".join(subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
+                                   check=True).stdout.split())
+    missing = [h.split()[0] for h in heads if h.split()[0] not in text]
+    assert missing == [], f"cut off the printed page: {missing}"
+
+
+@needs_chromium
 def test_screenshot_is_not_blank(report_html, tmp_path):
     from PIL import Image, ImageChops
 
