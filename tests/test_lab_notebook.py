@@ -172,11 +172,14 @@ def test_diff_names_the_one_changed_parameter(runs_dir, tmp_path):
 def test_bad_input_is_one_line_and_creates_nothing(runs_dir, tmp_path):
     for args in (["diff", str(tmp_path), str(runs_dir / "2026-11-20_10-00-00_a")],
                  ["experiment", "--continue", str(runs_dir / "2026-11-20_10-00-00_a")],
-                 ["experiment", "--continue", str(tmp_path / "nope")]):
+                 ["experiment", "--continue", str(tmp_path / "nope")],
+                 ["runs", str(runs_dir), "--status", "complet"]):
         p = labkit(args, tmp_path)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert "Traceback" not in p.stderr
     assert list(tmp_path.iterdir()) == []
+    # a typo in a filter is named with the choices, not shown as an empty notebook
+    assert "'complet' is not a run status; choose from complete, failed, " in p.stderr
 
 
 @pytest.mark.slow

@@ -224,6 +224,10 @@ def select(rows: list[Row], tag: Optional[str] = None, since: Optional[str] = No
     if tag:
         rows = [r for r in rows if tag in r.tag]
     if status:
+        known = {w for st in Status for w in (st.value, st.label)} | {"unreadable"}
+        if status not in known:
+            raise ValueError(f"--status {status!r} is not a run status; choose from "
+                             + ", ".join(sorted({st.label for st in Status} | {"unreadable"})))
         rows = [r for r in rows if status in (r.status, r.status_label)]
 
     def key(r: Row):

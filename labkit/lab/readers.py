@@ -65,8 +65,12 @@ def runs_command(runs_dir: Optional[str], tag: Optional[str] = None, since: Opti
         rows = ri.select(ri.scan(runs_dir), tag, since, status, sort, reverse)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    print(strict_dumps([r.to_json() for r in rows], indent=1) if as_json
-          else ri.text(rows, all_params))
+    if as_json:
+        print(strict_dumps([r.to_json() for r in rows], indent=1))
+    elif not rows and (tag or since or status):
+        print(f"(no run folder under {runs_dir} matches --tag, --since or --status)")
+    else:
+        print(ri.text(rows, all_params))
     return 0
 
 
