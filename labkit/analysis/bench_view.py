@@ -148,12 +148,10 @@ def paired_ratio(num, den, confidence: float = stats.CONFIDENCE) -> stats.Interv
     if n == 0:
         return stats.Interval(None, note="no trials")
     d = np.log(np.asarray(num[:n], dtype=float) / np.asarray(den[:n], dtype=float))
-    value = math.exp(d.mean())
     if n < 2:
-        return stats.Interval(value, n=n, note="one trial: no interval (run more --trials)")
-    half = stats.t_quantile(confidence, n - 1) * d.std(ddof=1) / math.sqrt(n)
-    return stats.Interval(value, math.exp(d.mean() - half), math.exp(d.mean() + half), n=n,
-                          basis="trials", confidence=confidence)
+        return stats.Interval(math.exp(d.mean()), n=n,
+                              note="one trial: no interval (run more --trials)")
+    return stats.t_interval(d, confidence, math.exp, basis="trials")
 
 
 def derive_overhead(o: dict) -> dict:

@@ -168,7 +168,7 @@ def throughput(runs: Runs, *, confidence: float = CONFIDENCE) -> Interval:
         vals = [_point(d) for d in docs]
         if None in vals or min(vals) <= 0:
             return Interval(None, note="a repeat has no throughput")
-        return _t_interval(np.log(np.asarray(vals)), confidence, np.exp)
+        return t_interval(np.log(np.asarray(vals)), confidence, np.exp)
     doc = docs[0]
     epochs = step_times(doc)
     value = _point(doc)
@@ -196,8 +196,8 @@ def t_quantile(confidence: float, df: float) -> float:
     return float(stats.t.ppf((1 + confidence) / 2, df))
 
 
-def _t_interval(x: np.ndarray, confidence: float, back) -> Interval:
-    """t-interval of the mean of ``x`` (one value per repeat), mapped through ``back``."""
+def t_interval(x: np.ndarray, confidence: float, back, basis: str = "repeats") -> Interval:
+    """t-interval of the mean of ``x`` (one value per unit: repeat, round), through ``back``."""
     if np.ptp(x) == 0:
         lo = hi = x[0]
     else:
@@ -205,7 +205,7 @@ def _t_interval(x: np.ndarray, confidence: float, back) -> Interval:
 
         lo, hi = stats.ttest_1samp(x, 0.0).confidence_interval(confidence)
     return Interval(float(back(x.mean())), float(back(lo)), float(back(hi)), n=len(x),
-                    basis="repeats", confidence=confidence)
+                    basis=basis, confidence=confidence)
 
 
 # ------------------------------------------------------------------ (b) speedup vs DDP
@@ -222,7 +222,7 @@ def speedup(runs: Runs, baseline: Runs, *, confidence: float = CONFIDENCE) -> In
         ta, tb = [_point(x) for x in a], [_point(y) for y in b]
         if None in ta or None in tb:
             return Interval(None, note="a repeat has no throughput")
-        return _t_interval(np.log(np.asarray(ta) / np.asarray(tb)), confidence, np.exp)
+        return t_interval(np.log(np.asarray(ta) / np.asarray(tb)), confidence, np.exp)
     pa, pb = _point(a[0]), _point(b[0])
     value = pa / pb if pa and pb else None
     ea, eb = step_times(a[0]), step_times(b[0])
@@ -358,7 +358,7 @@ def accuracy_verdict(name: str, runs: Runs, baseline: Runs, baseline_name: str =
                f"the {len(a)} repeats share one seed, so they cannot separate them")
         return Verdict("single seed", f"{what}; {why} (repeats with different seeds would)",
                        Interval(float(diff.mean()), n=len(a), note="single seed"))
-    iv = _t_interval(diff, confidence, lambda x: x)
+    iv = t_interval(diff, confidence, lambda x: x)
     ci = f"{100 * confidence:.0f}% CI {iv.low:+.2f} to {iv.high:+.2f} points over {len(a)} seeds"
     if iv.low > 0:
         return Verdict("higher", f"{what}, {ci}", iv)
