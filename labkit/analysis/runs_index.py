@@ -25,6 +25,7 @@ from .texttable import text_table
 _STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
 KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
 # config fields that say where a run went or how it printed, not what it measured
+UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read
 NOT_PARAMETERS = ("out", "progress", "runs_dir", "tag", "cell_timeout", "report", "nodes", "method")
 
 
@@ -50,7 +51,7 @@ class Row:
         try:
             return Status(self.status).label
         except ValueError:
-            return self.status or "unreadable"
+            return self.status or UNREADABLE
 
     def to_json(self) -> dict:
         """Strict JSON: a number that is not finite becomes null."""
@@ -224,10 +225,10 @@ def select(rows: list[Row], tag: Optional[str] = None, since: Optional[str] = No
     if tag:
         rows = [r for r in rows if tag in r.tag]
     if status:
-        known = {w for st in Status for w in (st.value, st.label)} | {"unreadable"}
-        if status not in known:
+        labels = {st.label for st in Status} | {UNREADABLE}
+        if status not in labels | {st.value for st in Status}:
             raise ValueError(f"--status {status!r} is not a run status; choose from "
-                             + ", ".join(sorted({st.label for st in Status} | {"unreadable"})))
+                             + ", ".join(sorted(labels)))
         rows = [r for r in rows if status in (r.status, r.status_label)]
 
     def key(r: Row):
