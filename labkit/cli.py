@@ -15,7 +15,7 @@ from .core.status import Status
 
 
 def _nproc(text: str) -> Optional[int]:
-    """--nproc N, or --nproc auto: one process per GPU, else 4 (N < 1 is rejected by validate)."""
+    """--nproc N, or --nproc auto (labkit.lab.params.machine_defaults; N < 1 is rejected by validate)."""
     if text == "auto":
         return None
     try:
@@ -24,7 +24,8 @@ def _nproc(text: str) -> Optional[int]:
         raise argparse.ArgumentTypeError(f"expected a number of processes or auto, got {text!r}") from None
 
 
-NPROC_HELP = "processes per node, or auto: one per GPU, else 4 (default: auto)"
+NPROC_HELP = ("processes per node, or auto: one per GPU, 2 sharing a single GPU, else 4 "
+              "(default: auto)")
 
 
 def _add_nodes(p: argparse.ArgumentParser) -> None:
@@ -129,7 +130,7 @@ def _bench_parser(sub) -> None:
     b.add_argument("--variants", help="comma-separated, from: " + ", ".join(VARIANTS) +
                    f" (default: {','.join(DEFAULT_VARIANTS)})")
     b.add_argument("--nproc", help="comma-separated process counts (default: the GPU count with "
-                   "GPUs, else 2,4)")
+                   "GPUs, 2 sharing a single GPU, else 2,4)")
     b.add_argument("--steps", type=int, help="steps per trial (default 10)")
     b.add_argument("--trials", type=int, help="timed trials, synchronised and compute-only each "
                    "(default 3)")
@@ -220,13 +221,10 @@ def _load_yaml(path: str) -> dict:
 def _split(values: dict):
     """Flags and file values -> (TrainConfig with the machine's defaults, LaunchParams), checked
     like the notebook's parameters."""
-    from .lab.params import machine_defaults, split_params
+    from .lab.params import split_params, with_machine_defaults
 
     train, launch_params = split_params(values)
-    for k, v in machine_defaults().items():
-        if k != "nproc":
-            train.setdefault(k, v)
-    return TrainConfig(**train), launch_params
+    return TrainConfig(**with_machine_defaults(train, launch_params.nproc)), launch_params
 
 
 def cmd_run(values: dict) -> int:
@@ -317,6 +315,7 @@ def cmd_bench(args: dict) -> int:
     import torch
 
     from .lab.bench import BenchPlan, bench, parse_list
+    from .lab.params import nproc_or_default
     from .analysis.bench_view import text_table
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
@@ -324,7 +323,8 @@ def cmd_bench(args: dict) -> int:
     kw = {k: args.pop(k) for k in keys if k in args}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
-    kw["nprocs"] = parse_list(kw.pop("nproc", str(gpus) if gpus else "2,4"), "--nproc", int)
+    kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpus else "2,4"),
+                              "--nproc", int)
     cfg, _ = _split(args)
     run, doc = bench(cfg, BenchPlan(**kw))
     print("\n" + text_table(doc))

@@ -25,7 +25,7 @@ from .kernels import kernel_name
 from labkit.training import budget
 
 from .launch import Nodes, mark_ended, validate, warn
-from .params import nproc_or_default, with_absolute_paths
+from .params import nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
 from .run_folder import new_run_dir, write_index
@@ -55,11 +55,22 @@ class Prepared:
     nproc: int
     resolved: dict[str, TrainConfig]
     snap: Any
+    plan: list[str] = field(default_factory=list)  # what runs and why: printed first, recorded
 
 
 def prepare(cfg: TrainConfig, exp: Experiment,
             resolved: Optional[dict[str, TrainConfig]] = None) -> Prepared:
-    """All bad input fails here, in seconds, before a folder or a process exists.
+    """All bad input fails here, in seconds, before a folder or a process exists."""
+    p = plan(cfg, exp, resolved)
+    check_machine(p.resolved, p.nproc, p.exp)
+    # packages, code, data fingerprints: before any folder
+    return dataclasses.replace(p, snap=snapshot(p.resolved, p.cfg.seed))
+
+
+def plan(cfg: TrainConfig, exp: Experiment,
+         resolved: Optional[dict[str, TrainConfig]] = None) -> Prepared:
+    """Every method's checked config for this machine, and the lines saying what will run and
+    why (Prepared.plan); no snapshot yet (``snap`` None).
 
     ``resolved`` ({method: config}, labkit reproduce): run exactly these recorded configs
     (checked again here) instead of deriving one per method from ``cfg``, so a reproduction
@@ -80,9 +91,8 @@ def prepare(cfg: TrainConfig, exp: Experiment,
         resolved = {m: dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m]))
                     for m in exp.methods}
     resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
-    check_machine(resolved, nproc, exp)
-    snap = snapshot(resolved, cfg.seed)  # packages, code, data fingerprints: before any folder
-    return Prepared(cfg, exp, nproc, resolved, snap)
+    return Prepared(cfg, exp, nproc, resolved, None,
+                    plan_lines(resolved, nproc, exp.nproc, exp.nodes.nnodes))
 
 
 def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment) -> None:
@@ -123,7 +133,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         run.mkdir(parents=True)
     folder = ExperimentFolder(run, p)
     kernel = kernel_name()
-    stream.write(f"experiment: {run}\n")
+    stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
     for i, seed, order in folder.plan:
         for m in order:
             folder.run_method(m, i, seed, kernel, stream)
@@ -144,6 +154,7 @@ class ExperimentFolder:
         exp = p.exp
         self.plan = repeat_plan(exp.methods, exp.repeats, p.cfg.seed)
         self.write(layout.CONFIG, {"experiment": {**dataclasses.asdict(exp), "nproc": p.nproc},
+                                   "plan": p.plan,  # what ran on this machine, and why
                                    "train": p.cfg.to_dict(),
                                    "resolved": {m: c.to_dict() for m, c in p.resolved.items()}})
         # the record's paths are relative to the run folder; each torchrun command names paths

@@ -89,7 +89,8 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
     from labkit.training.data import build_datasets, check_image_folder, steps_per_epoch
 
     if nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, else 4")
+        raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, "
+                          f"2 sharing a single GPU, else 4")
     world = nproc * nodes.nnodes
     cfg = preflight(cfg, world=world, local_world=nproc)
     trainers = cfg.trainers(world)

@@ -23,7 +23,8 @@ def _f(default: Any, help: str) -> Any:
 class LaunchParams:
     """How torchrun is started for one method, and where its folder goes without ``out`` (the
     rest is the TrainConfig)."""
-    nproc: Optional[int] = _f(None, "processes per node (default: one per GPU, else 4)")
+    nproc: Optional[int] = _f(None, "processes per node (default: one per GPU, 2 sharing a "
+                                    "single GPU, else 4)")
     nnodes: int = _f(1, "nodes (multi-node: also node_rank and rdzv_endpoint)")
     node_rank: int = _f(0, "this node's number, 0..nnodes-1")
     rdzv_endpoint: Optional[str] = _f(None, "host:port of the torchrun c10d rendezvous")
@@ -37,20 +38,69 @@ LAUNCH_PARAMS = tuple(f.name for f in dataclasses.fields(LaunchParams))
 
 
 # ------------------------------------------------------------------ defaults for this machine
-def machine_defaults() -> dict:
-    """Without GPUs: 4 processes, batch 32 (minutes on a 2-core laptop). With GPUs: one process
-    per GPU, batch 64. The dataset, model and backend part is labkit.core.config.resolve's."""
+# one GPU: the fewest ranks every method runs with (the parameter server serves on rank 0 and
+# trains on the others), sharing the GPU over gloo, which moves CUDA tensors (nccl needs one GPU
+# per process)
+SHARED_GPU_RANKS = 2
+
+
+def gpu_count() -> int:
     import torch
 
-    if torch.cuda.is_available():
-        return {"nproc": torch.cuda.device_count(), "batch_size": 64, "epochs": 3}
-    return {"nproc": 4, "batch_size": 32, "epochs": 3}
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def machine_defaults(nproc: Optional[int] = None) -> dict:
+    """The defaults for this machine and the process count asked for (None: auto).
+
+    No GPU: 4 processes over gloo, batch 32 (minutes on a 2-core laptop). Two or more GPUs: one
+    process per GPU over nccl, batch 64. One GPU: SHARED_GPU_RANKS processes share it over gloo
+    (``--backend gloo --device cuda``), so every method runs; an explicit ``--nproc 1`` keeps
+    nccl. The dataset, model and backend otherwise are labkit.core.config.resolve's."""
+    gpus = gpu_count()
+    if gpus == 0:
+        return {"nproc": 4, "batch_size": 32, "epochs": 3}
+    if gpus == 1 and nproc != 1:
+        return {"nproc": SHARED_GPU_RANKS, "batch_size": 64, "epochs": 3,
+                "backend": "gloo", "device": "cuda"}
+    return {"nproc": gpus, "batch_size": 64, "epochs": 3}
+
+
+def with_machine_defaults(train: dict, nproc: Optional[int]) -> dict:
+    """Training values as given, the machine's defaults for those not given."""
+    return {**{k: v for k, v in machine_defaults(nproc).items() if k != "nproc"}, **train}
 
 
 def nproc_or_default(nproc: Optional[int]) -> int:
     """The process count asked for, or the machine's default for ``None`` (auto); 0 stays 0,
     which the launcher refuses as bad input. The one place that knows the default."""
     return machine_defaults()["nproc"] if nproc is None else nproc
+
+
+def plan_lines(resolved: dict[str, TrainConfig], nproc: int, asked: Optional[int],
+               nnodes: int = 1) -> list[str]:
+    """What an experiment will run on this machine and why: its first printed lines, recorded
+    in config.json. ``resolved``: each method's checked config; ``asked``: --nproc (None: auto)."""
+    c = next(iter(resolved.values()))
+    gpus = gpu_count()
+    shared = c.device == "cuda" and nproc > gpus
+    how = f"{nproc} processes" + (f" on each of {nnodes} nodes" if nnodes > 1 else "")
+    first = (f"plan: {', '.join(resolved)}; {how}, backend {c.backend}, device {c.device}, "
+             f"{c.dataset} data, {c.model}, batch {c.batch_size} per trainer, {c.epochs} epochs")
+    if asked is not None:
+        why = f"--nproc {asked} as asked, on a machine with {gpus or 'no'} GPU(s)"
+    elif gpus == 0:
+        why = "no GPU: 4 processes on the CPU over gloo"
+    elif shared:
+        why = (f"one GPU: {nproc} ranks share it over gloo (nccl needs a GPU per process), the "
+               f"fewest every method runs with (the parameter server needs {SHARED_GPU_RANKS})")
+    else:
+        why = f"{gpus} GPUs: one process per GPU over nccl"
+    lines = [first, f"why: {why}"]
+    if shared:
+        lines.append("note: the ranks share one device, so communication timings measure gloo "
+                     "copies through host memory, not links between GPUs")
+    return lines
 
 
 def method_out(cfg: TrainConfig, runs_dir: Optional[str] = None) -> str:
@@ -96,4 +146,7 @@ def notebook_params(namespace: dict):
     given = {k: namespace[k] for k in names if k in namespace}
     check_params({**given, **injected})
     train, lp = split_params(given)
-    return TrainConfig(**train), nproc_or_default(lp.nproc), Nodes.of(lp)
+    # the parameters cell leaves backend and device None (auto): on one GPU, the ranks share it
+    auto = {k: v for k, v in with_machine_defaults({}, lp.nproc).items()
+            if k in ("backend", "device") and train.get(k) is None}
+    return TrainConfig(**{**train, **auto}), nproc_or_default(lp.nproc), Nodes.of(lp)

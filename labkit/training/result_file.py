@@ -60,7 +60,9 @@ class ResultFile:
             # config.out relative to this file's folder ("."): the file stays right when its
             # run folder is copied or moved (data_dir and weights, elsewhere, stay absolute)
             "config": portable(cfg.to_dict(), out),
-            "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device)},
+            # gpus: this node's GPU count; more local ranks than GPUs on cuda: they shared one
+            "world": {**torchrun_world(), "backend": ctx.backend, "device": str(ctx.device),
+                      "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0},
             # this rank's threads and deterministic settings: what a bit-for-bit rerun needs
             "determinism": determinism(cfg.seed, ctx.backend),
             "versions": {"labkit": __version__, "python": platform.python_version(),

@@ -31,5 +31,5 @@ from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, 
                      environment_rows,
                      epoch_rows, html_table, intervals, method_runs, reproduction_rows, target_text, text_table,
                      variant_rows)
-from .text import (accuracy_verdicts, discussion, load_bench, reproduction_summary, speed_verdicts,
-                   terminal_summary, text_report, verdict_lines, write_report)
+from .text import (accuracy_verdicts, discussion, load_bench, ran_on_gpu, reproduction_summary,
+                   speed_verdicts, terminal_summary, text_report, verdict_lines, write_report)

@@ -162,6 +162,25 @@ def waits_lines(res: RunResults) -> list[str]:
     return out
 
 
+def ran_on_gpu(res: RunResults) -> bool:
+    """Whether any method's ranks computed on a GPU (Table 9, GPU use, is shown only then)."""
+    return any(str(d.get("world", {}).get("device", "")).startswith("cuda") for d in res.ok.values())
+
+
+def shared_device_line(res: RunResults) -> Optional[str]:
+    """A sentence when a method's ranks shared GPUs (more local ranks than GPUs on cuda: one
+    GPU's default, labkit.lab.params.machine_defaults), else None."""
+    for d in res.ok.values():
+        w = d.get("world", {})
+        ranks, gpus = int(w.get("local_world_size") or 1), int(w.get("gpus") or 0)
+        if str(w.get("device", "")).startswith("cuda") and gpus and ranks > gpus:
+            return (f"The ranks shared one device: {ranks} processes on {gpus} GPU(s), over "
+                    f"{w.get('backend')}. Communication timings measure copies through host "
+                    f"memory, not links between GPUs: compare the methods with each other, not "
+                    f"with a run on one GPU per process.")
+    return None
+
+
 def discussion(res: RunResults) -> list[str]:
     """Short findings computed from the measured numbers (no claims the numbers don't make)."""
     docs = res.ok
@@ -195,6 +214,8 @@ def discussion(res: RunResults) -> list[str]:
                      f"a different number of trainers; repeats with different seeds (--repeats) measure "
                      f"whether they exceed the seed-to-seed noise.")
     lines += waits_lines(res)
+    shared = shared_device_line(res)
+    lines += [shared] if shared else []
     cpu = [d for d in docs.values() if d.get("world", {}).get("device") == "cpu"]
     if cpu:
         bound = (", each rank bound to its share of them (--pin-cpus)"
@@ -250,9 +271,9 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
               f"(time and steps to target: the validation accuracy first reaching {t:.2f}%)"
               if t is not None else "", "",
               heading("communication"), "",
-              text_table(communication_rows(res)), "",
-              heading("efficiency"), "",
-              text_table(efficiency_rows(res)), ""]
+              text_table(communication_rows(res)), ""]
+    if ran_on_gpu(res):  # on a CPU run every column but the data wait would be "-"
+        parts += [heading("efficiency"), "", text_table(efficiency_rows(res)), ""]
     parts += repeats_text(res)  # nothing without --repeats
     for m, d in res.ok.items():
         parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]

@@ -1,0 +1,75 @@
+"""What `labkit experiment` plans on a machine with 0, 1 or 4 GPUs, the device count faked in
+this process (torch.cuda.is_available/device_count): no GPU is today's CPU plan, one GPU runs
+every method with ranks sharing it over gloo, several GPUs one process per GPU over nccl. The
+GPU tests (test_gpu_ranks.py) check the one-GPU default on a real device."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit import cli
+from labkit.lab import experiment
+from labkit.lab.params import SHARED_GPU_RANKS, machine_defaults
+
+
+def fake_gpus(monkeypatch, n: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def planned(monkeypatch, gpus: int, flags: dict | None = None) -> experiment.Prepared:
+    fake_gpus(monkeypatch, gpus)
+    cfg, exp, _ = cli._experiment_params(dict(flags or {}))
+    return experiment.plan(cfg, exp)
+
+
+def test_no_gpu_is_the_cpu_plan(monkeypatch):
+    p = planned(monkeypatch, 0)
+    assert p.nproc == 4 and list(p.resolved) == ["ddp", "allreduce", "ps"]
+    assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cpu")}
+    assert p.plan[0].startswith("plan: ddp, allreduce, ps; 4 processes, backend gloo, device cpu")
+    assert p.plan[1] == "why: no GPU: 4 processes on the CPU over gloo"
+    assert not any("share" in line for line in p.plan)
+
+
+def test_one_gpu_runs_every_method_with_ranks_sharing_it(monkeypatch):
+    p = planned(monkeypatch, 1)
+    assert p.nproc == SHARED_GPU_RANKS >= 2  # the parameter server needs a server and a worker
+    assert list(p.resolved) == ["ddp", "allreduce", "ps"]  # validated: none refused
+    assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cuda")}
+    assert p.plan[0].startswith(f"plan: ddp, allreduce, ps; {SHARED_GPU_RANKS} processes, "
+                                f"backend gloo, device cuda")
+    assert p.plan[1].startswith(f"why: one GPU: {SHARED_GPU_RANKS} ranks share it over gloo")
+    assert "share one device" in p.plan[2]
+
+
+def test_one_gpu_with_one_process_asked_keeps_nccl(monkeypatch):
+    p = planned(monkeypatch, 1, {"nproc": 1, "methods": "ddp,allreduce"})
+    assert p.nproc == 1 and {c.backend for c in p.resolved.values()} == {"nccl"}
+    assert p.plan[1] == "why: --nproc 1 as asked, on a machine with 1 GPU(s)"
+    fake_gpus(monkeypatch, 1)
+    assert "backend" not in machine_defaults(1) and machine_defaults(None)["backend"] == "gloo"
+
+
+def test_four_gpus_are_four_nccl_processes(monkeypatch):
+    p = planned(monkeypatch, 4)
+    assert p.nproc == 4
+    assert {(c.backend, c.device) for c in p.resolved.values()} == {("nccl", "cuda")}
+    assert p.plan[1] == "why: 4 GPUs: one process per GPU over nccl"
+    assert len(p.plan) == 2
+
+
+def test_the_plan_is_printed_first_and_recorded(monkeypatch, tmp_path):
+    """run_experiment writes the plan right after the run folder's line, and config.json keeps it."""
+    import io
+    import json
+
+    p = planned(monkeypatch, 0, {"methods": "ddp"})
+    monkeypatch.setattr(experiment.ExperimentFolder, "run_method", lambda *a, **k: None)
+    monkeypatch.setattr(experiment.ExperimentFolder, "finish", lambda *a, **k: None)
+    monkeypatch.setattr(experiment, "write_record", lambda run, snap: {})
+    out = io.StringIO()
+    run, _ = experiment.run_experiment(p.cfg, p.exp, out, prepared=p, run=tmp_path / "run")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("experiment: ") and lines[1:3] == p.plan
+    assert json.loads((run / "config.json").read_text())["plan"] == p.plan
