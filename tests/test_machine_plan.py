@@ -73,3 +73,14 @@ def test_the_plan_is_printed_first_and_recorded(monkeypatch, tmp_path):
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("experiment: ") and lines[1:3] == p.plan
     assert json.loads((run / "config.json").read_text())["plan"] == p.plan
+
+
+@pytest.mark.parametrize("batch,world", [(32, 4), (64, 3), (16, 7), (24, 5)])
+def test_the_default_lr_prints_as_the_decimal_it_is(batch, world):
+    """0.1 x global batch / 256 as one division: the torchrun command line and the report show
+    0.0375, not 0.037500000000000006."""
+    from labkit.core.config import TrainConfig, resolve
+
+    for method in ("ddp", "ps"):
+        lr = resolve(TrainConfig(method=method, batch_size=batch), False, world).lr
+        assert repr(lr) == f"{lr:.12g}"

@@ -192,7 +192,9 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     _resolve_machine(c, cuda_available)
     _check_ranges(c)
     if c.lr is None:
-        c.lr = 0.1 * c.batch_size * max(1, c.trainers(world_size)) / 256
+        # 0.1 x global batch / 256 as one division, so the value is the decimal it prints as in
+        # the torchrun command line (0.0375, not 0.1 * 32 * 3 / 256 = 0.037500000000000006)
+        c.lr = c.batch_size * max(1, c.trainers(world_size)) / 2560
     _check_optimizer(c)
     return c
 
