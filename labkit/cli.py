@@ -9,6 +9,7 @@ import sys
 from typing import Optional
 
 from .core import params
+from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from .core.methods import METHODS
 from .core.status import Status
@@ -76,7 +77,8 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit", description="Measure what data-parallel training costs.")
+    # errors in one line and a hint, like every other labkit error (not argparse's usage block)
+    p = OneLineParser(prog="labkit", description="Measure what data-parallel training costs.")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_run_parser, _experiment_parser, _sweep_parser, _bench_parser, _model_parser,
                 _report_parser, _reproduce_parser, _runs_parser, _diff_parser):

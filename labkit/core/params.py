@@ -47,7 +47,11 @@ class FieldType:
             if t.lower() in _TRUE + _FALSE:
                 return t.lower() in _TRUE
             raise ValueError(f"expected true or false, got {t!r}")
-        value = self.base(t)  # int("x") / float("x") raise ValueError
+        try:
+            value = self.base(t)
+        except ValueError:  # int("two") says "invalid literal for int() with base 10"
+            kind = {int: "a whole number", float: "a number"}.get(self.base, self.base.__name__)
+            raise ValueError(f"expected {kind}, got {t!r}") from None
         if not self.allows(value):
             raise ValueError(f"expected one of {', '.join(self.choices)}, got {t!r}")
         return value

@@ -9,6 +9,7 @@ from typing import Optional
 
 from labkit.analysis.bench_view import BenchError
 from labkit.analysis.bench_view import load as load_bench
+from labkit.core.cliparser import OneLineParser
 from labkit.core.files import atomic_write_json
 from labkit.analysis.texttable import text_table
 from .alphabeta import BACKWARD_FRACTION, ERROR_TARGET_PCT, GPUS_PER_NODE, INTERCONNECTS, MiB
@@ -20,14 +21,8 @@ def _table(rows: list[dict]) -> str:
     return text_table(rows, strip=True)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, like every labkit command
-        print(f"labkit model: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="labkit model",
+    p = OneLineParser(prog="labkit model",
                 description="Calibrate the cost model on a bench file, validate it, and project "
                             "to larger machines.")
     p.add_argument("bench", metavar="BENCH_JSON", help="bench.json written by `labkit bench`")

@@ -1,0 +1,70 @@
+"""A mistyped argument to any labkit subcommand is one line naming it and where help is, exit 2:
+not argparse's usage block (25 lines for `labkit run`) before the error."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from labkit import cli
+
+# the positionals each subcommand needs, so that the flag is what goes wrong
+POSITIONALS = {"run": ["ddp"], "report": ["somewhere"], "reproduce": ["somewhere"],
+               "diff": ["a", "b"], "model": ["bench.json"]}
+
+
+def labkit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,first", [
+    (["run", "sgd"], "labkit run: error: unknown method 'sgd'"),
+    (["runs", "--statuz", "x"], "labkit runs: error: unknown flag --statuz (did you mean --status?)"),
+    (["experiment", "--epochs", "two"], "labkit experiment: error: --epochs: expected a whole "
+                                        "number, got 'two'"),
+])
+def test_the_three_mistypes_of_the_issue_are_one_line(args, first):
+    p = labkit(*args)
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2 and p.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith(first), p.stderr
+    if args[0] == "run":  # argparse's choices, or the method registry's own one line
+        assert "ddp" in lines[0] and "allreduce" in lines[0] and "ps" in lines[0]
+    else:
+        assert lines[0].endswith(f"see labkit {args[0]} --help")
+
+
+def subcommands() -> list[str]:
+    return list(cli.build_parser().subcommands.choices)
+
+
+def test_every_subcommand_is_checked():
+    assert set(subcommands()) >= {"run", "experiment", "sweep", "bench", "model", "report",
+                                  "reproduce", "runs", "diff"}
+
+
+@pytest.mark.parametrize("command", subcommands())
+def test_a_bad_flag_of_every_subcommand_is_one_line(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, *POSITIONALS.get(command, []), "--no-such-flag"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert err.splitlines() == [f"labkit {command}: error: unknown flag --no-such-flag; "
+                                f"see labkit {command} --help"]
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["bench", "--steps", "x"], "labkit bench: error: --steps: expected a whole number, got 'x'"),
+    (["run", "ddp", "--backend", "mpi"], "labkit run: error: unknown backend 'mpi'; choose from "
+                                         "nccl, gloo"),
+    (["report"], "labkit report: error: the following arguments are required: RUN_DIR_OR_FILES"),
+    ([], "labkit: error: the following arguments are required: command"),
+])
+def test_other_argument_errors_are_one_line_too(args, expected, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith(expected), err
