@@ -28,6 +28,86 @@ def test_environment_yml_matches_pyproject():
     assert py == conda, f"only in pyproject: {sorted(py - conda)}; only in environment.yml: {sorted(conda - py)}"
 
 
+# Standard-library names newer than 3.10, by the version that added them: a module that uses
+# one needs requires-python to admit only that version and later.
+NEWER_STDLIB = {
+    "enum.StrEnum": (3, 11), "tomllib": (3, 11), "typing.Self": (3, 11),
+    "typing.LiteralString": (3, 11), "typing.Never": (3, 11), "typing.assert_never": (3, 11),
+    "typing.reveal_type": (3, 11), "datetime.UTC": (3, 11), "asyncio.TaskGroup": (3, 11),
+    "asyncio.timeout": (3, 11), "hashlib.file_digest": (3, 11), "operator.call": (3, 11),
+    "contextlib.chdir": (3, 11), "wsgiref.types": (3, 11),
+    "itertools.batched": (3, 12), "typing.override": (3, 12), "typing.TypeAliasType": (3, 12),
+    "calendar.Month": (3, 12), "calendar.Day": (3, 12),
+    "warnings.deprecated": (3, 13), "copy.replace": (3, 13), "typing.ReadOnly": (3, 13),
+    "typing.TypeIs": (3, 13), "typing.NoDefault": (3, 13), "typing.get_protocol_members": (3, 13),
+}
+
+
+def requires_python() -> tuple[int, int]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        spec = tomllib.load(f)["project"]["requires-python"]
+    major, minor = spec.removeprefix(">=").split(".")[:2]
+    assert spec.startswith(">="), spec
+    return int(major), int(minor)
+
+
+def stdlib_uses(tree) -> set[str]:
+    """Dotted stdlib names a module uses: from-imports, and attributes of imported modules."""
+    import ast
+
+    modules, used = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                modules[a.asname or a.name] = a.name
+                used.add(a.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            used.add(node.module)
+            used |= {f"{node.module}.{a.name}" for a in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in modules:
+            used.add(f"{modules[node.value.id]}.{node.attr}")
+    return used
+
+
+def newer_than(minimum: tuple[int, int], root: Path) -> list[str]:
+    """Each module's syntax parsed as of ``minimum`` (ast's feature_version), and its stdlib
+    names against NEWER_STDLIB: what needs a newer Python than ``minimum``."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        try:
+            tree = ast.parse(text, feature_version=minimum)
+        except SyntaxError as e:
+            found.append(f"{path.name}:{e.lineno}: syntax newer than {minimum}: {e.msg}")
+            continue
+        found += [f"{path.name}: {name} (Python {'.'.join(map(str, NEWER_STDLIB[name]))})"
+                  for name in sorted(stdlib_uses(tree)) if NEWER_STDLIB.get(name, (0,)) > minimum]
+    return found
+
+
+def test_requires_python_admits_only_versions_that_run_the_package():
+    """requires-python was >=3.10 while labkit.core.status imported enum.StrEnum (3.11): the
+    package installed on 3.10 and failed at import. Nothing may need a newer Python than the
+    declared minimum, and the minimum may be no lower than what is needed."""
+    minimum = requires_python()
+    assert newer_than(minimum, ROOT / "labkit") == []
+    below = (minimum[0], minimum[1] - 1)
+    assert newer_than(below, ROOT / "labkit") != [], f"{below} would do: lower requires-python"
+
+
+def test_the_python_check_finds_newer_syntax_and_names(tmp_path):
+    (tmp_path / "a.py").write_text("from itertools import batched\nimport typing\nx: typing.Self\n")
+    (tmp_path / "b.py").write_text("try:\n    pass\nexcept* OSError:\n    pass\n")
+    found = newer_than((3, 10), tmp_path)
+    assert found[:2] == ["a.py: itertools.batched (Python 3.12)", "a.py: typing.Self (Python 3.11)"]
+    assert len(found) == 3 and found[2].startswith("b.py:4: syntax newer than (3, 10)")
+    assert newer_than((3, 11), tmp_path) == ["a.py: itertools.batched (Python 3.12)"]
+
+
 def test_torch_pins():
     deps = _pyproject_deps()
     assert "torch==2.14.1" in deps and "torchvision==0.29.1" in deps
