@@ -1,5 +1,6 @@
-# One-command set-up and runs; each target works on a fresh machine (Python 3.11, Debian/Ubuntu):
-# it creates .venv, installs everything and registers the project's Jupyter kernel first.
+# One-command set-up and runs; each target works on a fresh machine (Python 3.11 or later with
+# its venv module, Debian/Ubuntu): it creates .venv, installs everything and registers the
+# project's Jupyter kernel first. What a machine lacks is said in one line (README, first screen).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -22,11 +23,18 @@ setup: $(STAMP) $(LAB_OVERRIDES) system-deps
 
 # Debian packages: Chromium prints the report to PDF offline (nbconvert's webpdf would try to
 # download its own), poppler-utils checks the PDF in the tests. Installed when missing and root.
+# A Chromium counts when it answers --version, under the names labkit.lab.export looks for:
+# Ubuntu has no chromium package, and its chromium-browser without the snap is a stub.
+CHROMIUM_OK = for b in chromium chromium-browser google-chrome; do $$b --version >/dev/null 2>&1 && exit 0; done; exit 1
+NO_CHROMIUM = echo "note: no Chromium that runs here (Ubuntu: snap install chromium): the report is written as HTML only, no PDF"
 system-deps:
-	@if command -v chromium >/dev/null 2>&1 && command -v pdfinfo >/dev/null 2>&1; then :; \
+	@if ($(CHROMIUM_OK)) && command -v pdfinfo >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium poppler-utils; \
-	else echo "note: the PDF report needs Chromium: sudo apt-get install chromium poppler-utils (HTML is written without it)"; fi
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends poppler-utils \
+	  && { ($(CHROMIUM_OK)) || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium \
+	       || $(NO_CHROMIUM); }; \
+	elif ($(CHROMIUM_OK)); then echo "note: the tests' PDF checks need poppler-utils: sudo apt-get install poppler-utils"; \
+	else echo "note: the PDF report needs Chromium: sudo apt-get install chromium poppler-utils (Ubuntu: snap install chromium); HTML is written without it"; fi
 
 # Debian's Slurm and munge for tests/test_slurm.py, which starts its own controller and two node
 # daemons and submits slurm/labkit.sbatch and `labkit sweep --slurm` to them. Installed when
@@ -38,6 +46,9 @@ slurm-deps:
 	else echo "note: the Slurm tests need Slurm: sudo apt-get install slurm-wlm munge (they skip without it)"; fi
 
 $(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: no $(PYTHON): install Python 3.11 or later (sudo apt-get install python3 python3-venv)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make: labkit needs Python 3.11 or later, $(PYTHON) is $$($(PYTHON) -V 2>&1): make PYTHON=python3.11 ..."; exit 1; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { echo "make: $(PYTHON) cannot create a venv: sudo apt-get install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	# torch/torchvision are pinned in pyproject.toml (2.14.1 / 0.29.1)
 	$(BIN)/pip install -e '.[test]'

@@ -13,12 +13,33 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("export")
 
+from conftest import ROOT
 from labkit.lab import export
 from labkit.lab.export import export_html, export_pdf, find_chromium
 from screenshot import screenshot
 
 # Appears only in code cells, so finding it in the HTML means code leaked into the report.
 CODE_MARKER = "labkit_code_marker_7f3a"
+
+def test_a_chromium_stub_is_not_a_chromium(tmp_path, monkeypatch):
+    """Ubuntu's chromium-browser without the snap only says to install the snap: labkit and the
+    Makefile pass over it (HTML only) and take a Chromium that answers --version."""
+    from labkit.lab.export import CHROMIUM_NAMES
+
+    stub = tmp_path / "chromium-browser"
+    stub.write_text("#!/bin/sh\necho \"Command '$0' requires the chromium snap to be installed.\"\n"
+                    "exit 1\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("LABKIT_CHROMIUM", raising=False)
+    assert find_chromium() is None
+    real = tmp_path / "google-chrome"
+    real.write_text("#!/bin/sh\necho 'Google Chrome 150.0'\n")
+    real.chmod(0o755)
+    assert find_chromium() == str(real)
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"for b in ([a-z -]+); do", make).group(1).split() == list(CHROMIUM_NAMES)
+
 
 needs_chromium = pytest.mark.skipif(
     find_chromium() is None,

@@ -18,9 +18,11 @@ from nbconvert import HTMLExporter
 
 from labkit.core.files import atomic_path
 
+# the Makefile's system-deps looks for the same names (tests/test_export.py checks it)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_TIMEOUT_S = 120
-INSTALL_HINT = "install it with `make system-deps` (apt-get install chromium) or set LABKIT_CHROMIUM"
+INSTALL_HINT = ("install it with `make system-deps` (Debian: apt-get install chromium; Ubuntu: "
+                "snap install chromium) or set LABKIT_CHROMIUM")
 
 # Needed here: we run as root (no sandbox), with no GPU and no network (nothing in the
 # background may phone home or wait for it), and with a fresh profile per run so two exports
@@ -52,15 +54,26 @@ def export_html(nb_path: str | os.PathLike, html_path: str | os.PathLike) -> Pat
 
 
 def find_chromium() -> Optional[str]:
-    """LABKIT_CHROMIUM if set (it must exist), else the first Chromium on PATH, else None."""
+    """LABKIT_CHROMIUM if set (it must exist), else the first Chromium on PATH that runs, else
+    None. Ubuntu's chromium-browser without its snap is a stub that only says to install the
+    snap: a name on PATH counts only when ``--version`` answers."""
     env = os.environ.get("LABKIT_CHROMIUM")
     if env:
         return shutil.which(env)  # a path or a name; None when it is not there
     for name in CHROMIUM_NAMES:
         found = shutil.which(name)
-        if found:
+        if found and _answers(found):
             return found
     return None
+
+
+def _answers(exe: str) -> bool:
+    try:
+        p = subprocess.run([exe, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0 and any(w in p.stdout for w in ("Chromium", "Chrome"))
 
 
 def run_chromium(output_flag: str, suffix: str, html_path: Path, dest: str, extra: list[str]) -> None:
