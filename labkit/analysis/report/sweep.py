@@ -23,7 +23,8 @@ from labkit.analysis.texttable import text_table
 from labkit.core.methods import METHOD_ORDER, SHORT
 
 from .load import RunResults, load_env, load_run
-from .plots import COLORS
+
+COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
 
 
 class SweepError(ValueError):
