@@ -57,9 +57,11 @@ class TrainConfig:
                         "(hand-written bucketed all-reduce), ps (parameter server on rank 0)")
     # --- the original guide's flags, unchanged ---
     epochs: int = _f(3, "epochs to train")
-    batch_size: int = _f(64, "batch size per training process (for PS: per worker)")
-    workers: Optional[int] = _f(None, "DataLoader worker processes per rank (default: 0 for the "
-                                "in-memory digits/synthetic sets, else min(8, CPUs per local rank))")
+    batch_size: Optional[int] = _f(None, "batch size per training process (for PS: per worker; "
+                                   "default: 64 with GPUs, 32 on a CPU)")
+    workers: Optional[int] = _f(None, "DataLoader worker processes per rank (default: for the "
+                                "in-memory digits/synthetic sets 0, or up to 4 on GPUs with nccl; "
+                                "else min(8, CPUs per local rank))")
     data_dir: Optional[str] = _f(None, "dataset root holding train/ and val/ with one folder per "
                                  "class (imagefolder; default ./)")
     backend: Optional[Backend] = _f(None, "process-group backend (default: nccl with GPUs, gloo "
@@ -199,7 +201,15 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     return c
 
 
+def default_batch_size(cuda_available: bool) -> int:
+    """64 per process with GPUs (the guide's), 32 on a CPU: the embedded default, `labkit
+    experiment` and run_method.ipynb alike."""
+    return 64 if cuda_available else 32
+
+
 def _resolve_machine(c: TrainConfig, cuda_available: bool) -> None:
+    if c.batch_size is None:
+        c.batch_size = default_batch_size(cuda_available)
     if c.backend is None:
         c.backend = "nccl" if cuda_available else "gloo"
     if c.backend == "nccl" and not cuda_available:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from labkit.core import layout, params
-from labkit.core.config import TrainConfig
+from labkit.core.config import TrainConfig, default_batch_size
 
 
 def _f(default: Any, help: str) -> Any:
@@ -58,12 +58,12 @@ def machine_defaults(nproc: Optional[int] = None) -> dict:
     (``--backend gloo --device cuda``), so every method runs; an explicit ``--nproc 1`` keeps
     nccl. The dataset, model and backend otherwise are labkit.core.config.resolve's."""
     gpus = gpu_count()
+    batch = {"batch_size": default_batch_size(gpus > 0), "epochs": 3}  # recorded as given
     if gpus == 0:
-        return {"nproc": 4, "batch_size": 32, "epochs": 3}
+        return {"nproc": 4, **batch}
     if gpus == 1 and nproc != 1:
-        return {"nproc": SHARED_GPU_RANKS, "batch_size": 64, "epochs": 3,
-                "backend": "gloo", "device": "cuda"}
-    return {"nproc": gpus, "batch_size": 64, "epochs": 3}
+        return {"nproc": SHARED_GPU_RANKS, **batch, "backend": "gloo", "device": "cuda"}
+    return {"nproc": gpus, **batch}
 
 
 def with_machine_defaults(train: dict, nproc: Optional[int]) -> dict:
