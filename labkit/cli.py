@@ -156,7 +156,7 @@ def _model_parser(sub) -> None:
 
 
 def _report_parser(sub) -> None:
-    rp = sub.add_parser("report", help="tables, the guide's five plots and performance_report.txt")
+    rp = sub.add_parser("report", help="tables, six plots and performance_report.txt")
     rp.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FILES",
                     help="a run folder, a folder with results_*.json, or result files")
     rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: "
@@ -183,7 +183,7 @@ def _runs_parser(sub) -> None:
     r.add_argument("--tag", help="only runs whose tag contains this")
     r.add_argument("--since", help="only runs started since a date (2026-11-20) or an age (3d, 12h)")
     r.add_argument("--status", help="only runs with this status (complete, failed, interrupted, "
-                   "running, stopped)")
+                   "running, stopped, pending, unreadable)")
     r.add_argument("--sort", default="when", help="a column or a parameter (default: when)")
     r.add_argument("--reverse", action="store_true", help="sort descending")
     r.add_argument("--all", dest="all_params", action="store_true", help="every parameter, not "

@@ -1,6 +1,7 @@
 """The README is a front door and docs/ holds the depth: every command the docs show parses with
-the real argument parsers, every local link points at a file that exists, and the README stays
-short and links every docs page."""
+the real argument parsers, every flag they name is one the code has, every local link and anchor
+resolves, every code block closes, the notebooks' parameters are `labkit experiment`'s defaults,
+and the README stays short and links every docs page."""
 from __future__ import annotations
 
 import re
@@ -67,6 +68,133 @@ def test_the_checker_finds_a_broken_command(capsys):
     assert check(lines[0]) == "does not parse: labkit experiment --no-such-flag"
     assert check(lines[1]) is None
     capsys.readouterr()
+
+
+# inline code that is another program's command line: its flags are that program's
+OTHER_COMMANDS = ("torchrun", "python", "pip", "make", "pytest", "sbatch", "srun", "salloc",
+                  "jupyter", "papermill", "chromium", "git", "conda", "nvidia-smi", "apt-get",
+                  "sudo", "bash", "time", "TORCH_", "NCCL_", "OMP_", "PYTHONPATH", "squeue",
+                  "dvc", "docker", "unshare", "ARGS=")
+# other programs' flags the docs name on their own: Slurm's (sbatch), Jupyter's, torchrun's
+OTHER_FLAGS = {"--cpus-per-task", "--exclusive", "--nodes", "--time", "--account", "--dependency",
+               "--allow-root", "--log-line-prefix-template"}
+SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def labkit_flags() -> set[str]:
+    """Every flag of every labkit subcommand, of labkit model and of labkit.train."""
+    from labkit.analysis.costmodel.cli import build_parser as model_parser
+    from labkit.cli import build_parser
+    from labkit.core.config import build_parser as train_parser
+
+    top = build_parser()
+    parsers = [top, model_parser(), train_parser(), *top.subcommands.choices.values()]
+    return {f for p in parsers for f in FLAG.findall(p.format_help())}
+
+
+def problems(page: Path, flags: set[str]) -> list[str]:
+    """What is wrong with one Markdown page: an unclosed code block, a local link or anchor that
+    resolves to nothing, a flag in inline code that no labkit parser has."""
+    text = page.read_text()
+    found = unclosed_blocks(page.name, text)
+    prose = FENCE.sub("", text)
+    for m in LINK.finditer(prose):
+        target, anchor = m.group(1), (m.group(2) or "")[1:]
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path = page.parent / target
+        if not path.exists():
+            found.append(f"{page.name}: link to {target}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            found.append(f"{page.name}: link to {target}#{anchor}: no such heading")
+    for m in re.finditer(r"\]\(#([^)\s]+)\)", prose):
+        if m.group(1) not in anchors(page):
+            found.append(f"{page.name}: link to #{m.group(1)}: no such heading")
+    for span in SPAN.findall(prose):
+        if span.lstrip("$ ").startswith(OTHER_COMMANDS):
+            continue
+        found += [f"{page.name}: {flag} (in `{span}`) is no flag of labkit"
+                  for flag in FLAG.findall(span) if flag not in flags | OTHER_FLAGS]
+    return found
+
+
+def unclosed_blocks(name: str, text: str) -> list[str]:
+    """Fenced blocks that do not close: a closing fence is backticks alone on their line, so
+    "``` text" or "```bash" inside a block leaves it open (CommonMark), and so does the end."""
+    found, open_at = [], None
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s.startswith("```"):
+            continue
+        if open_at is None:
+            open_at = i
+        else:
+            if s.strip("`"):
+                found.append(f"{name}:{open_at}: a code block that never closes (line {i} "
+                             f"has text after its backticks)")
+            open_at = None
+    return found + ([f"{name}:{open_at}: a code block that never closes"] if open_at else [])
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    heads = re.findall(r"^#+\s+(.*)$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *DOCS], ids=lambda p: p.name)
+def test_links_anchors_code_blocks_and_flags_are_true(page):
+    assert problems(page, labkit_flags()) == []
+
+
+def test_the_docs_check_fails_on_made_up_mistakes(tmp_path):
+    (tmp_path / "other.md").write_text("# Other page\n\n## A section (2026)\n")
+    good = tmp_path / "good.md"
+    good.write_text("# Good\n\nSee [other](other.md#a-section-2026) and [here](#good); run\n"
+                    "`labkit run ddp --epochs 2`, or `torchrun --local-addr 127.0.0.1 ...`.\n"
+                    "```bash\nlabkit runs --json\n```\n")
+    assert problems(good, labkit_flags()) == []
+    assert unclosed_blocks("x.md", "```bash\nlabkit runs\n``` and more\n```bash\nmake\n```\n") == [
+        "x.md:1: a code block that never closes (line 3 has text after its backticks)"]
+    bad = tmp_path / "bad.md"
+    bad.write_text("# Bad\n\nSee [gone](gone.md), [other](other.md#no-such-part) and\n"
+                   "[here](#nowhere); labkit takes `--local-addr` and `labkit run ddp --epoch-count 2`.\n"
+                   "```bash\nlabkit runs --json\n")
+    assert problems(bad, labkit_flags()) == [
+        "bad.md:5: a code block that never closes",
+        "bad.md: link to gone.md: no such file",
+        "bad.md: link to other.md#no-such-part: no such heading",
+        "bad.md: link to #nowhere: no such heading",
+        "bad.md: --local-addr (in `--local-addr`) is no flag of labkit",
+        "bad.md: --epoch-count (in `labkit run ddp --epoch-count 2`) is no flag of labkit"]
+
+
+def test_notebook_parameters_are_the_experiments_defaults(monkeypatch):
+    """run_method.ipynb run by hand trains what `labkit experiment` trains for that method on
+    this machine (and on a GPU machine, the device count faked): every resolved field alike."""
+    import ast
+    import dataclasses
+
+    import nbformat
+    import torch
+
+    from labkit import cli
+    from labkit.core.config import resolve
+    from labkit.lab.params import notebook_params, nproc_or_default
+
+    nb = nbformat.read(ROOT / "notebooks" / "run_method.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    values = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(cell.source).body}
+    for gpus in (0, 1, 4):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        nb_cfg, nb_nproc, _ = notebook_params(dict(values))
+        cfg, exp, _ = cli._experiment_params({})
+        assert nb_cfg.method == "ddp" and exp.methods[0] == "ddp"
+        assert nb_nproc == nproc_or_default(exp.nproc)
+        assert dataclasses.asdict(resolve(nb_cfg, gpus > 0, nb_nproc)) == dataclasses.asdict(
+            resolve(dataclasses.replace(cfg, method="ddp"), gpus > 0, nb_nproc)), gpus
 
 
 def test_readme_is_a_front_door_to_docs():

@@ -2,7 +2,7 @@
 
 Base layer: numpy and scipy only, working on result *documents* (the dicts of the result
 files), so the report, the terminal summary and bench can all call it. The choices, and why,
-are docs/statistics.md (after Hoefler and Belli, SC'15: a mean with its confidence interval,
+are docs/report-and-statistics.md (after Hoefler and Belli, SC'15: a mean with its confidence interval,
 and a difference claimed only when it is larger than the noise). In short:
 
 * **One run: batch means over the steady-state steps, with t quantiles.** Step times of one
@@ -120,7 +120,7 @@ def units(epochs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
     Why epochs: a shared machine's speed wanders on a scale of tens of seconds, longer than a
     block of a few steps, so blocks of one epoch look independent when they are not and the
     interval comes out too narrow; epochs, a validation pass apart, are the longest units one
-    run has and carry that wander into the interval (docs/statistics.md). Fewer than 3 epochs
+    run has and carry that wander into the interval (docs/report-and-statistics.md). Fewer than 3 epochs
     cannot give an interval from epochs, so blocks are used and the interval sees only the
     noise within epochs."""
     if len(epochs) >= MIN_BLOCKS:

@@ -38,7 +38,7 @@ LOCK = "requirements.lock"             # every installed distribution
 DIFF = "code.diff"                     # uncommitted changes of the code that ran
 REPRODUCTION = "reproduction.json"     # a reproduction's verdicts against the recorded run
 REPORT_DIR = "report"                  # the executed report notebook, HTML and PDF
-PLOTS_DIR = "plots"                    # under the report folder: the guide's five plots
+PLOTS_DIR = "plots"                    # under the report folder: the guide's five plots and more
 TEXT_REPORT = "performance_report.txt"
 REPEAT_PREFIX = "repeat-"              # repeat-<i>/<method>/ with --repeats
 

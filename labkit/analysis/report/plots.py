@@ -1,4 +1,5 @@
-"""The guide's five plots, and figures as HTML blocks with their captions."""
+"""The guide's five plots and the ranks' waits (PLOTS), and figures as HTML blocks with their
+captions."""
 from __future__ import annotations
 
 import html
