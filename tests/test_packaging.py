@@ -2,6 +2,7 @@
 agree, and the test tooling must do what `make test` relies on."""
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -16,16 +17,33 @@ def _pyproject_deps():
         return set(tomllib.load(f)["project"]["dependencies"])
 
 
-def _conda_pip_deps():
+def _conda_pip():
     with open(ROOT / "environment.yml") as f:
         env = yaml.safe_load(f)
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    return {d for d in pip if not d.startswith("-e")}
+    return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d), env
+
+
+def _conda_pip_deps():
+    return {d for d in _conda_pip()[0] if not d.startswith("-e")}
 
 
 def test_environment_yml_matches_pyproject():
     py, conda = _pyproject_deps(), _conda_pip_deps()
     assert py == conda, f"only in pyproject: {sorted(py - conda)}; only in environment.yml: {sorted(conda - py)}"
+
+
+def test_environment_yml_is_the_same_install_as_make_setup():
+    """The conda path installs what `make setup` does: labkit itself with the test extras, a
+    Python that requires-python admits, and the same kernel registration."""
+    pip, env = _conda_pip()
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"pip install -e '(\.\[test\])'", makefile).group(1) == ".[test]"
+    assert "-e .[test]" in pip
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    assert tuple(map(int, python.removeprefix("python=").split("."))) >= requires_python()
+    kernel = re.search(r"python -m (ipykernel install .*)", makefile).group(1)
+    assert f"python -m {kernel}" in (ROOT / "environment.yml").read_text()
+    assert f"python -m {kernel}" in (ROOT / "docs" / "notebooks.md").read_text()
 
 
 # Standard-library names newer than 3.10, by the version that added them: a module that uses
