@@ -11,7 +11,7 @@ from typing import Optional
 from .core import params
 from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
-from .core.methods import METHODS
+from .core.methods import METHOD_ORDER
 from .core.status import Status
 
 
@@ -56,7 +56,7 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     """`labkit experiment`'s flags; `labkit sweep` takes them all, for every grid point."""
     e.add_argument("-f", "--parameters-file", dest="parameters_file",
                    help="papermill-style YAML file of parameters (flags override it)")
-    e.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    e.add_argument("--methods", help="comma-separated methods or variants; your own: file.py:Class")
     e.add_argument("--nproc", type=_nproc, help=NPROC_HELP + (" (a grid's nproc=... overrides it)"
                                                               if sweep else ""))
     e.add_argument("--repeats", type=int, help="run every method N times, in rotated order "
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_parser(sub) -> None:
     r = sub.add_parser("run", help="run one method under torchrun (validated, live output, "
                        "per-rank logs)", argument_default=argparse.SUPPRESS)
-    r.add_argument("method", choices=METHODS)
+    r.add_argument("method", help=f"{' | '.join(METHOD_ORDER)} | file.py:Class | pkg.module:Class")
     r.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
     params.add_arguments(r, TrainConfig, skip=("method",), defaults=False)
     r.add_argument("--runs-dir", dest="runs_dir", help="without --out: where the new run folder "

@@ -55,6 +55,7 @@ def metric_label(metric: str) -> str:
 def has_results(run_dir: str | os.PathLike) -> bool:
     """Whether report.load_run would find a result file: in a method subfolder or directly."""
     run = Path(run_dir)
+    report.load.discover(run)  # methods of one's own: their result files name them
     return any((run / m / RESULT_FILES[m]).is_file() or (run / RESULT_FILES[m]).is_file()
                or (layout.method_dir(run, m, 1, 2) / RESULT_FILES[m]).is_file()
                for m in report.METHOD_ORDER)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional
 
 from labkit.core import layout
 from labkit.core.config import ConfigError
-from labkit.core.methods import METHODS, RESULT_FILES
+from labkit.core.methods import is_name, result_file_of
 
 
 class ReproduceError(ConfigError):
@@ -33,7 +33,7 @@ class RunRecord:
         return self.path / method
 
     def result_path(self, method: str) -> Path:
-        return self.method_dir(method) / RESULT_FILES[self.methods[method]["method"]]
+        return self.method_dir(method) / result_file_of(self.methods[method]["method"])
 
     def result(self, method: str) -> Optional[dict]:
         """The method's result file, or None when it is missing or unreadable."""
@@ -61,6 +61,9 @@ def load_run_record(run_dir: str | os.PathLike) -> RunRecord:
     if not run.is_dir():
         raise ReproduceError(f"{str(run)!r} is not a folder (expected a run folder made by "
                              f"labkit experiment)")
+    from .report.load import discover
+
+    discover(run)  # methods of one's own: named as their result files record them
     cfg_path = run / layout.CONFIG
     if not cfg_path.exists():
         if (run / layout.EXPERIMENT).exists() or (run / layout.ENVIRONMENT).exists():
@@ -71,7 +74,7 @@ def load_run_record(run_dir: str | os.PathLike) -> RunRecord:
     config = _read_json(cfg_path, "run's config")
     resolved = config.get("resolved") if isinstance(config, dict) else None
     if not isinstance(resolved, dict) or not resolved or not all(
-            isinstance(c, dict) and c.get("method") in METHODS for c in resolved.values()):
+            isinstance(c, dict) and is_name(c.get("method")) for c in resolved.values()):
         raise ReproduceError(f"{str(cfg_path)!r} is not a labkit experiment config (no "
                              f"'resolved' methods)")
     env_path = run / layout.ENVIRONMENT

@@ -177,6 +177,9 @@ def read_row(run: Path) -> Row:
         row.when = f"{m.group(1)} {m.group(2)}:{m.group(3)}:{m.group(4)}"
         row.tag = m.group(5) or ""
     try:
+        from .report.load import discover
+
+        discover(run)  # methods of one's own: their result files name them
         row.kind = _kind(run)
         row.commit = _commit(run)
         {"sweep": _sweep, "bench": _bench}.get(row.kind, _experiment)(run, row)

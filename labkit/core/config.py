@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 
 from . import params
 from .errors import ConfigError
-from .methods import Method, server_ranks, spec
+from .methods import check_name, result_file_of, server_ranks
 
 __all__ = ["ConfigError", "TrainConfig", "VARIANTS", "DEFAULT_VARIANTS", "resolve", "build_parser"]
 
@@ -53,8 +53,10 @@ def _f(default: Any, help: str) -> Any:
 
 @dataclass
 class TrainConfig:
-    method: Method = _f("ddp", "synchronisation method: ddp (DistributedDataParallel), allreduce "
-                        "(hand-written bucketed all-reduce), ps (parameter server on rank 0)")
+    method: str = _f("ddp", "synchronisation method: ddp (DistributedDataParallel), allreduce "
+                     "(hand-written bucketed all-reduce), ps (parameter server on rank 0), an "
+                     "installed package's method, or your own class as path/to/file.py:Class or "
+                     "package.module:Class (docs/methods.md)")
     # --- the original guide's flags, unchanged ---
     epochs: int = _f(3, "epochs to train")
     batch_size: Optional[int] = _f(None, "batch size per training process (for PS: per worker; "
@@ -159,7 +161,7 @@ class TrainConfig:
 
     @property
     def result_file(self) -> str:
-        return spec(self.method).result_file
+        return result_file_of(self.method)
 
 
 def build_parser(prog: str = "labkit.train") -> argparse.ArgumentParser:
@@ -187,6 +189,7 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     classes' (labkit.training.sync), checked by labkit.training.checks.preflight.
     """
     c = dataclasses.replace(cfg)
+    check_name(c.method)
     for name, ft in params.field_types(TrainConfig).items():
         if not ft.allows(getattr(c, name)):
             raise ConfigError(f"unknown {name} {getattr(c, name)!r}; choose one of: "

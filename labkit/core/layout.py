@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .files import folder_stamp
-from .methods import RESULT_FILES
+from .methods import result_file_of
 
 # ---- a run folder
 RUNS = "runs"                          # the project's folder of run folders (runs_root)
@@ -63,8 +63,9 @@ SLURM_POINTS = "points.json"           # under it: each grid point's checked par
 
 
 def result_file(method: str) -> str:
-    """The guide's result file name of ``method`` (ddp, allreduce, ps)."""
-    return RESULT_FILES[method]
+    """The result file name of ``method``: the guide's for ddp, allreduce and ps,
+    results_<key>.json for a method of one's own."""
+    return result_file_of(method)
 
 
 def launch_file(node_rank: int = 0) -> str:

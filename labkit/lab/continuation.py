@@ -21,7 +21,7 @@ from labkit.analysis import compare
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import now_str
-from labkit.core.methods import RESULT_FILES
+from labkit.core.methods import result_file_of
 from labkit.core.status import Status, as_seen, experiment_status, stamp, status_of
 
 from .experiment import Experiment, ExperimentFolder, prepare
@@ -69,7 +69,7 @@ def _environment_changes(rec: compare.RunRecord, p) -> list[str]:
 
 def _complete(mdir: Path, method_key: str) -> bool:
     try:
-        doc = json.loads((mdir / RESULT_FILES[method_key]).read_text())
+        doc = json.loads((mdir / result_file_of(method_key)).read_text())
     except (OSError, ValueError):
         return False
     return status_of(as_seen(doc), Status.RUNNING) == Status.COMPLETED

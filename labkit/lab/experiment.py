@@ -18,7 +18,7 @@ from labkit.analysis.stats import rotated_order
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
-from labkit.core.methods import METHODS
+from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name, key_of
 from labkit.core.status import Status, stamp
 
 from .kernels import kernel_name
@@ -34,7 +34,7 @@ from .run_folder import new_run_dir, write_index
 @dataclass
 class Experiment:
     """Parameters of `labkit experiment` (besides the training config)."""
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
     nproc: Optional[int] = None
     runs_dir: Optional[str] = None  # None: the project's runs/ (layout.runs_root)
     tag: Optional[str] = None
@@ -77,19 +77,22 @@ def plan(cfg: TrainConfig, exp: Experiment,
     does not re-decide what "auto" means on this machine."""
     if resolved is not None:
         exp = dataclasses.replace(exp, methods=list(resolved))
-    bad = [m for m in exp.methods if m not in METHODS and m not in VARIANTS]
+    bad = [m for m in exp.methods if m not in VARIANTS and not is_name(
+        m if resolved is None else resolved[m].method)]
     if bad or not exp.methods:
-        variants = ", ".join(v for v in VARIANTS if v not in METHODS)
+        variants = ", ".join(v for v in VARIANTS if v not in METHOD_ORDER)
         raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
-                          f"{', '.join(METHODS)} or a variant: {variants}")
+                          f"{', '.join(METHOD_ORDER)}, a variant: {variants}, or a class of "
+                          f"your own as path/to/file.py:Class (docs/methods.md)")
     if isinstance(exp.repeats, bool) or not isinstance(exp.repeats, int) or exp.repeats < 1:
         raise ConfigError(f"--repeats must be a whole number, 1 or more (got {exp.repeats!r})")
     nproc = nproc_or_default(exp.nproc)
     cfg = with_absolute_paths(cfg)
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
-    if resolved is None:
-        resolved = {m: dataclasses.replace(cfg, **({"method": m} if m in METHODS else VARIANTS[m]))
-                    for m in exp.methods}
+    if resolved is None:  # a method of one's own runs in the folder its key names
+        resolved = {key_of(absolute(m)): dataclasses.replace(
+            cfg, **(VARIANTS[m] if m in VARIANTS else {"method": absolute(m)})) for m in exp.methods}
+        exp = dataclasses.replace(exp, methods=list(resolved))
     resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
     return Prepared(cfg, exp, nproc, resolved, None,
                     plan_lines(resolved, nproc, exp.nproc, exp.nodes.nnodes))

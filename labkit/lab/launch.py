@@ -24,7 +24,7 @@ from labkit.core import layout, params
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.files import atomic_write_json, now_str
-from labkit.core.methods import server_ranks
+from labkit.core.methods import absolute, server_ranks
 from labkit.core.resources import oom_kills
 from labkit.core.status import Status
 
@@ -174,7 +174,8 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     whose ``message`` explains a failed rank.
     """
     stream = stream or sys.stdout
-    cfg = validate(dataclasses.replace(cfg, out=out_dir), nproc, nodes)
+    # a method of one's own by its absolute file: the ranks and the record name it from anywhere
+    cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method)), nproc, nodes)
     if module == "labkit.train":  # disk, /dev/shm, memory: refused before anything is created
         warn(budget.machine(cfg, nproc, out_dir, flags="--out (or --runs-dir)"))
     log_dir = _log_dir(out_dir, nodes)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from labkit.core import layout, params
 from labkit.core.config import TrainConfig, default_batch_size
+from labkit.core.methods import absolute, key_of
 
 
 def _f(default: Any, help: str) -> Any:
@@ -107,13 +108,14 @@ def method_out(cfg: TrainConfig, runs_dir: Optional[str] = None) -> str:
     """A method's output folder: ``cfg.out`` as given, else a new folder under ``runs_dir`` or
     the project's runs/ (labkit.core.layout.runs_root), never one relative to whichever folder
     the notebook or the command happens to run in. run_method.ipynb and `labkit run` share it."""
-    return cfg.out or layout.default_out(cfg.method, layout.runs_root(runs_dir))
+    return cfg.out or layout.default_out(key_of(cfg.method), layout.runs_root(runs_dir))
 
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Paths as the user meant them: relative to where the command was run, not the run folder."""
     return dataclasses.replace(
-        cfg, data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None,
+        cfg, method=absolute(cfg.method),
+        data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None,
         weights=os.path.abspath(cfg.weights) if cfg.weights else None)
 
 

@@ -12,6 +12,7 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, resolve
+from labkit.core.methods import key_of
 
 
 def preflight(cfg: TrainConfig, world: Optional[int] = None,
@@ -24,12 +25,13 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     import torch
 
     from .dist import env_world
-    from .sync import strategy_class
+    from .sync import load_method, strategy_class
 
     cuda = torch.cuda.is_available()
     _, env_ws, _, env_lws = env_world()
     world = env_ws if world is None else world
     local_world = env_lws if local_world is None else local_world
+    load_method(cfg.method)  # its spec registered, or one line on why its class does not load
     cfg = resolve(cfg, cuda, world)
     if cfg.backend == "nccl" and local_world > torch.cuda.device_count():
         raise ConfigError(f"{local_world} processes per node but only {torch.cuda.device_count()} "
@@ -48,7 +50,7 @@ def refuse_overwrite(out: str, cfg: TrainConfig) -> None:
 
 
 def prepare_out(cfg: TrainConfig, resuming: bool = False) -> str:
-    out = cfg.out or layout.default_out(cfg.method)
+    out = cfg.out or layout.default_out(key_of(cfg.method))
     if not resuming:
         refuse_overwrite(out, cfg)
     try:

@@ -24,6 +24,7 @@ from .data import build_datasets, steps_per_epoch
 from .dist import env_world, init, teardown
 from .models import build_model
 from .result_file import ResultFile
+from .sync.registry import method_failure
 from .trainer import Trainer
 
 PROG = "labkit.train"  # how the rank names itself in its one-line errors
@@ -67,9 +68,10 @@ def run(cfg: TrainConfig) -> Optional[str]:
             print(f"results: {results.path}", flush=True)
         return out
     except BaseException as e:
-        ran_out = exhaustion.translate(e, cfg.method, ctx.rank,
-                                       trainer.position() if trainer else "before training",
-                                       out or cfg.out)
+        at = trainer.position() if trainer else "before training"
+        # the machine ran out of something, or a method of one's own raised: one line
+        ran_out = (exhaustion.translate(e, cfg.method, ctx.rank, at, out or cfg.out)
+                   or method_failure(e, cfg.method, ctx.rank, at))
         if results is not None:
             _finish(results, ran_out or e)
         if ran_out is not None:

@@ -55,7 +55,9 @@ class ResultFile:
             # --- extras ---
             "schema": SCHEMA,
             "status": Status.RUNNING.value,  # plain values: the checkpoint pickles this doc
-            "method_key": cfg.method,
+            "method_key": spec(cfg.method).key,
+            # the method as the registry knows it: the report registers a user's method from it
+            "method_spec": spec(cfg.method).to_dict(),
             "trainers": trainers,
             # config.out relative to this file's folder ("."): the file stays right when its
             # run folder is copied or moved (data_dir and weights, elsewhere, stay absolute)

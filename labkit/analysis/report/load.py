@@ -11,7 +11,8 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.config import VARIANTS
-from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES
+from labkit.core.errors import ConfigError
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, MethodSpec, register
 from labkit.core.status import Status, as_seen, status_of
 NAN = float("nan")
 
@@ -21,7 +22,10 @@ class ResultError(ValueError):
 
 
 def method_key(doc: dict, path: str | os.PathLike = "") -> Optional[str]:
-    """ddp | allreduce | ps, from the lab's own key, the guide's method name or the file name."""
+    """ddp | allreduce | ps, from the lab's own key, the guide's method name or the file name;
+    a method of one's own from the spec its file records (registered here, so every table and
+    figure lists it)."""
+    recorded(doc)
     if doc.get("method_key") in METHOD_ORDER:
         return doc["method_key"]
     by_name = {v: k for k, v in METHOD_NAMES.items()}
@@ -29,6 +33,28 @@ def method_key(doc: dict, path: str | os.PathLike = "") -> Optional[str]:
         return by_name[doc["method"]]
     by_file = {v: k for k, v in RESULT_FILES.items()}
     return by_file.get(os.path.basename(str(path)))
+
+
+def recorded(doc: dict) -> Optional[MethodSpec]:
+    """Register the method spec a result file records (labkit.training.result_file); None for
+    a file without one, or one that names a key another method holds."""
+    d = doc.get("method_spec")
+    if not isinstance(d, dict) or d.get("builtin"):
+        return None
+    try:
+        return register(MethodSpec.from_dict(d))
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+def discover(run: Path) -> None:
+    """Register the methods of one's own whose result files lie in ``run``'s method folders
+    (and its repeats'), before the registry's order is walked."""
+    for path in sorted([*run.glob("*/results_*.json"), *run.glob("repeat-*/*/results_*.json")]):
+        try:
+            recorded(json.loads(path.read_text()))
+        except (OSError, ValueError, AttributeError):
+            continue
 
 
 def load_result(path: str | os.PathLike) -> dict:
@@ -110,6 +136,7 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # not an experiment's folder, or one written before the flag: the default
     reps = layout.repeat_dirs(run)
+    discover(run)
     for m in METHOD_ORDER:
         if reps:
             for i, rdir in enumerate(reps):

@@ -16,7 +16,20 @@ from labkit.core.methods import METHOD_ORDER, SHORT
 from .load import RunResults, _epochs, method_key, summary_value
 from .tables import comm_ms, intervals
 
-COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
+
+
+class _Colors(dict):
+    """The built-ins' colours; a method of one's own gets one of the others, by its name."""
+    OTHERS = ("#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
+
+    def __missing__(self, m: str) -> str:
+        return self.OTHERS[sum(map(ord, m)) % len(self.OTHERS)]
+
+    def get(self, m, default=None):
+        return default if m is None else self[m]
+
+
+COLORS = _Colors(ddp="#4C72B0", allreduce="#55A868", ps="#C44E52")
 PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
          "communication_overhead", "sync_waits")  # the guide's five, then the per-rank waits
 

@@ -23,8 +23,7 @@ from labkit.analysis.texttable import text_table
 from labkit.core.methods import METHOD_ORDER, SHORT
 
 from .load import RunResults, load_env, load_run
-
-COLORS = {"ddp": "#4C72B0", "allreduce": "#55A868", "ps": "#C44E52"}
+from .plots import COLORS
 
 
 class SweepError(ValueError):

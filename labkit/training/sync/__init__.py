@@ -1,46 +1,28 @@
 """One small strategy per method; the training loop is shared (labkit.training.trainer).
 
-Which class runs a config, and whether a config is one any class can run, is decided here and
-in the classes' ``check``: the per-method rules live with the methods.
+The public interface of a method (docs/methods.md): subclass :class:`Strategy`, issue
+collectives through its helpers, and name the class to ``--method`` as
+``path/to/file.py:Class`` or ``package.module:Class``. Which class runs a config is decided by
+the one registry (labkit.core.methods, loaded by :mod:`.registry`) and the class's
+``for_config`` and ``check``: the per-method rules live with the methods.
 """
 from __future__ import annotations
 
-from labkit.core.config import ConfigError, TrainConfig
+from labkit.core.config import TrainConfig
 from labkit.training.dist import DistContext
 
-from .allreduce import AllReduceStrategy
-from .base import Strategy
-from .ddp import DDPStrategy
-from .ps_async import AsyncParameterServer
-from .ps_collective import CollectiveParameterServer
-from .ps_p2p import P2PParameterServer
-from .ps_sharded import ShardedParameterServer
-
-STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "allreduce": AllReduceStrategy}
+from .base import Strategy, broadcast_parameters
+from .registry import load_method
 
 
 def strategy_class(cfg: TrainConfig) -> type[Strategy]:
-    """The strategy that runs ``cfg``; ConfigError for parameter-server options that no
-    protocol combines."""
-    if cfg.method in STRATEGIES:
-        return STRATEGIES[cfg.method]
-    if cfg.ps_staleness is not None:  # asynchronous, bounded staleness
-        if cfg.ps_mode == "p2p":
-            raise ConfigError("--ps-staleness (asynchronous PS) has its own protocol; drop "
-                              "--ps-mode p2p")
-        if cfg.ps_servers > 1:
-            raise ConfigError("--ps-staleness (asynchronous PS) runs with one server; drop "
-                              "--ps-servers")
-        return AsyncParameterServer
-    if cfg.ps_mode == "p2p":
-        if cfg.ps_servers > 1:
-            raise ConfigError("--ps-servers > 1 (sharded PS) needs --ps-mode collective")
-        if cfg.compress != "none":
-            raise ConfigError("--compress with ps needs --ps-mode collective (p2p is the guide's "
-                              "uncompressed reference)")
-        return P2PParameterServer
-    return ShardedParameterServer if cfg.ps_servers > 1 else CollectiveParameterServer
+    """The strategy that runs ``cfg``; ConfigError for a method that does not load or options
+    its class refuses."""
+    return load_method(cfg.method).for_config(cfg)
 
 
 def make_strategy(cfg: TrainConfig, ctx: DistContext) -> Strategy:
     return strategy_class(cfg)(cfg, ctx)
+
+
+__all__ = ["Strategy", "broadcast_parameters", "load_method", "make_strategy", "strategy_class"]

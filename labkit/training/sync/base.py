@@ -1,4 +1,5 @@
-"""The interface a synchronisation method implements for the one training loop.
+"""The interface a synchronisation method implements for the one training loop: the lab's own
+methods and a user's (docs/methods.md) subclass :class:`Strategy` alike.
 
 Per step the loop calls, on every rank:
     zero_grad -> before_forward -> [trainers: forward, backward] -> after_backward -> step
@@ -20,8 +21,21 @@ from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
 from labkit.training.timers import PhaseTimer, StepParts
 
+from .collectives import Collectives, Wire
 
-class Strategy:
+
+class Strategy(Collectives):
+    # --- what a method declares (a user's; the built-ins' specs are in labkit.core.methods) ---
+    #: the report's name for it (default: the class name)
+    title: str = ""
+    #: True: the same parameters as DDP up to summation order (checked); False: approximate
+    exact: bool = True
+    #: the communication phases it times with ``self.timer(phase)`` (result keys
+    #: avg_comm_time for "comm", avg_comm_time_<phase> for the others)
+    phases: tuple[str, ...] = ("comm",)
+    #: ranks 0..K-1 serve rather than train (then override the role properties below)
+    serves: bool = False
+
     def __init__(self, cfg: TrainConfig, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
         #: names of the communication phases this method times (keys of PhaseTimer.totals,
@@ -32,6 +46,14 @@ class Strategy:
         #: the loop's record of each step's parts (labkit.training.timers.StepParts); a method
         #: passes each collective it starts to track(), unless --no-time-comm
         self.parts: Optional[StepParts] = None
+        #: bytes this rank's collectives moved (counted by the helpers of Collectives)
+        self.wire = Wire()
+
+    @classmethod
+    def for_config(cls, cfg: TrainConfig) -> "type[Strategy]":
+        """The class that runs ``cfg``: this one, unless a method picks among protocols by its
+        options (the parameter server's); ConfigError for options that do not combine."""
+        return cls
 
     @classmethod
     def check(cls, cfg: TrainConfig, world: int) -> None:
@@ -39,8 +61,10 @@ class Strategy:
         line), before any process group exists. Nothing to check by default."""
 
     def describe(self) -> str:
-        """The method as the first line of a run names it."""
-        return self.cfg.method
+        """The method as the first line of a run names it (a method of one's own: its key and
+        where its class lives)."""
+        s = spec(self.cfg.method)
+        return s.key if s.builtin else f"{s.key} ({s.source})"
 
     # --- roles: every rank trains unless a method says otherwise ---
     @property
@@ -81,7 +105,10 @@ class Strategy:
         """Note when a collective this step started runs; returns ``work`` unchanged (its
         completion is stamped from its future, so waiting on it is not changed)."""
         if self.parts is not None and self.cfg.time_comm:
-            self.parts.issued(work.get_future())
+            try:
+                self.parts.issued(work.get_future())
+            except RuntimeError:  # a backend whose point-to-point Work has no future (gloo)
+                pass
         return work
 
     # --- hooks ---

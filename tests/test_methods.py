@@ -1,0 +1,280 @@
+"""Bring your own method (issue 36): one registry holds the built-in three and a user's method
+alike; a class in a file outside the project, a module or an installed package's entry point
+runs through `-m labkit.train`, `labkit run` and the report with nothing in labkit/ edited."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, check_ok, load_json, torchrun
+from labkit.core import methods
+from labkit.core.errors import ConfigError
+from labkit.training.sync import Strategy, load_method
+
+RING = ROOT / "examples" / "methods" / "ring.py"
+# the guide's contract: these names, flags and result files never change
+GUIDE = {"ddp": ("Baseline DDP (PyTorch)", "results_baseline_ddp.json"),
+         "allreduce": ("Manual All-Reduce", "results_all_reduce.json"),
+         "ps": ("Parameter Server (PS)", "results_ps.json")}
+
+
+@pytest.fixture(scope="module")
+def ring_run(tmp_path_factory) -> Path:
+    """The example ring all-reduce, copied into a folder outside the project and named from
+    there by a relative path, trained for real on 2 gloo ranks (TINY)."""
+    base = tmp_path_factory.mktemp("own")
+    (base / "my_methods").mkdir()
+    shutil.copy(RING, base / "my_methods" / "ring.py")
+    check_ok(torchrun(2, TINY + ["--method", "my_methods/ring.py:RingAllReduce",
+                                 "--out", str(base / "out")], cwd=base))
+    return base / "out"
+
+
+def test_the_built_ins_are_registered_as_a_users_method_is():
+    assert list(methods.METHOD_ORDER)[:3] == list(GUIDE)
+    for key, (guide_name, result_file) in GUIDE.items():
+        s = methods.spec(key)
+        assert (s.guide_name, s.result_file, methods.RESULT_FILES[key]) == (guide_name, result_file, result_file)
+        # the same path as a user's method: the class its spec's source names
+        module, _, name = s.source.partition(":")
+        cls = load_method(key)
+        assert issubclass(cls, Strategy) and (cls.__module__, cls.__name__) == (module, name)
+
+
+def test_a_users_key_and_result_file_come_from_its_class_name():
+    assert methods.key_of("x/ring.py:RingAllReduce") == "ring_all_reduce"
+    assert methods.result_file_of("pkg.mod:HTTPRing") == "results_http_ring.json"
+    assert methods.key_of("ddp") == "ddp" and methods.result_file_of("ps") == "results_ps.json"
+
+
+def test_a_users_method_trains_to_the_reference_parameters(ring_run):
+    """A ring written from send/recv is exact: the final parameters equal the single-process
+    reference of the equivalence tests, up to summation order."""
+    from test_equivalence import ATOL, RTOL, reference_state
+
+    doc = load_json(ring_run / "results_ring_all_reduce.json")
+    assert doc["status"] == "completed" and doc["method"] == "Ring All-Reduce"
+    assert doc["method_key"] == "ring_all_reduce" and doc["method_spec"]["exact"] is True
+    assert doc["method_spec"]["source"].endswith("my_methods/ring.py:RingAllReduce")
+    assert all("avg_comm_time" in e for e in doc["epochs"])  # its timed phase, as allreduce's
+    final = torch.load(ring_run / "final_model.pt", weights_only=True)
+    for k, ref in reference_state(2).items():
+        torch.testing.assert_close(final[k], ref, atol=ATOL, rtol=RTOL, msg=lambda m: f"{k}: {m}")
+
+
+def test_the_report_lists_a_users_method_from_its_result_file(ring_run, ddp_run, tmp_path):
+    """A fresh process that never imported the user's file: the report finds the method in the
+    run folder (its result file records its spec) and gives it a row beside DDP."""
+    run = tmp_path / "run"
+    shutil.copytree(ddp_run, run / "ddp")
+    shutil.copytree(ring_run, run / "ring_all_reduce")
+    p = subprocess.run([sys.executable, "-m", "labkit", "report", str(run), "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    table1 = p.stdout.split("Table 2")[0]
+    assert "Ring All-Reduce" in table1 and "Baseline DDP" in table1, p.stdout[:3000]
+
+
+def _package(root: Path, name: str = "ringpkg") -> None:
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("")
+    shutil.copy(RING, root / name / "ring.py")
+
+
+def test_a_module_and_an_entry_point_name_a_method(tmp_path, monkeypatch):
+    _package(tmp_path)
+    info = tmp_path / "ringpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ringpkg\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{methods.ENTRY_POINT_GROUP}]\nhandring = ringpkg.ring:RingAllReduce\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cls = load_method("ringpkg.ring:RingAllReduce")
+    assert cls.__name__ == "RingAllReduce" and methods.spec("ringpkg.ring:RingAllReduce").key == "ring_all_reduce"
+    assert load_method("handring").__name__ == "RingAllReduce"
+    s = methods.spec("handring")
+    assert (s.key, s.result_file, s.source) == ("handring", "results_handring.json", "ringpkg.ring:RingAllReduce")
+
+
+def test_labkit_run_takes_a_users_method(tmp_path):
+    """`labkit run path.py:Class` from the user's folder: the run folder and the result file
+    are named after the method."""
+    (tmp_path / "mine").mkdir()
+    shutil.copy(RING, tmp_path / "mine" / "ring.py")
+    p = subprocess.run([sys.executable, "-m", "labkit", "run", "mine/ring.py:RingAllReduce",
+                        "--nproc", "2", *TINY, "--runs-dir", "runs"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    found = list((tmp_path / "runs").glob("*_ring_all_reduce/results_ring_all_reduce.json"))
+    assert len(found) == 1 and load_json(found[0])["status"] == "completed"
+
+
+def test_a_name_that_names_no_method_is_one_line():
+    with pytest.raises(ConfigError, match="unknown method 'sgd'.*path/to/file.py:Class"):
+        methods.check_name("sgd")
+
+
+def test_a_users_class_may_not_take_a_built_in_key(tmp_path):
+    (tmp_path / "ddp.py").write_text(textwrap.dedent("""
+        from labkit.training.sync import Strategy
+        class Ddp(Strategy):
+            pass
+    """))
+    with pytest.raises(ConfigError, match="method name 'ddp' of .*ddp.py:Ddp is taken by labkit"):
+        load_method(f"{tmp_path / 'ddp.py'}:Ddp")
+
+
+@pytest.fixture(autouse=True)
+def registry():
+    """Each test's methods leave the process's registry as they found it (other tests in this
+    worker list every registered method)."""
+    specs, aliases = dict(methods.REGISTRY.specs), dict(methods.REGISTRY.aliases)
+    yield
+    methods.REGISTRY.specs, methods.REGISTRY.aliases = specs, aliases
+
+
+def _lists_of_methods(path: Path) -> list[str]:
+    """Literal tuples, lists, sets and dicts (their keys) of method keys holding all three
+    built-ins: a list of methods of the module's own."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        elts = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)) or not elts:
+            continue
+        words = {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if len(words) == len(elts) and set(GUIDE) <= words <= set(methods.METHOD_ORDER):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_only_the_registry_lists_the_methods():
+    """The report, notebooks, runs index and bench take methods, names and result files from
+    labkit.core.methods: no other module spells a result file or lists the three."""
+    registry_module = ROOT / "labkit" / "core" / "methods.py"
+    sources = [p for p in (ROOT / "labkit").rglob("*.py") if p != registry_module]
+    lists = [where for p in sources for where in _lists_of_methods(p)]
+    files = [f"{p.relative_to(ROOT)}: {f}" for p in sources + list((ROOT / "notebooks").glob("*.ipynb"))
+             for _, f in GUIDE.values() if f in p.read_text()]
+    assert lists == [] and files == []
+    assert _lists_of_methods(registry_module), "the check finds a list of the three"
+
+
+# ------------------------------------------------------------------ a method that cannot run
+BROKEN = {
+    # a file that raises while it is imported: the line names the file and its line 4
+    "raises.py": ("RaisesOnImport", "from labkit.training.sync import Strategy\n\n\nx = undefined_name\n",
+                  "raises.py:4: NameError: name 'undefined_name' is not defined"),
+    "syntax.py": ("Syntax", "from labkit.training.sync import Strategy\nclass Syntax(Strategy)\n    pass\n",
+                  "syntax.py:2: SyntaxError"),
+    # a class that is not a method: named with the line it is defined on
+    "plain.py": ("NotAMethod", "import torch\n\n\nclass NotAMethod:\n    pass\n",
+                 "NotAMethod (", "plain.py:4) is not a method: a method subclasses "
+                 "labkit.training.sync.Strategy"),
+    "missing.py": ("Nowhere", "x = 1\n", "missing.py has no class Nowhere"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_a_method_that_does_not_load_is_one_line_on_each_entry(name, tmp_path, capsys):
+    from conftest import expect_error
+
+    cls, text, *needles = BROKEN[name]
+    (tmp_path / name).write_text(text)
+    ref = f"{tmp_path / name}:{cls}"
+    expect_error(TINY + ["--method", ref, "--out", str(tmp_path / "o")], capsys, f"method {ref}: ",
+                 *needles)
+    assert not (tmp_path / "o").exists()
+
+
+def test_no_such_file_or_module_is_one_line(tmp_path, capsys):
+    from conftest import expect_error
+
+    expect_error(TINY + ["--method", "gone/ring.py:Ring"], capsys, "method gone/ring.py:Ring: no file ",
+                 "gone/ring.py")
+    expect_error(TINY + ["--method", "no_such_pkg.ring:Ring"], capsys,
+                 "method no_such_pkg.ring:Ring: no module 'no_such_pkg.ring'")
+
+
+def _labkit(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labkit", *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_labkit_run_and_experiment_refuse_a_broken_method_before_anything_starts(tmp_path):
+    (tmp_path / "plain.py").write_text(BROKEN["plain.py"][1])
+    for argv in (["run", "plain.py:NotAMethod", *TINY],
+                 ["experiment", "--methods", "ddp,plain.py:NotAMethod", *TINY]):
+        p = _labkit(tmp_path, *argv, "--runs-dir", "runs")
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        # the method as the run names it: the file made absolute, so from any folder
+        assert f"method {tmp_path}/plain.py:NotAMethod: NotAMethod (" in lines[0], lines[0]
+        assert f"{tmp_path}/plain.py:4) is not a method" in lines[0]
+        assert "Traceback" not in p.stdout + p.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+FAILS = """
+from labkit.training.sync import Strategy
+
+
+class FailsFirstStep(Strategy):
+    def after_backward(self):
+        if self.ctx.rank == 1:
+            raise ValueError("no gradients for me")
+"""
+
+
+def test_a_method_raising_in_its_first_step_fails_in_one_line(tmp_path):
+    """The rank that raised names the method, the user's file and line and the step; the run is
+    failed with that reason, and no process is left."""
+    from test_experiment import running_in
+
+    (tmp_path / "fails.py").write_text(FAILS)
+    p = _labkit(tmp_path, "run", "fails.py:FailsFirstStep", "--nproc", "2", *TINY, "--out", "out")
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    said = [l for l in p.stderr.splitlines() if l.strip()]  # rank 0's live output is stdout
+    assert len(said) == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert said[0].startswith("labkit: fails_first_step failed: rank 1: ValueError: no gradients "
+                              "for me at "), said
+    assert f"{tmp_path / 'fails.py'}:8 (at epoch 1, step 1 of 5)" in said[0]
+    doc = load_json(tmp_path / "out" / "results_fails_first_step.json")
+    assert doc["status"] == "failed" and "fails.py:8" in doc["error"]
+    assert running_in(tmp_path) == []
+
+
+def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_path):
+    """The issue's path: a ring in the user's folder, run by `labkit experiment` beside ddp;
+    the report's Tables 1-2 have its row, `labkit runs` its throughput, and `labkit reproduce`
+    runs it again from the record (then `labkit diff` compares the two)."""
+    from test_experiment import TINY_FLAGS
+
+    (tmp_path / "my_methods").mkdir()
+    shutil.copy(RING, tmp_path / "my_methods" / "ring.py")
+    flags = [*TINY_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3", "--runs-dir", "runs"]
+    p = _labkit(tmp_path, "experiment", "--methods", "ddp,my_methods/ring.py:RingAllReduce", *flags)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = (tmp_path / "runs" / "latest").resolve()
+    doc = load_json(run / "ring_all_reduce" / "results_ring_all_reduce.json")
+    assert doc["status"] == "completed" and load_json(run / "experiment.json")["methods"][
+        "ring_all_reduce"]["status"] == "completed"
+    text = (run / "report" / "performance_report.txt").read_text()
+    for table in ("Table 1", "Table 2"):
+        part = text.split(table, 1)[1].split("Table ", 1)[0]
+        assert "Ring All-Reduce" in part and "Baseline DDP" in part, part
+    runs = _labkit(tmp_path, "runs", "runs")
+    assert runs.returncode == 0 and "Ring All-Reduce img/s" in runs.stdout, runs.stdout + runs.stderr
+    again = _labkit(tmp_path / "my_methods", "reproduce", str(run), "--tolerance", "1e-3")
+    assert "ring_all_reduce" in again.stdout and again.returncode in (0, 1), again.stdout + again.stderr
+    new = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink() and d != run]
+    assert len(new) == 1 and load_json(new[0] / "ring_all_reduce" / "results_ring_all_reduce.json")[
+        "status"] == "completed"
+    diff = _labkit(tmp_path, "diff", str(run), str(new[0]))
+    assert diff.returncode == 0 and "Ring All-Reduce" in diff.stdout, diff.stdout + diff.stderr
