@@ -84,3 +84,12 @@ def test_the_default_lr_prints_as_the_decimal_it_is(batch, world):
     for method in ("ddp", "ps"):
         lr = resolve(TrainConfig(method=method, batch_size=batch), False, world).lr
         assert repr(lr) == f"{lr:.12g}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() != 1,
+                    reason="needs exactly one CUDA GPU (the faked counts above run everywhere)")
+def test_on_a_real_one_gpu_machine_every_method_is_planned():
+    cfg, exp, _ = cli._experiment_params({})
+    p = experiment.plan(cfg, exp)
+    assert list(p.resolved) == ["ddp", "allreduce", "ps"] and p.nproc == SHARED_GPU_RANKS
+    assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cuda")}
