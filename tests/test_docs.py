@@ -119,6 +119,43 @@ def problems(page: Path, flags: set[str]) -> list[str]:
     return found
 
 
+def default_problems(page: Path) -> list[str]:
+    """The defaults a `| flag | default | meaning |` table quotes against TrainConfig's, where the
+    cell is plain (a number, none, on, off; one per flag or one for all): prose defaults such as
+    "nccl with GPUs" are left to the reader."""
+    import dataclasses
+
+    from labkit.core.config import TrainConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    plain = {"none": None, "on": True, "off": False}
+    found, in_table = [], False
+    for line in page.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[1].lower() == "default":
+            in_table = True
+            continue
+        if not line.startswith("|"):
+            in_table = False
+        if not in_table or not cells[0].startswith("`--"):
+            continue
+        names = [f[2:].replace("-", "_") for f in re.findall(r"`(--[a-z0-9-]+)", cells[0])]
+        values = [v.strip() for v in cells[1].split(",")]
+        if len(values) not in (1, len(names)) or not all(
+                v in plain or re.fullmatch(r"[0-9.]+", v) for v in values):
+            continue
+        for name, v in zip(names, values * len(names) if len(values) == 1 else values):
+            if name not in fields:
+                continue
+            want = fields[name]
+            got = plain[v] if v in plain else float(v)
+            same = (want == got) if not isinstance(want, str) else (want == v)
+            if not same:
+                found.append(f"{page.name}: --{name.replace('_', '-')}'s default is {want!r}, "
+                             f"the page says {v}")
+    return found
+
+
 def unclosed_blocks(name: str, text: str) -> list[str]:
     """Fenced blocks that do not close: a closing fence is backticks alone on their line, so
     "``` text" or "```bash" inside a block leaves it open (CommonMark), and so does the end."""
@@ -146,6 +183,22 @@ def anchors(page: Path) -> set[str]:
 @pytest.mark.parametrize("page", [ROOT / "README.md", *DOCS], ids=lambda p: p.name)
 def test_links_anchors_code_blocks_and_flags_are_true(page):
     assert problems(page, labkit_flags()) == []
+    assert default_problems(page) == []
+
+
+def test_the_defaults_check_fails_on_a_made_up_default(tmp_path):
+    page = tmp_path / "flags.md"
+    page.write_text("| flag | default | meaning |\n|---|---|---|\n"
+                    "| `--bucket-mb`, `--no-overlap` | 25, off | buckets |\n"
+                    "| `--pin-cpus`, `--no-pin-cpus` | on | binding |\n"
+                    "| `--max-steps-per-epoch N` | none | cap |\n"
+                    "| `--backend` | nccl with GPUs, gloo without | prose: not checked |\n")
+    assert default_problems(page) == []
+    page.write_text(page.read_text().replace("25, off", "50, on").replace("| none |", "| 8 |"))
+    assert default_problems(page) == [
+        "flags.md: --bucket-mb's default is 25.0, the page says 50",
+        "flags.md: --no-overlap's default is False, the page says on",
+        "flags.md: --max-steps-per-epoch's default is None, the page says 8"]
 
 
 def test_the_docs_check_fails_on_made_up_mistakes(tmp_path):
