@@ -93,3 +93,20 @@ def test_on_a_real_one_gpu_machine_every_method_is_planned():
     p = experiment.plan(cfg, exp)
     assert list(p.resolved) == ["ddp", "allreduce", "ps"] and p.nproc == SHARED_GPU_RANKS
     assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cuda")}
+
+
+def _res(device: str, ranks: int, gpus: int):
+    from labkit.analysis.report import RunResults
+
+    world = {"device": device, "local_world_size": str(ranks), "gpus": gpus, "backend": "gloo"}
+    return RunResults(docs={"ddp": {"epochs": [{}], "world": world}})
+
+
+def test_the_report_says_when_ranks_shared_a_device_and_shows_table_9_only_for_gpu_runs():
+    from labkit.analysis.report.text import ran_on_gpu, shared_device_line
+
+    line = shared_device_line(_res("cuda:0", 2, 1))
+    assert line.startswith("The ranks shared one device: 2 processes on 1 GPU(s), over gloo")
+    assert shared_device_line(_res("cuda:0", 2, 2)) is None  # a GPU each
+    assert shared_device_line(_res("cpu", 4, 0)) is None
+    assert ran_on_gpu(_res("cuda:1", 2, 2)) and not ran_on_gpu(_res("cpu", 4, 0))
