@@ -1,4 +1,4 @@
-"""`labkit run | experiment | sweep | bench | model | report | reproduce | runs | diff` (also
+"""`labkit run | experiment | sweep | bench | model | report | reproduce | runs | diff | check` (also
 `python -m labkit ...`)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 from .core import params
 from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
-from .core.methods import METHOD_ORDER
+from .lab.check import add_check_parser, checked_launch, cmd_check, method_help
 from .core.status import Status
 
 
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="labkit", description="Measure what data-parallel training costs.")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_run_parser, _experiment_parser, _sweep_parser, _bench_parser, _model_parser,
-                _report_parser, _reproduce_parser, _runs_parser, _diff_parser):
+                _report_parser, _reproduce_parser, _runs_parser, _diff_parser, add_check_parser):
         add(sub)
     return p
 
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_parser(sub) -> None:
     r = sub.add_parser("run", help="run one method under torchrun (validated, live output, "
                        "per-rank logs)", argument_default=argparse.SUPPRESS)
-    r.add_argument("method", help=f"{' | '.join(METHOD_ORDER)} | file.py:Class | pkg.module:Class")
+    r.add_argument("method", help=method_help())
     r.add_argument("--nproc", type=_nproc, help=NPROC_HELP)
     params.add_arguments(r, TrainConfig, skip=("method",), defaults=False)
     r.add_argument("--runs-dir", dest="runs_dir", help="without --out: where the new run folder "
@@ -156,7 +156,7 @@ def _model_parser(sub) -> None:
 
 
 def _report_parser(sub) -> None:
-    rp = sub.add_parser("report", help="tables, six plots and performance_report.txt")
+    rp = sub.add_parser("report", help="tables, seven plots and performance_report.txt")
     rp.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FILES",
                     help="a run folder, a folder with results_*.json, or result files")
     rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: "
@@ -230,12 +230,12 @@ def _split(values: dict):
 
 
 def cmd_run(values: dict) -> int:
-    from .lab.launch import Nodes, launch
+    from .lab.launch import Nodes
     from .lab.params import method_out, nproc_or_default
 
     cfg, lp = _split(values)
     out = method_out(cfg, lp.runs_dir)
-    res = launch(cfg, nproc_or_default(lp.nproc), out, Nodes.of(lp))
+    res = checked_launch(cfg, nproc_or_default(lp.nproc), out, Nodes.of(lp))  # exact? then run
     if not res.ok:
         print(f"labkit: {res.message}", file=sys.stderr)
         return 1
@@ -378,7 +378,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
                 "report": cmd_report, "reproduce": cmd_reproduce, "runs": cmd_runs,
-                "diff": cmd_diff}[command](args)
+                "diff": cmd_diff, "check": cmd_check}[command](args)
     except ConfigError as e:
         print(f"labkit {command}: error: {e}", file=sys.stderr)
         return 2

@@ -226,6 +226,7 @@ from labkit.training.sync import Strategy
 
 
 class FailsFirstStep(Strategy):
+    exact = False  # not checked for exactness first: the timed run itself meets the error
     def after_backward(self):
         if self.ctx.rank == 1:
             raise ValueError("no gradients for me")
@@ -234,9 +235,15 @@ class FailsFirstStep(Strategy):
 
 def test_a_method_raising_in_its_first_step_fails_in_one_line(tmp_path):
     """The rank that raised names the method, the user's file and line and the step; the run is
-    failed with that reason, and no process is left."""
+    failed with that reason, and no process is left. (Claiming exactness, it meets the error in
+    its check, before any run: the same line, exit 2.)"""
     from test_experiment import running_in
 
+    (tmp_path / "exact.py").write_text(FAILS.replace("exact = False", "exact = True"))
+    p = _labkit(tmp_path, "run", "exact.py:FailsFirstStep", "--nproc", "2", *TINY, "--out", "o")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and not (tmp_path / "o").exists(), p.stderr
+    assert "could not be checked: " in lines[0] and f"{tmp_path / 'exact.py'}:9 (at epoch 1" in lines[0]
     (tmp_path / "fails.py").write_text(FAILS)
     p = _labkit(tmp_path, "run", "fails.py:FailsFirstStep", "--nproc", "2", *TINY, "--out", "out")
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
@@ -244,9 +251,9 @@ def test_a_method_raising_in_its_first_step_fails_in_one_line(tmp_path):
     assert len(said) == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
     assert said[0].startswith("labkit: fails_first_step failed: rank 1: ValueError: no gradients "
                               "for me at "), said
-    assert f"{tmp_path / 'fails.py'}:8 (at epoch 1, step 1 of 5)" in said[0]
+    assert f"{tmp_path / 'fails.py'}:9 (at epoch 1, step 1 of 5)" in said[0]
     doc = load_json(tmp_path / "out" / "results_fails_first_step.json")
-    assert doc["status"] == "failed" and "fails.py:8" in doc["error"]
+    assert doc["status"] == "failed" and "fails.py:9" in doc["error"]
     assert running_in(tmp_path) == []
 
 
@@ -278,3 +285,104 @@ def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_p
         "status"] == "completed"
     diff = _labkit(tmp_path, "diff", str(run), str(new[0]))
     assert diff.returncode == 0 and "Ring All-Reduce" in diff.stdout, diff.stdout + diff.stderr
+
+
+# ------------------------------------------------------------------ bytes on the wire
+def _gradient_bytes() -> int:
+    """The model's fp32 gradient bytes, from its parameter count (not from labkit's counts)."""
+    from labkit.training.models import build_model
+
+    model, _ = build_model("resnet10_small", 10)
+    return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+
+
+def _wire(out: Path) -> dict:
+    doc = load_json(next(out.glob("results_*.json")))
+    assert all("wire" in e for e in doc["epochs"])
+    return doc["epochs"][-1]["wire"]
+
+
+@pytest.mark.xdist_group("equivalence_runs")
+@pytest.mark.parametrize("name", ["ddp", "allreduce"])
+def test_an_all_reduce_moves_the_ring_arithmetic(equivalence_runs, name):
+    """Each of 2 ranks sends and receives 2(n-1)/n of the gradient bytes per step."""
+    n, g = 2, _gradient_bytes()
+    w = _wire(equivalence_runs[name][0])
+    assert w["trainer"] == [True] * n
+    for key in ("sent_per_step", "received_per_step"):
+        assert len(w[key]) == n
+        for b in w[key]:
+            assert b == pytest.approx(2 * (n - 1) / n * g, rel=0.01), (key, b, g)
+
+
+@pytest.mark.xdist_group("equivalence_runs")
+@pytest.mark.parametrize("name", ["ps_collective", "ps_p2p"])
+def test_a_parameter_server_trainer_pulls_and_pushes_the_model(equivalence_runs, name):
+    """Per step each trainer (ranks 1 and 2) pulls every parameter and pushes every gradient;
+    the server (rank 0) sends the parameters to, and receives the gradients from, each."""
+    g, w = _gradient_bytes(), _wire(equivalence_runs[name][0])
+    assert w["trainer"] == [False, True, True]
+    pull, push = w["by_phase"]["pull"], w["by_phase"]["push"]
+    for r in (1, 2):
+        assert pull["received"][r] == pytest.approx(g, rel=0.01) and pull["sent"][r] == 0
+        assert push["sent"][r] == pytest.approx(g, rel=0.01) and push["received"][r] == 0
+    assert pull["sent"][0] == pytest.approx(2 * g, rel=0.01)
+    assert push["received"][0] == pytest.approx(2 * g, rel=0.01)
+
+
+def test_the_report_says_mb_per_step_on_the_wire(ring_run):
+    """The ring moves 2(n-1)/n of the gradients each way, counted from its sends and recvs,
+    and Table 2 says so in MB."""
+    from labkit.analysis import report
+
+    g = _gradient_bytes()
+    w = _wire(ring_run)
+    assert w["sent_per_step"] == [pytest.approx(g, rel=0.01)] * 2
+    rows = report.communication_rows(report.load_files([str(ring_run)]))
+    row = next(r for r in rows if r["Method"] == "Ring All-Reduce")
+    assert row[report.tables.WIRE] == f"{g / 1e6:.2f} / {g / 1e6:.2f}"
+
+
+# ------------------------------------------------------------------ exactness checked
+WRONG = '''
+"""One rank skips averaging one parameter: rank 1 adds its fc.weight gradient undivided."""
+from labkit.training.sync import Strategy, broadcast_parameters
+
+
+class SkipsOneAverage(Strategy):
+    def setup(self, model):
+        broadcast_parameters(model)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        return model
+
+    def after_backward(self):
+        with self.timer("comm"):
+            for name, p in self.named:
+                if not (name == "fc.weight" and self.ctx.rank == 1):
+                    p.grad.div_(self.ctx.world_size)
+                self.all_reduce(p.grad)
+'''
+
+
+def test_labkit_check_finds_the_ring_exact(tmp_path):
+    p = _labkit(tmp_path, "check", str(RING) + ":RingAllReduce")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("labkit check: ring_all_reduce is exact: after 3 steps on 2 trainers")
+
+
+def test_a_method_that_is_not_exact_fails_its_check_and_nothing_else_runs(tmp_path):
+    """The check names the parameter the method got wrong; `labkit run` and `labkit experiment`
+    run it first and stop there (one line, exit non-zero, no run folder)."""
+    (tmp_path / "wrong.py").write_text(WRONG)
+    p = _labkit(tmp_path, "check", "wrong.py:SkipsOneAverage")
+    assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert p.stdout.startswith("labkit check: skips_one_average is not exact: after 3 steps on 2 "
+                               "trainers parameter fc.weight differs from the single-process "
+                               "reference by "), p.stdout
+    for argv in (["run", "wrong.py:SkipsOneAverage", "--nproc", "2"],
+                 ["experiment", "--methods", "ddp,wrong.py:SkipsOneAverage", "--nproc", "2"]):
+        p = _labkit(tmp_path, *argv, *TINY, "--runs-dir", "runs")
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stdout + p.stderr
+        assert "skips_one_average is not exact" in lines[0] and "parameter fc.weight" in lines[0]
+    assert not (tmp_path / "runs").exists()

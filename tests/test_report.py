@@ -140,9 +140,9 @@ def test_implementation_section_quotes_the_current_source():
     md = report.implementation_markdown()
     from labkit.training.sync import ps_collective
     src = open(ps_collective.__file__).read()
-    for line in ("dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)",
-                 "self.pushes.append(self.track(",  # each push timed (labkit.analysis.breakdown)
-                 "dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True)",
+    # each pull and push through the lab's helpers: timed and its bytes counted
+    for line in ("self.pulls[i].append(self.broadcast(self.flat_params[lo:hi], src=s, group=g,",
+                 "self.pushes.append(self.reduce(t, dst=s, group=g, async_op=True, phase=\"push\"))",
                  "def _await_layer(self, buckets: list[int], module, args) -> None:"):
         assert line in src, line  # guard: the quote is real code
         assert line in md, line   # and the report shows it
@@ -167,7 +167,7 @@ def test_captions_are_numbered_once():
     numbers = [c.number for c in report.CAPTIONS.values()]
     assert len(numbers) == len(set(numbers))
     assert [n for n in numbers if n.startswith("Table")] == [f"Table {i}" for i in range(1, 10)]
-    assert [n for n in numbers if n.startswith("Figure")] == [f"Figure {i}" for i in range(1, 11)]
+    assert [n for n in numbers if n.startswith("Figure")] == [f"Figure {i}" for i in range(1, 12)]
     assert all(p in report.CAPTIONS for p in report.PLOTS)  # every plot has its caption
 
 

@@ -24,6 +24,7 @@ from labkit.core.status import Status, stamp
 from .kernels import kernel_name
 from labkit.training import budget
 
+from .check import check_before_measuring
 from .launch import Nodes, mark_ended, validate, warn
 from .params import nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
@@ -63,8 +64,11 @@ def prepare(cfg: TrainConfig, exp: Experiment,
     """All bad input fails here, in seconds, before a folder or a process exists."""
     p = plan(cfg, exp, resolved)
     check_machine(p.resolved, p.nproc, p.exp)
+    # a method of one's own that claims exactness: checked first (seconds), or nothing runs
+    checked = [line for c in p.resolved.values()
+               if (line := check_before_measuring(c.method, p.nproc))]
     # packages, code, data fingerprints: before any folder
-    return dataclasses.replace(p, snap=snapshot(p.resolved, p.cfg.seed))
+    return dataclasses.replace(p, snap=snapshot(p.resolved, p.cfg.seed), plan=p.plan + checked)
 
 
 def plan(cfg: TrainConfig, exp: Experiment,

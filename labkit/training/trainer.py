@@ -179,6 +179,7 @@ class Trainer:
         meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main, self.parts)
         bar = self.progress(epoch)
         s.timer.pop()
+        s.wire.take()  # bytes on the wire: this epoch's steps only
         meter.start()
         self.epoch, self.doing = epoch, "train"
         for step in range(self.steps):
@@ -199,6 +200,7 @@ class Trainer:
         m = meter.metrics(cfg.batch_size * s.trainers)
         m.update(self.efficiency.epoch(m))
         m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
+        m.update(s.wire_metrics(self.steps))  # bytes per rank per step (every rank gathers)
         return m
 
     def _batches(self, epoch: int) -> Optional[Iterator]:

@@ -3,8 +3,8 @@
     labkit report runs/latest                      # a run folder
     labkit report results_*.json --out analysis/   # files from the original scripts work too
 
-Prints the comparison and communication tables, writes six plots under plots/ (the guide's five
-and the ranks' waits) and performance_report.txt. A missing, failed or corrupt result file is named and the rest
+Prints the comparison and communication tables, writes seven plots under plots/ (the guide's
+five, the ranks' waits and the bytes on the wire) and performance_report.txt. A missing, failed or corrupt result file is named and the rest
 still renders. Result files are only read, never modified.
 
 Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the text report),

@@ -40,8 +40,11 @@ CAPTIONS: dict[str, Caption] = {
         "*Exposed*: what synchronisation added to the step (the extra forward and backward time "
         "over compute-only steps, plus the waits for pulls and gradients); *hidden*: the rest "
         "of the communication, which ran while the trainer computed; *overlap* = hidden / "
-        "total, its 95% CI by batch means over the same units as Table 1's. Figure 5 stacks "
-        "the whole step the same way."),
+        "total, its 95% CI by batch means over the same units as Table 1's. *On the wire*: the "
+        "MB (10^6 bytes) a trainer sent and received per step, counted by the lab from the "
+        "collectives the method issued (an all-reduce as a ring: 2(n-1)/n of the gradient "
+        "bytes each way; a PS worker pulls the parameters and pushes its gradients). Figure 5 "
+        "stacks the whole step the same way."),
     "bench": Caption(
         "Table 3", "Benchmark", "labkit bench",
         "(`labkit bench`, {created}): {model} on {dataset}, batch {batch_size} per trainer, "
@@ -111,6 +114,10 @@ CAPTIONS: dict[str, Caption] = {
     "scaling_figure": Caption(
         "Figure 10", "Throughput vs processes, per method, with the ideal linear line (dashed) "
         "and 95% CI error bars", "", ""),
+    "wire": Caption(
+        "Figure 11", "MB per step on the wire: what a trainer sent (plain) and received "
+        "(hatched) per step, counted by the lab from the collectives each method issued (Table "
+        "2's last column)", "", ""),
     "reproduction": Caption(
         "Table 8", "Reproduction", "labkit reproduce",
         "of `{original}`: this run re-ran its recorded configs with `labkit reproduce` (same "

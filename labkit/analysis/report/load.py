@@ -50,7 +50,9 @@ def recorded(doc: dict) -> Optional[MethodSpec]:
 def discover(run: Path) -> None:
     """Register the methods of one's own whose result files lie in ``run``'s method folders
     (and its repeats'), before the registry's order is walked."""
-    for path in sorted([*run.glob("*/results_*.json"), *run.glob("repeat-*/*/results_*.json")]):
+    found = [*run.glob("results_*.json"), *run.glob("*/results_*.json"),
+             *run.glob("repeat-*/*/results_*.json")]
+    for path in sorted(found):
         try:
             recorded(json.loads(path.read_text()))
         except (OSError, ValueError, AttributeError):

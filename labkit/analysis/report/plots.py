@@ -1,5 +1,5 @@
-"""The guide's five plots and the ranks' waits (PLOTS), and figures as HTML blocks with their
-captions."""
+"""The guide's five plots, the ranks' waits and the bytes on the wire (PLOTS), and figures as
+HTML blocks with their captions."""
 from __future__ import annotations
 
 import html
@@ -14,7 +14,7 @@ from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SHORT
 
 from .load import RunResults, _epochs, method_key, summary_value
-from .tables import comm_ms, intervals
+from .tables import comm_ms, intervals, wire_mb
 
 
 
@@ -31,7 +31,7 @@ class _Colors(dict):
 
 COLORS = _Colors(ddp="#4C72B0", allreduce="#55A868", ps="#C44E52")
 PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
-         "communication_overhead", "sync_waits")  # the guide's five, then the per-rank waits
+         "communication_overhead", "sync_waits", "wire")  # the guide's five, the waits, the bytes
 
 
 def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
@@ -176,15 +176,22 @@ def plot_communication(res: RunResults, ax):
     _note_missing(ax, res)
 
 
+def _items(res: RunResults, ax, of, none: str) -> list:
+    """(method, ``of`` its result) for every method whose result has it, in the registry's
+    order; none: says ``none`` on ``ax`` instead."""
+    items = [(m, of(res.ok[m])) for m in METHOD_ORDER if m in res.ok]
+    items = [(m, v) for m, v in items if v is not None]
+    if not items:
+        ax.text(0.5, 0.5, none, ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    return items
+
+
 def plot_sync_waits(res: RunResults, ax):
     """Figure 6: per method, each trainer's mean wait at the synchronisation point (ms per
     step), the rank most often last named above its method."""
-    items = [(m, breakdown.waits(res.ok[m])) for m in METHOD_ORDER if m in res.ok]
-    items = [(m, w) for m, w in items if w is not None]
+    items = _items(res, ax, breakdown.waits, "no per-rank waits in these result files")
     if not items:
-        ax.text(0.5, 0.5, "no per-rank waits in these result files", ha="center",
-                transform=ax.transAxes)
-        ax.set_axis_off()
         return
     width = 0.8 / max(len(w.ranks) for _, w in items)
     for i, (m, w) in enumerate(items):
@@ -204,8 +211,26 @@ def plot_sync_waits(res: RunResults, ax):
     ax.set_title("Who waited for whom (red: the rank the others waited for)")
 
 
+def plot_wire(res: RunResults, ax):
+    """MB per step on the wire: what a trainer sent and received per step, per method (counted
+    by the lab from the collectives each method issued)."""
+    items = _items(res, ax, wire_mb, "no bytes on the wire in these result files")
+    if not items:
+        return
+    x = range(len(items))
+    for shift, i, label, hatch in ((-0.2, 0, "sent", ""), (0.2, 1, "received", "//")):
+        bars = ax.bar([k + shift for k in x], [w[i] for _, w in items], 0.4, label=label,
+                      hatch=hatch, color=[COLORS[m] for m, _ in items], edgecolor="white")
+        ax.bar_label(bars, labels=[f"{w[i]:.2f}" for _, w in items], fontsize=8)
+    ax.set_xticks(list(x), [SHORT[m] for m, _ in items])
+    ax.set_ylabel("MB per step per trainer")
+    ax.set_title("MB per step on the wire")
+    ax.legend(fontsize=8)
+
+
 def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
-    """The guide's five PNGs, and the per-rank waits, under <out_dir>/plots/."""
+    """The guide's five PNGs, the per-rank waits and the bytes on the wire, under
+    <out_dir>/plots/."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -214,7 +239,8 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     plots.mkdir(parents=True, exist_ok=True)
     makers = {"throughput_comparison": plot_throughput, "training_time_comparison": plot_training_time,
               "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,
-              "communication_overhead": plot_communication, "sync_waits": plot_sync_waits}
+              "communication_overhead": plot_communication, "sync_waits": plot_sync_waits,
+              "wire": plot_wire}
     paths = []
     for name in PLOTS:
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)

@@ -8,12 +8,13 @@ from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import breakdown, stats
 from labkit.core import efficiency
-from labkit.core.methods import METHOD_ORDER, SHORT, spec
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, comm_key, spec
 
 from .load import RunResults, _epochs, summary_value
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
+WIRE = "On the wire (MB/step per trainer, sent / received)"  # Table 2, counted by the lab
 
 
 def target(res: RunResults) -> Optional[float]:
@@ -95,16 +96,28 @@ def comparison_rows(res: RunResults) -> list[dict]:
 
 
 def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
-    """Per-step communication times in ms (trainer blocked in sync)."""
+    """Per-step communication times in ms (trainer blocked in sync), by each method's timed
+    phases: {"allreduce": ...} for the "comm" phase, {"pull": ..., "push": ...} for a PS."""
     out = {}
-    docs = res.ok
-    if "allreduce" in docs:
-        out["allreduce"] = {"allreduce": 1000 * summary_value(docs["allreduce"], "avg_comm_time")}
-    if "ps" in docs:
-        pull = 1000 * summary_value(docs["ps"], "avg_comm_time_pull")
-        push = 1000 * summary_value(docs["ps"], "avg_comm_time_push")
-        out["ps"] = {"pull": pull, "push": push}
+    for m, d in res.ok.items():
+        phases = SPECS[m].phases if m in SPECS else ()
+        if phases:
+            out[m] = {("allreduce" if p == "comm" else p): 1000 * summary_value(d, comm_key(p))
+                      for p in phases}
     return out
+
+
+def wire_mb(doc: dict) -> Optional[tuple[float, float]]:
+    """MB (10^6 bytes) a trainer sent and received per step on the wire, the mean over the
+    trainers of the last epoch (counted by the lab from the collectives the method issued:
+    labkit.training.sync.collectives); None for a file written before they were counted."""
+    ep = _epochs(doc)
+    w = ep[-1].get("wire") if ep else None
+    if not isinstance(w, dict) or not w.get("sent_per_step"):
+        return None
+    ranks = [i for i, t in enumerate(w["trainer"]) if t] or list(range(len(w["trainer"])))
+    return tuple(sum(w[k][i] for i in ranks) / len(ranks) / 1e6
+                 for k in ("sent_per_step", "received_per_step"))
 
 
 def communication_rows(res: RunResults) -> list[dict]:
@@ -116,17 +129,20 @@ def communication_rows(res: RunResults) -> list[dict]:
     for m in METHOD_ORDER:
         row = {"Method": SHORT[m], "Param pull (ms)": "-", "Grad push (ms)": "-",
                "All-Reduce (ms)": "-", "Total comm time (ms)": "not available",
-               "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-"}
+               "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-", WIRE: "-"}
         rows.append(row)
         if m not in res.ok:
             continue
         b = breakdown.of_result(res.ok[m])
         total = b.comm * 1000 if b is not None and b.comm is not None else None
-        if m == "ps" and "ps" in c:
-            row.update({"Param pull (ms)": c["ps"]["pull"], "Grad push (ms)": c["ps"]["push"],
-                        "Total comm time (ms)": c["ps"]["pull"] + c["ps"]["push"]})
+        wire = wire_mb(res.ok[m])
+        if wire is not None:
+            row[WIRE] = f"{wire[0]:.2f} / {wire[1]:.2f}"
+        if {"pull", "push"} <= set(c.get(m, ())):
+            row.update({"Param pull (ms)": c[m]["pull"], "Grad push (ms)": c[m]["push"],
+                        "Total comm time (ms)": c[m]["pull"] + c[m]["push"]})
         elif m in c or total is not None:
-            row["All-Reduce (ms)"] = total if total is not None else c[m]["allreduce"]
+            row["All-Reduce (ms)"] = total if total is not None else sum(c[m].values())
             row["Total comm time (ms)"] = row["All-Reduce (ms)"]
         elif m == "ddp":  # a result file from before DDP's all-reduce was timed
             row["Total comm time (ms)"] = "(inside PyTorch)"

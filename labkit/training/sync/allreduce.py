@@ -11,7 +11,6 @@ in fp16, copy the result back into the fp32 gradients. Half the bytes on the wir
 """
 from __future__ import annotations
 
-import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy, broadcast_parameters
@@ -43,10 +42,10 @@ class AllReduceStrategy(Strategy):
     def _start(self, b: Bucket) -> None:
         if b.half is None:
             b.flat.div_(self.ctx.world_size)  # average as DDP does: divide first, then sum
-            self.handles.append((self.track(dist.all_reduce(b.flat, async_op=True)), None))
+            self.handles.append((self.all_reduce(b.flat, async_op=True), None))
         else:  # DDP's fp16_compress_hook: cast, divide (in fp16), all-reduce, copy back later
             b.half.copy_(b.flat).div_(self.ctx.world_size)
-            self.handles.append((self.track(dist.all_reduce(b.half, async_op=True)), b))
+            self.handles.append((self.all_reduce(b.half, async_op=True), b))
 
     def zero_grad(self, optimizer) -> None:
         for b in self.buckets:

@@ -32,11 +32,27 @@ class DDPStrategy(Strategy):
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # defaults on purpose: 25 MiB buckets, broadcast_buffers=True, no bucket views
         self.ddp = DistributedDataParallel(model, device_ids=ids)
+        self.hooked = self.cfg.compress == "fp16" or self.cfg.time_comm
         if self.cfg.compress == "fp16":
             self.ddp.register_comm_hook(None, self._timed(fp16_compress_hook))
         elif self.cfg.time_comm:
             self.ddp.register_comm_hook(None, self._timed(self._allreduce_mean))
         return self.ddp
+
+    def _count(self, numel: int, element_size: int) -> None:
+        """The bytes of one bucket's all-reduce (a ring: 2(n-1)/n of the bucket each way), as
+        the lab counts every method's collectives (labkit.training.sync.collectives)."""
+        n = self.ctx.world_size
+        b = 2 * (n - 1) / n * numel * element_size
+        self.count_bytes("comm", b, b)
+
+    def after_backward(self) -> None:
+        """DDP's built-in path (--no-time-comm, no hook to see its buckets): one all-reduce of
+        every gradient, counted from the gradients."""
+        if self.ctx.distributed and self.sync and not self.hooked:
+            for p in self.ddp.parameters():
+                if p.requires_grad:
+                    self._count(p.numel(), p.element_size())
 
     def _allreduce_mean(self, state, bucket):  # no annotations: DDP checks them, and this
         # module's are strings (from __future__ import annotations)
@@ -50,6 +66,8 @@ class DDPStrategy(Strategy):
 
     def _timed(self, hook):
         def timed(state, bucket):
+            buf = bucket.buffer()
+            self._count(buf.numel(), 2 if self.cfg.compress == "fp16" else buf.element_size())
             if self.parts is None or not self.cfg.time_comm:
                 return hook(state, bucket)
             started = self.parts.stamp()

@@ -24,7 +24,6 @@ from functools import partial
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy
@@ -97,8 +96,8 @@ class CollectiveParameterServer(ServerRoles, Strategy):
         self.pulls = [[] for _ in self.buckets]
         for i in reversed(range(len(self.buckets))):
             for s, lo, hi, g in self.buckets[i]:
-                self.pulls[i].append(self.track(
-                    dist.broadcast(self.flat_params[lo:hi], src=s, group=g, async_op=True)))
+                self.pulls[i].append(self.broadcast(self.flat_params[lo:hi], src=s, group=g,
+                                                    async_op=True, phase="pull"))
 
     def _wait(self, works: list, phase: str) -> None:
         """Wait for ``works``; the host time blocked counts as ``phase`` (on a GPU a wait only
@@ -141,8 +140,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
             else:  # fp16_compress_hook's order: cast, divide, sum in fp16
                 t = self.half[lo:hi]
                 t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
-            self.pushes.append(self.track(
-                dist.reduce(t, dst=s, op=dist.ReduceOp.SUM, group=g, async_op=True)))
+            self.pushes.append(self.reduce(t, dst=s, group=g, async_op=True, phase="push"))
 
     # report-quote: ps-after-backward  (quoted in the report: labkit/analysis/report/implementation.py)
     def after_backward(self) -> None:

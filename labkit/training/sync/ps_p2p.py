@@ -9,7 +9,6 @@ Everything is blocking, so the pull and push times are exactly the time a worker
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from labkit.core.config import ConfigError
@@ -51,10 +50,10 @@ class P2PParameterServer(ServerRoles, Strategy):
         if self.is_server:
             for p in self.params:
                 for w in range(1, self.ctx.world_size):
-                    dist.send(p.data, dst=w)
+                    self.send(p.data, dst=w, phase="pull")
         else:
             for p in self.params:
-                dist.recv(p.data, src=SERVER)
+                self.recv(p.data, src=SERVER, phase="pull")
 
     # (3) push and (4) average
     def after_backward(self) -> None:
@@ -65,12 +64,12 @@ class P2PParameterServer(ServerRoles, Strategy):
         if self.is_server:
             for p, buf in zip(self.params, self.recv_buf):
                 for w in range(1, self.ctx.world_size):
-                    dist.recv(buf, src=w)
+                    self.recv(buf, src=w, phase="push")
                     p.grad.add_(buf)
                 p.grad.div_(self.trainers)
         else:
             for p in self.params:
-                dist.send(p.grad, dst=SERVER)
+                self.send(p.grad, dst=SERVER, phase="push")
 
     # (5) the server's step is the Strategy default: only the server holds an optimizer
     def finish_epoch(self, model: nn.Module) -> None:
