@@ -386,3 +386,20 @@ def test_a_method_that_is_not_exact_fails_its_check_and_nothing_else_runs(tmp_pa
         assert p.returncode == 2 and len(lines) == 1, p.stdout + p.stderr
         assert "skips_one_average is not exact" in lines[0] and "parameter fc.weight" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_bench_measures_a_users_method_beside_ddp(tmp_path):
+    """`labkit bench --variants ddp,file.py:Class`: the method's job is named by its key, and
+    the bench's tables read it from the spec its row records."""
+    from test_bench import BENCH
+
+    shutil.copy(RING, tmp_path / "ring.py")
+    p = _labkit(tmp_path, "bench", *BENCH, "--nproc", "2", "--variants", "ddp,ring.py:RingAllReduce",
+                "--runs-dir", "runs", "--no-report")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run = (tmp_path / "runs" / "latest").resolve()
+    doc = load_json(run / "bench.json")
+    assert [r["variant"] for r in doc["results"]] == ["ddp", "ring_all_reduce"]
+    assert doc["results"][1]["method_spec"]["key"] == "ring_all_reduce"
+    shown = _labkit(tmp_path, "report", str(run))
+    assert shown.returncode == 0 and "ring_all_reduce" in shown.stdout, shown.stdout + shown.stderr

@@ -21,12 +21,21 @@ import numpy as np
 
 from . import breakdown, stats
 from labkit.core import layout
-from labkit.core.methods import spec
+from labkit.core.methods import MethodSpec, find, register
 from labkit.core.files import atomic_path
 from .texttable import short_number
 from .texttable import text_table as _table
 
 KIND = "labkit.bench"
+
+
+def _serves(r: dict) -> bool:
+    """Whether a bench row's method serves (a parameter server): from the registry, which a
+    method of one's own joins from the spec its row records."""
+    s = find(r["method"])
+    if s is None and isinstance(r.get("method_spec"), dict):
+        s = register(MethodSpec.from_dict(r["method_spec"]), r["method"])
+    return bool(s and s.serves)
 
 
 class BenchError(ValueError):
@@ -108,7 +117,7 @@ def sync_raw_interval(r: dict) -> Optional[stats.Interval]:
     with its 95% CI over the sync time's trials and the collective's repetitions; None when
     the method has no timed phases (DDP)."""
     c = r.get("collectives") or {}
-    raw = c.get("reduce_broadcast") if spec(r["method"]).serves else c.get("all_reduce")
+    raw = c.get("reduce_broadcast") if _serves(r) else c.get("all_reduce")
     if not r.get("phases") or not raw:
         return None
     if not r.get("sync_trials") or not raw.get("times"):  # a bench.json from before they were kept
@@ -224,7 +233,7 @@ def rows(doc: dict) -> list[dict]:
         # the method's own communication phases (time a trainer was blocked in them), next to
         # the raw collective moving the same bytes: all-reduce, or reduce + broadcast for PS
         sync = sum(r.get("phases", {}).values()) if r.get("phases") else None
-        raw = rb if spec(r["method"]).serves else ar
+        raw = rb if _serves(r) else ar
         out.append({
             "variant": r["variant"], "procs": r["nproc"], "trainers": r["trainers"],
             "step ms (median)": 1000 * st["median"],
@@ -300,9 +309,9 @@ def plot(doc: dict, path: str | os.PathLike) -> Optional[Path]:
     a.bar(x, exposed, bottom=comp, color="#dd8452", label="exposed communication")
     a.errorbar(x, step, yerr=err, fmt="none", ecolor="black", capsize=3, label="step: min-max of trials")
     raw = [(i, 1000 * r["collectives"]["all_reduce"]["time"]) for i, r in enumerate(rs)
-           if r.get("collectives") and not spec(r["method"]).serves]
+           if r.get("collectives") and not _serves(r)]
     raw += [(i, 1000 * r["collectives"]["reduce_broadcast"]["time"]) for i, r in enumerate(rs)
-            if r.get("collectives") and spec(r["method"]).serves]
+            if r.get("collectives") and _serves(r)]
     if raw:
         a.scatter([i for i, _ in raw], [c + t for (i, t), c in zip(raw, [comp[i] for i, _ in raw])],
                   marker="_", s=400, color="crimson", zorder=3,

@@ -27,7 +27,7 @@ from labkit.analysis.bench_view import (KIND, compare_to_ddp, derive, derive_ove
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
-from labkit.core.methods import spec
+from labkit.core.methods import absolute, is_name, key_of, spec
 from labkit.core.status import Status
 
 from .kernels import kernel_name
@@ -110,9 +110,10 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
 
 
 def _check(plan: BenchPlan) -> None:
-    unknown = [v for v in plan.variants if v not in VARIANTS]
+    unknown = [v for v in plan.variants if v not in VARIANTS and not is_name(v)]
     if unknown:
-        raise ConfigError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+        raise ConfigError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}"
+                          f", or a method of your own: path/to/file.py:Class (docs/methods.md)")
     for name, v in (("--steps", plan.steps), ("--trials", plan.trials)):
         if v < 1:
             raise ConfigError(f"{name} must be at least 1 (got {v})")
@@ -128,7 +129,10 @@ def _jobs(cfg: TrainConfig, plan: BenchPlan) -> tuple[list, list]:
     jobs, skipped = [], []
     for n in plan.nprocs:
         for v in plan.variants:
-            vcfg = dataclasses.replace(cfg, out=None, **VARIANTS[v])
+            # a method of one's own: named by its key (its folder), its class by absolute path
+            fields = VARIANTS[v] if v in VARIANTS else {"method": absolute(v)}
+            v = v if v in VARIANTS else key_of(absolute(v))
+            vcfg = dataclasses.replace(cfg, out=None, **fields)
             try:
                 jobs.append((v, n, validate(vcfg, n)))
             except ConfigError as e:
@@ -189,7 +193,8 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
     else:
         r = json.loads((out / layout.BENCH_RESULT).read_text())
         r.update(variant=v, nproc=n, folder=str(out.relative_to(run)), compress=vcfg.compress,
-                 ps_mode=vcfg.ps_mode if spec(vcfg.method).serves else None)
+                 ps_mode=vcfg.ps_mode if spec(vcfg.method).serves else None,
+                 method_spec=spec(vcfg.method).to_dict())  # the report names a user's method
         doc["results"].append(derive(r))
         stream.write(summary_line(doc["results"][-1]) + "\n")
     compare_to_ddp(doc["results"])

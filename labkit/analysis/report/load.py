@@ -41,8 +41,9 @@ def recorded(doc: dict) -> Optional[MethodSpec]:
     d = doc.get("method_spec")
     if not isinstance(d, dict) or d.get("builtin"):
         return None
-    try:
-        return register(MethodSpec.from_dict(d))
+    ref = (doc.get("config") or {}).get("method") if isinstance(doc.get("config"), dict) else None
+    try:  # known by its key, and by the reference its run was given
+        return register(MethodSpec.from_dict(d), *([ref] if isinstance(ref, str) else []))
     except (ConfigError, TypeError, ValueError):
         return None
 

@@ -8,13 +8,18 @@ from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import breakdown, stats
 from labkit.core import efficiency
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, comm_key, spec
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, comm_key, find
 
 from .load import RunResults, _epochs, summary_value
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
 WIRE = "On the wire (MB/step per trainer, sent / received)"  # Table 2, counted by the lab
+
+
+def _serves(method: str) -> bool:
+    s = find(method)
+    return bool(s and s.serves)
 
 
 def target(res: RunResults) -> Optional[float]:
@@ -293,7 +298,7 @@ def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]
         c, ep = d.get("config", {}), _epochs(d)
         stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
         rows.append({
-            "run": name, "servers": c.get("ps_servers") if spec(c.get("method", "ddp")).serves else None,
+            "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", "ddp")) else None,
             "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
             "img/s": summary_value(d, "avg_train_throughput"),
             "final train loss": ep[-1]["train_loss"] if ep else None,
