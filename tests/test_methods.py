@@ -403,3 +403,26 @@ def test_the_bench_measures_a_users_method_beside_ddp(tmp_path):
     assert doc["results"][1]["method_spec"]["key"] == "ring_all_reduce"
     shown = _labkit(tmp_path, "report", str(run))
     assert shown.returncode == 0 and "ring_all_reduce" in shown.stdout, shown.stdout + shown.stderr
+
+
+# ------------------------------------------------------------------ ZeRO-1, through the interface
+ZERO1 = ROOT / "examples" / "methods" / "zero1.py"
+
+
+def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_path):
+    """examples/methods/zero1.py: DDP's parameters (the equivalence reference), each rank holding
+    1/n of the momentum DDP's SGD holds (every parameter's, from the parameter count)."""
+    from test_equivalence import ATOL, RTOL, reference_state
+
+    check_ok(torchrun(2, TINY + ["--method", f"{ZERO1}:ShardedOptimizer", "--out", str(tmp_path / "z")],
+                      cwd=tmp_path))
+    doc = load_json(tmp_path / "z" / "results_sharded_optimizer.json")
+    ddp_momentum = _gradient_bytes()  # SGD's momentum: one fp32 value per parameter
+    held = doc["epochs"][-1]["optimizer_state_bytes"]
+    assert held == pytest.approx(ddp_momentum / 2, abs=4) and held < 0.51 * ddp_momentum
+    assert doc["epochs"][-1]["wire"]["sent_per_step"][0] == pytest.approx(ddp_momentum, rel=0.01)
+    final = torch.load(tmp_path / "z" / "final_model.pt", weights_only=True)
+    for k, ref in reference_state(2).items():
+        torch.testing.assert_close(final[k], ref, atol=ATOL, rtol=RTOL, msg=lambda m: f"{k}: {m}")
+    p = _labkit(tmp_path, "check", f"{ZERO1}:ShardedOptimizer")
+    assert p.returncode == 0 and "sharded_optimizer is exact" in p.stdout, p.stdout + p.stderr
