@@ -426,3 +426,15 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
         torch.testing.assert_close(final[k], ref, atol=ATOL, rtol=RTOL, msg=lambda m: f"{k}: {m}")
     p = _labkit(tmp_path, "check", f"{ZERO1}:ShardedOptimizer")
     assert p.returncode == 0 and "sharded_optimizer is exact" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_method_registered_elsewhere_is_no_row_of_another_runs_tables(ddp_run):
+    """A live kernel that read a user's run keeps its method registered; the tables of a run
+    without it still list only the guide's three (a missing one says why)."""
+    from labkit.analysis import report
+
+    methods.register(methods.MethodSpec("ghost", "Ghost", "Ghost", "results_ghost.json", ("comm",),
+                                        False, True, "elsewhere.py:Ghost"))
+    res = report.load_files([str(ddp_run)])
+    for rows in (report.comparison_rows(res), report.communication_rows(res)):
+        assert [r["Method"] for r in rows] == [methods.SHORT[m] for m in GUIDE]

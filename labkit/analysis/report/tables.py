@@ -8,7 +8,7 @@ from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import breakdown, stats
 from labkit.core import efficiency
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, comm_key, find
+from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, SHORT, SPECS, comm_key, find
 
 from .load import RunResults, _epochs, summary_value
 
@@ -70,12 +70,20 @@ def intervals(res: RunResults) -> dict[str, dict]:
     return out
 
 
+def listed(res: RunResults) -> list[str]:
+    """The methods a table has a row for: the guide's three always (a missing one says why),
+    any other registered method only where these results hold it (a method of one's own that
+    a live kernel registered for another run is no row here)."""
+    return [m for m in METHOD_ORDER
+            if m in DEFAULT_METHODS or m in res.docs or m in res.problems]
+
+
 def comparison_rows(res: RunResults) -> list[dict]:
     """Section 4.2, table 1: throughput with its 95% CI, time per epoch, best accuracy,
     speedup vs DDP with its 95% CI ("n/a" where the files hold no step times)."""
     docs, ivs = res.ok, intervals(res)
     rows = []
-    for m in METHOD_ORDER:
+    for m in listed(res):
         if m not in docs:
             rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-", THR_CI: "-",
                          "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
@@ -131,7 +139,7 @@ def communication_rows(res: RunResults) -> list[dict]:
     compute, and the overlap with its 95% CI (labkit.analysis.breakdown). Result files written
     before communication was timed per collective: the blocked times only."""
     c, rows = comm_ms(res), []
-    for m in METHOD_ORDER:
+    for m in listed(res):
         row = {"Method": SHORT[m], "Param pull (ms)": "-", "Grad push (ms)": "-",
                "All-Reduce (ms)": "-", "Total comm time (ms)": "not available",
                "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-", WIRE: "-"}
