@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,20 +206,23 @@ def shown_by_readers(out: Path, why: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how, said", [
-    ("bus", "was killed by SIGBUS at epoch 1, step 3 of 5: its shared memory ran out"),
-    ("kill", "was killed by SIGKILL at epoch 1, step 3 of 5: killed from outside, as the "
-             "kernel's out-of-memory killer does")])
+    ("bus", r"was killed by SIGBUS at epoch 1, step [3-5] of 5: its shared memory ran out"),
+    ("kill", r"was killed by SIGKILL at epoch 1, step [3-5] of 5: killed from outside, as the "
+             r"kernel's out-of-memory killer does")])
 def test_a_killed_loader_worker_is_one_line(tmp_path, how, said):
+    # killed before step 3; the rank notices when it next waits for its loader, after the
+    # batches already made (workers are the fork server's children, not the rank's, so no
+    # SIGCHLD tells it sooner: labkit.training.workers)
     out = tmp_path / "ddp"
     p = labkit(["run", "ddp", *RUN, "--workers", "1", "--out", str(out)], tmp_path,
                env={"LABKIT_TEST_WORKER": f"ddp:1:2:{how}"})
     assert p.returncode == 1, p.stdout + p.stderr
     errs = lines(p.stderr)
     assert len(errs) == 1 and errs[0].startswith("labkit: ddp failed: rank 1: a DataLoader worker (pid "), errs
-    assert said in errs[0], errs
+    assert re.search(said, errs[0]), errs
     assert "Traceback" not in p.stdout + p.stderr
     r = strict(out / "results_baseline_ddp.json")
-    assert r["status"] == "failed" and said in r["error"]  # the cause, not rank 0's lost peer
+    assert r["status"] == "failed" and re.search(said, r["error"])  # the cause, not rank 0's lost peer
     assert not leftovers(str(out))
 
 

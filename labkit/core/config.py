@@ -141,6 +141,9 @@ class TrainConfig:
                                          "minutes on a CPU), eager")
     timeout: float = _f(600.0, "seconds a collective may wait before the run is aborted (a hung "
                         "or dead rank ends the run after this long)")
+    loader_timeout: float = _f(120.0, "seconds a rank waits for a batch from its DataLoader "
+                               "workers before the run fails naming the rank and the loader (a "
+                               "worker stopped, stuck or far too slow); unused with --workers 0")
     resume: bool = _f(False, "continue from the last epoch checkpoint in --out (also automatic "
                       "after a torchrun --max-restarts restart)")
     checkpoint: bool = _f(True, "write checkpoint.pt after every epoch, to --resume from "
@@ -266,7 +269,7 @@ def _check_ranges(c: TrainConfig) -> None:
             raise ConfigError(f"{params.flag(name)} must be 0 or more (got {v})")
     if c.ps_servers < 1:
         raise ConfigError(f"--ps-servers must be at least 1 (got {c.ps_servers})")
-    for name in ("bucket_mb", "timeout"):
+    for name in ("bucket_mb", "timeout", "loader_timeout"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{params.flag(name)} must be positive (got {getattr(c, name)})")
 

@@ -25,6 +25,7 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, server_ranks
+from labkit.core.procs import die_with_parent
 from labkit.core.resources import oom_kills
 from labkit.core.status import Status
 
@@ -334,12 +335,9 @@ def _torchrun_noise(line: str) -> bool:
 
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM if the launching process dies (a Jupyter kernel
-    shut down, a killed job), so torchrun stops its ranks instead of running on orphaned."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: Ctrl-C and _stop still stop the group
+    shut down, a killed job), so torchrun stops its ranks instead of running on orphaned (not
+    Linux: Ctrl-C and _stop still stop the group)."""
+    die_with_parent(signal.SIGTERM)
 
 
 def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:

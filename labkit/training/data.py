@@ -323,7 +323,8 @@ def default_workers(cfg: TrainConfig, in_memory: bool, local_world_size: int) ->
 
 def make_loader(ds: Dataset, sampler: Sampler, batch_size: int, workers: int, pin: bool,
                 drop_last: bool, seed: int, persistent: bool = True) -> DataLoader:
-    """A DataLoader whose workers' RNG (the augmentation's) is seeded from ``generator``.
+    """A DataLoader whose workers' RNG (the augmentation's) is seeded from ``generator``, and
+    whose workers start from the rank's fork server (labkit.training.workers says why).
 
     ``persistent=False`` for a training loader: a worker's RNG is seeded once, when the
     iterator that starts it is made, so persistent workers would carry epoch 1's random state
@@ -331,10 +332,11 @@ def make_loader(ds: Dataset, sampler: Sampler, batch_size: int, workers: int, pi
     resumed run, or the plain loop of `labkit bench`, would then draw other crops than an
     uninterrupted run. New workers each epoch, as torch's default, cost their start-up once
     per epoch."""
+    from .workers import loader_options
+
     return DataLoader(
         ds, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
         drop_last=drop_last, persistent_workers=persistent and workers > 0,
         # seeds the workers' augmentation RNG: same seed, same crops on a rerun
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed), **loader_options(workers),
     )
-

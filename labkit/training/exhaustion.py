@@ -1,9 +1,11 @@
-"""A rank whose machine ran out of something: which resource, where, and what to change.
+"""A rank whose machine ran out of something, or whose loader stopped delivering: which
+resource, where, and what to change.
 
 The exceptions these failures raise say little to a user, and differently each time: a full
 disk is ``OSError: [Errno 28]`` (or, from torch's own writer, an "enforce fail" about a file
 position), a full /dev/shm a worker's ``unable to write to file </torch_...>``, a worker killed
-by the kernel a ``DataLoader worker (pid 123) is killed by signal: Bus error``, the GPU
+by the kernel a ``DataLoader worker (pid 123) is killed by signal: Bus error``, a stopped or
+stuck worker (after ``--loader-timeout``) ``DataLoader timed out after 120 seconds``, the GPU
 ``torch.OutOfMemoryError``. :func:`translate` turns each into labkit.core.errors.Exhausted with
 one line; labkit.training.rank raises it in place of the original (which stays chained, so the
 rank's log keeps the whole traceback). A rank killed by SIGKILL says nothing: the launcher
@@ -24,6 +26,7 @@ _WORKER = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)? (?:is kil
                      r"([^.]+)|exited unexpectedly)")
 _SHM = re.compile(r"unable to (write to file|allocate shared memory)|/torch_\d+|shm", re.I)
 _HOST = re.compile(r"DefaultCPUAllocator: (can't|not enough memory)", re.I)
+_STALLED = re.compile(r"DataLoader timed out after ([\d.]+) seconds")  # its ``timeout``
 _SIGNALS = {"Bus error": "SIGBUS", "Killed": "SIGKILL", "Segmentation fault": "SIGSEGV",
             "Terminated": "SIGTERM"}
 
@@ -62,6 +65,9 @@ def _what(e: BaseException, at: str, out: Optional[str]) -> Optional[str]:
     m = _WORKER.search(text)
     if m:
         return _worker(m.group(1).strip(), m.group(2), at)
+    m = _STALLED.search(text)
+    if m:
+        return _stalled(float(m.group(1)), at)
     if "DataLoader worker" in text and ("No space left" in text or _SHM.search(text)):
         return _shm_full(at)
     return None
@@ -93,6 +99,13 @@ def _worker(pids: str, signal: Optional[str], at: str) -> str:
                 f"memory runs out ({size(free_memory() or 0)} available now; dmesg names its "
                 f"victims): --workers 0, a smaller --batch-size or a lower --nproc")
     return f"{head}: the rank's log may say why; --workers 0 loads the data in the rank itself"
+
+
+def _stalled(seconds: float, at: str) -> str:
+    loader = "validation" if "validation" in at else "training"
+    return (f"the {loader} data loader's workers sent nothing for {seconds:g} s {at}: a worker "
+            f"is stopped, stuck or far slower than the step (a slow disk?); --loader-timeout "
+            f"sets the bound, --workers 0 loads the data in the rank itself")
 
 
 def _gpu(text: str, at: str) -> str:

@@ -31,6 +31,7 @@ from labkit.core.config import ConfigError, TrainConfig
 
 from .data import IMAGENET_MEAN, IMAGENET_STD, Datasets, SyntheticImages, make_loader
 from .jpeg_files import JpegFiles, collate_files
+from .workers import batches, loader_options
 
 # an in-memory set goes onto the GPU when it takes at most this share of the free memory
 DEVICE_SHARE = 0.25
@@ -226,7 +227,7 @@ class _Ahead:
             if self.stream is not None:
                 torch.cuda.set_device(self.owner.device)  # the current device is per thread
             with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-                for batch in self.owner.files:
+                for batch in batches(self.owner.files):
                     if self.stop.is_set():
                         return
                     x, y = self.owner.prepare(batch, self.rng)
@@ -283,7 +284,8 @@ def make_loaders(cfg: TrainConfig, data: Datasets, sampler: Sampler, val_sampler
     if isinstance(data.train, JpegFiles):
         files = [DataLoader(ds, batch_size=cfg.batch_size, sampler=smp, num_workers=workers,
                             collate_fn=collate_files, drop_last=drop,
-                            persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+                            persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                            **loader_options(workers))
                  for ds, smp, drop in ((data.train, sampler, True), (data.val, val_sampler, False))]
         return (DecodedBatches(files[0], device, cfg.image_size, True, cfg.skip_bad_images),
                 DecodedBatches(files[1], device, cfg.image_size, False, cfg.skip_bad_images))

@@ -87,27 +87,33 @@ def leave(code: int) -> None:
     Nothing is left to do by then (result files and checkpoints are written with fsync, the
     process group is gone), and the teardown costs CPU time that, with several ranks per core,
     kept torchrun waiting seconds after the last line of every run (docs/performance.md).
-    DataLoader workers are the rank's children until their loader is collected: while any
-    lives, it exits the ordinary way, which shuts them down. A rank that failed exits the
-    ordinary way too: failures are rare, and torchrun's error files and restarts read what it
-    leaves."""
-    import psutil
+    While a loader worker lives (a GPU run's decoding loaders keep theirs), it exits the
+    ordinary way, which shuts them down. A rank that failed exits the ordinary way too
+    (failures are rare, and torchrun's error files and restarts read what it leaves), its
+    loader workers killed first: one may be why it failed (stopped, stuck)."""
+    from . import workers
 
     sys.stdout.flush()
     sys.stderr.flush()
-    if code == 0 and not psutil.Process().children():
+    if code == 0 and not workers.running():
         os._exit(code)
+    if code != 0:
+        workers.kill_all()
     sys.exit(code)
 
 
 # ------------------------------------------------------------------ a rank's life
 def start_rank(module: str) -> None:
     """The whole life of a rank under torchrun, for every rank entry point (labkit/train.py,
-    labkit.training.bench_rank): SIGTERM taken by a thread before anything else (before torch
-    is imported, so its threads inherit the blocked signal), then ``module``'s ``main()``,
-    then :func:`leave`."""
+    labkit.training.bench_rank): SIGTERM when torchrun dies (torchrun starts each rank in a
+    session of its own, so a SIGKILLed torchrun would leave its ranks training on, orphaned),
+    taken by a thread before anything else (before torch is imported, so its threads inherit
+    the blocked signal); then ``module``'s ``main()``, then :func:`leave`."""
     import importlib
 
+    from labkit.core.procs import die_with_parent
+
+    die_with_parent(signal.SIGTERM)
     take_sigterm()
     leave(importlib.import_module(module).main())
 

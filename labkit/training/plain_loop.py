@@ -2,7 +2,8 @@
 side of the `labkit bench` job that times it beside labkit's DDP.
 
 The loop (:class:`PlainDDP`) is what a user's script does and nothing else: a torch DataLoader
-(torch's defaults: no persistent workers, the default prefetch, pinned memory only on a GPU),
+(torch's defaults: no persistent workers, the default prefetch, pinned memory only on a GPU;
+its workers start from a fork server, as labkit's do, since forking a rank can hang),
 forward, cross-entropy, backward through ``DistributedDataParallel`` with its defaults (no comm
 hook), ``torch.optim.SGD`` with the run's lr, momentum and weight decay. No timers, meters,
 progress bars or hooks. It reads THE SAME data as labkit's DDP: the datasets of
@@ -71,6 +72,7 @@ class PlainDDP:
         from torch.nn.parallel import DistributedDataParallel
 
         from .data import default_workers, train_sampler
+        from .workers import loader_options
 
         cuda = ctx.device.type == "cuda"
         self.device, self.rank, self.seed = ctx.device, ctx.rank, cfg.seed
@@ -82,9 +84,12 @@ class PlainDDP:
         self.sampler = train_sampler(data.train, ctx.world_size, ctx.rank, cfg.seed)
         self.generator = torch.Generator()
         self.workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
+        # workers from the rank's fork server, as labkit's loaders: torch's default, fork, can
+        # hang a process with threads at an epoch boundary (labkit.training.workers)
         self.loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=self.sampler,
                                  num_workers=self.workers, pin_memory=cuda, drop_last=True,
-                                 generator=self.generator)
+                                 generator=self.generator,
+                                 **loader_options(self.workers))
 
     def train_epoch(self, epoch: int, steps: int,
                     at_step: Optional[Callable[[int], None]] = None) -> None:

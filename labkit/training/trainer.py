@@ -32,6 +32,7 @@ from .meter import EpochMeter
 from .result_file import ResultFile
 from .sync import make_strategy
 from .timers import PARTS, Lines, StepParts, atomic_torch_save
+from .workers import LoaderWatch, batches
 
 
 class Trainer:
@@ -59,9 +60,11 @@ class Trainer:
         if cuda:
             torch.backends.cudnn.benchmark = True
 
-        self.train_loader = self.val_loader = None
+        self.train_loader = self.val_loader = self.watch = None
         if s.is_trainer:
             workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
+            # workers that stop delivering end the run in one line (labkit.training.workers)
+            self.watch = LoaderWatch(cfg.loader_timeout) if workers > 0 else None
             self.sampler = train_sampler(data.train, s.trainers, s.trainer_index, cfg.seed)
             # on a GPU the batches are made there (labkit.training.gpu_data); else DataLoaders
             self.train_loader, self.val_loader = make_loaders(
@@ -212,7 +215,7 @@ class Trainer:
         # augmentation seeds depend only on (seed, trainer, epoch): a resumed run draws the
         # same crops as an uninterrupted one
         self.train_loader.generator.manual_seed(self.cfg.seed + 1000 * s.trainer_index + epoch)
-        return iter(self.train_loader)
+        return batches(self.train_loader, self.watch)
 
     def _cycle(self) -> Iterator:
         """A trainer's batches after the last epoch, over and over (a small dataset may hold
@@ -278,7 +281,7 @@ class Trainer:
         self.model.eval()
         tot = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, count
         if s.is_trainer:
-            for i, (x, y) in enumerate(self.val_loader):
+            for i, (x, y) in enumerate(batches(self.val_loader, self.watch)):
                 if self.cfg.max_val_steps and i >= self.cfg.max_val_steps:
                     break
                 x, y = self.to_device(x, y)
@@ -367,6 +370,8 @@ class Trainer:
             if results is not None:
                 results.set("calibration", calibration)
         self.doing = "final"
+        # the validation loader's workers (kept between epochs) end now, not at the rank's exit
+        self.train_loader = self.val_loader = None
         if self.ctx.is_main and self.out:
             # after finish_epoch every rank, the PS server included, holds the final model
             atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))

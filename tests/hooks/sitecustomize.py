@@ -24,7 +24,7 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       fills the filesystem holding <path> with the file <path>, leaving <bytes> free: the disk
       then runs out for real at the first large write (the first checkpoint).
   LABKIT_TEST_WORKER=<method>:<rank>:<step>:<bus|kill>  before that step that rank's DataLoader
-      workers (its child processes) get SIGBUS or SIGKILL, as a full /dev/shm or the kernel's
+      workers (its fork server's children) get SIGBUS or SIGKILL, as a full /dev/shm or the kernel's
       out-of-memory killer would do to them.
   LABKIT_TEST_CUDA_OOM=<method>:<rank>:<step>  before that step that rank asks the GPU for
       1 TiB: a real torch.OutOfMemoryError.
@@ -64,9 +64,11 @@ def _kill_workers(how: str) -> None:
     import psutil
 
     sig = signal.SIGBUS if how == "bus" else signal.SIGKILL
-    for child in psutil.Process().children():
-        child.send_signal(sig)
-    time.sleep(0.5)  # the loader's SIGCHLD handler names the signal before the step goes on
+    me = psutil.Process()
+    for p in me.children(recursive=True):
+        if p.ppid() != me.pid:  # a loader worker: the fork server's child (labkit.training.workers)
+            p.send_signal(sig)
+    time.sleep(0.5)
 
 
 def _cuda_oom() -> None:
