@@ -149,23 +149,43 @@ def test_other_host_by_heartbeat_age(tmp_path):
     assert "no heartbeat for" in report.load_result(old)["error"]
 
 
-@pytest.mark.parametrize("children,exit_code", [(False, 0), (True, 0), (False, 3)])
-def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_children(children, exit_code):
+@pytest.mark.parametrize("children,exit_code", [("none", 0), ("server", 0), ("worker", 0),
+                                                ("none", 3)])
+def test_leave_keeps_the_exit_code_and_skips_teardown_only_without_loader_workers(
+        children, exit_code, tmp_path):
     """lifecycle.leave ends a finished rank with os._exit (no interpreter teardown: ~1 s of CPU
-    per rank) after flushing what it printed; a rank with children (DataLoader workers) exits
-    the ordinary way, so its atexit teardown still runs and shuts them down."""
-    code = ("import atexit, subprocess, sys\n"
+    per rank) after flushing what it printed; a rank with a live loader worker (a child of its
+    fork server: a grandchild) exits the ordinary way, so its atexit teardown still runs and
+    shuts it down. A child alone (the fork server, the resource tracker) dies with the rank."""
+    # children that die with their parent, as the fork server does (labkit.core.procs), and
+    # keep none of its output open; a "worker" is the child of such a child
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import signal, subprocess, sys, time\n"
+                       "from labkit.core.procs import die_with_parent\n"
+                       "die_with_parent(signal.SIGKILL)\n"
+                       "if sys.argv[1:] == ['server']:\n"
+                       "    subprocess.Popen([sys.executable, __file__, 'worker'])\n"
+                       "else:\n"
+                       "    open(__file__ + '.ready', 'w').close()\n"
+                       "time.sleep(60)\n")
+    run = f"subprocess.Popen([sys.executable, {str(sleeper)!r}, {children!r}], " \
+          "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    start = {"none": "None", "server": run.replace("'server'", "'alone'"),
+             "worker": run.replace("'worker'", "'server'")}[children]
+    code = ("import atexit, os, subprocess, sys, time, psutil\n"
             "from labkit.training import lifecycle\n"
             "atexit.register(lambda: print('teardown ran'))\n"
-            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) if {children} else None\n"
+            f"child = {start}\n"
+            f"while child and not os.path.exists({str(sleeper) + '.ready'!r}):\n"
+            "    time.sleep(0.05)  # the last one started has asked to die with its parent\n"
             "sys.stdout.write('done\\n')  # buffered: leave must flush it\n"
             "try:\n"
             f"    lifecycle.leave({exit_code})\n"
             "finally:\n"
-            "    if child:\n"
-            "        child.kill()\n")
+            "    for c in psutil.Process().children(recursive=True):\n"
+            "        c.kill()\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == exit_code, p.stderr
     # a failed rank (code != 0) also exits the ordinary way
-    fast = exit_code == 0 and not children
+    fast = exit_code == 0 and children != "worker"
     assert p.stdout.splitlines() == (["done"] if fast else ["done", "teardown ran"]), p.stdout
