@@ -438,3 +438,29 @@ def test_a_method_registered_elsewhere_is_no_row_of_another_runs_tables(ddp_run)
     res = report.load_files([str(ddp_run)])
     for rows in (report.comparison_rows(res), report.communication_rows(res)):
         assert [r["Method"] for r in rows] == [methods.SHORT[m] for m in GUIDE]
+
+
+# ------------------------------------------------------------------ the no-communication bound
+def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run, tmp_path):
+    """`--method nosync`: no byte on the wire in any step, one model at the end of the epoch (the
+    replica check passes); beside DDP the report states the bound from the two throughputs and
+    leaves nosync out of the accuracy verdicts, saying why."""
+    from labkit.analysis import report
+
+    check_ok(torchrun(2, TINY + ["--method", "nosync", "--out", str(tmp_path / "nosync")], cwd=tmp_path))
+    doc = load_json(tmp_path / "nosync" / "results_nosync.json")
+    assert doc["status"] == "completed" and doc["method_spec"]["exact"] is False
+    assert all(e["wire"]["sent_per_step"] == [0, 0] == e["wire"]["received_per_step"]
+               for e in doc["epochs"])
+    assert doc["epochs"][-1]["replicas"]["identical"] is True
+    res = report.load_files([str(ddp_run), str(tmp_path / "nosync")])
+    thr = {m: v["throughput"].value for m, v in report.intervals(res).items()}
+    lines = report.verdict_lines(res)
+    bound = [l for l in lines if l.startswith("Communication cost")]
+    assert len(bound) == 1, lines
+    ratio = thr["ddp"] / thr["nosync"]  # a shared machine can make the bound the slower one
+    assert bound[0].startswith(f"Communication costs at most {100 * (1 - ratio):.0f}% of a step"
+                               if ratio < 1 else "Communication cost nothing measurable here")
+    assert "left out of the accuracy verdicts" in bound[0]
+    accuracy = lines[lines.index("Accuracy (best validation accuracy against DDP):") + 1:]
+    assert not any(l.startswith("No sync") for l in accuracy), lines

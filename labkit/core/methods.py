@@ -44,6 +44,7 @@ class MethodSpec:
     exact: bool = True         # same parameters as DDP up to summation order
     source: str = ""           # where the class lives: package.module:Class or file.py:Class
     builtin: bool = False      # one of labkit's own
+    bound: bool = False        # a reference that never communicates: speed only, no verdicts
 
     def to_dict(self) -> dict:
         return {**asdict(self), "phases": list(self.phases)}
@@ -90,6 +91,9 @@ for _s in (
                ("comm",), False, True, "labkit.training.sync.allreduce:AllReduceStrategy", True),
     MethodSpec("ps", "Parameter Server (PS)", "Parameter Server", "results_ps.json",
                ("pull", "push"), True, True, "labkit.training.sync.ps:ParameterServer", True),
+    # the bound: forward, backward and optimizer with no communication (--methods ...,nosync)
+    MethodSpec("nosync", "No synchronisation (bound)", "No sync (bound)", "results_nosync.json",
+               (), False, False, "labkit.training.sync.nosync:NoSync", True, True),
 ):
     register(_s)
 

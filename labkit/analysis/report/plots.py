@@ -11,7 +11,7 @@ from typing import Optional
 from labkit.analysis import breakdown
 from labkit.core import layout
 from labkit.core.files import atomic_path
-from labkit.core.methods import METHOD_ORDER, SHORT
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 
 from .load import RunResults, _epochs, method_key, summary_value
 from .tables import comm_ms, intervals, wire_mb
@@ -56,6 +56,10 @@ def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
     # inside the bars: above them the labels would sit on the whiskers
     ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], label_type="center", color="white",
                  fontweight="bold")
+    for m, v in zip(ms, vals):  # the no-communication bound: the ceiling of every method
+        if key == "avg_train_throughput" and SPECS[m].bound:
+            ax.axhline(v, ls="--", lw=1, color="#555", label=f"{SHORT[m]}: the ceiling")
+            ax.legend(fontsize=8, loc="lower right")
     ax.set_ylabel(ylabel)
     none = [SHORT[m] for m in ms if not thr[m].available]
     ax.set_title(title + "\n(whiskers: 95% CI" + (f"; n/a for {', '.join(none)}" if none else "")

@@ -12,7 +12,7 @@ from labkit.core import efficiency, layout
 from labkit.core.files import atomic_path
 from labkit.core.health import diverged_where, replicas_verdict
 from .captions import heading
-from labkit.core.methods import METHOD_ORDER, SHORT
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
@@ -34,13 +34,38 @@ ONE_LAUNCH = ("Each method ran once: a faster or slower verdict rests on the noi
               "measures that spread too.")
 
 
-def _against_ddp(res: RunResults, judge) -> list[stats.Verdict]:
+def _against_ddp(res: RunResults, judge, bounds: bool = True) -> list[stats.Verdict]:
     docs = res.ok
     if "ddp" not in docs:
         return []
     base = method_runs(res, "ddp")
     return [judge(SHORT[m], method_runs(res, m), base) for m in METHOD_ORDER
-            if m in docs and m != "ddp"]
+            if m in docs and m != "ddp" and (bounds or not _bound(m))]
+
+
+def _bound(m: str) -> bool:
+    return m in SPECS and SPECS[m].bound
+
+
+def bound_lines(res: RunResults) -> list[str]:
+    """The no-communication bound (``nosync``): how much of DDP's step communication can cost
+    at most, from DDP's throughput over the bound's, with its 95% CI."""
+    docs = res.ok
+    bound = next((m for m in METHOD_ORDER if m in docs and _bound(m)), None)
+    if bound is None or "ddp" not in docs:
+        return []
+    iv = stats.speedup(method_runs(res, "ddp"), method_runs(res, bound))
+    why = (f"{SHORT[bound]} never communicates: its ranks' parameters drift apart, so it bounds "
+           f"speed only and is left out of the accuracy verdicts")
+    if iv.value is None:
+        return [f"No-communication bound: not available ({iv.note or 'no throughput'}). {why}."]
+    if iv.value >= 1:  # a bound measured slower than DDP: the noise of the machine
+        return [f"Communication cost nothing measurable here: DDP trained at {iv.value:.2f}x "
+                f"the throughput of {SHORT[bound]}. {why}."]
+    share = lambda r: f"{100 * max(0.0, 1 - r):.0f}%"  # noqa: E731
+    ci = "no interval" if iv.low is None else f"95% CI {share(iv.high)} to {share(iv.low)}"
+    return [f"Communication costs at most {share(iv.value)} of a step here ({ci}): "
+            f"DDP trained at {iv.value:.2f}x the throughput of {SHORT[bound]}. {why}."]
 
 
 def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
@@ -50,8 +75,9 @@ def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
 
 
 def accuracy_verdicts(res: RunResults) -> list[stats.Verdict]:
-    """Each method's best validation accuracy against DDP's (stats.accuracy_verdict)."""
-    return _against_ddp(res, stats.accuracy_verdict)
+    """Each method's best validation accuracy against DDP's (stats.accuracy_verdict); a bound,
+    whose parameters drift apart, has none (bound_lines says why)."""
+    return _against_ddp(res, stats.accuracy_verdict, bounds=False)
 
 
 def load_line(res: RunResults) -> Optional[str]:
@@ -94,6 +120,7 @@ def verdict_lines(res: RunResults) -> list[str]:
         lines.append(f"{SHORT[top]} had the highest measured throughput ({thr[top]:.1f} img/s), "
                      f"but without confidence intervals these files cannot say whether the "
                      f"differences exceed the measurement noise.")
+    lines += bound_lines(res)
     lines.append("Accuracy (best validation accuracy against DDP):")
     lines += [v.sentence + "." for v in accuracy_verdicts(res)]
     tta = time_to_accuracy_line(res)
