@@ -107,12 +107,13 @@ def check_report(run):
         assert header in html, header
     assert "error bars: the 95% confidence interval" in html  # Figures 1-2 say what they draw
     assert "a single seed cannot separate them" in html        # the accuracy verdict
-    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 6  # + per-rank waits
+    # the guide's five, the per-rank waits and the bytes on the wire
+    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 7
     for code in ("report.write_report(", "display(HTML(", "import matplotlib"):  # no code cells
         assert code not in html, code
     assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?:", html)  # opens offline
     for name in ("throughput_comparison", "training_time_comparison", "loss_curves",
-                 "accuracy_curves", "communication_overhead", "sync_waits"):
+                 "accuracy_curves", "communication_overhead", "sync_waits", "wire"):
         assert (rep / "plots" / f"{name}.png").stat().st_size > 0
     txt = (rep / "performance_report.txt").read_text()
     assert "Communication time per training step" in txt

@@ -3,6 +3,7 @@ alike; a class in a file outside the project, a module or an installed package's
 runs through `-m labkit.train`, `labkit run` and the report with nothing in labkit/ edited."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -464,3 +465,23 @@ def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run
     assert "left out of the accuracy verdicts" in bound[0]
     accuracy = lines[lines.index("Accuracy (best validation accuracy against DDP):") + 1:]
     assert not any(l.startswith("No sync") for l in accuracy), lines
+
+
+def test_the_report_says_which_methods_are_exact(ring_run, ddp_run, tmp_path):
+    """Each method's kind, as its class declares it: the ring is exact; the same file declared
+    approximate is listed as approximate."""
+    from labkit.analysis import report
+
+    lines = report.verdict_lines(report.load_files([str(ddp_run), str(ring_run)]))
+    kinds = [l for l in lines if l.startswith("Methods: ")]
+    assert kinds == ["Methods: exact (the same parameters as DDP up to summation order): "
+                     "Baseline DDP, Ring All-Reduce."], lines
+    doc = load_json(ring_run / "results_ring_all_reduce.json")
+    doc["method_spec"].update(key="approx_ring", exact=False, title="Approximate ring",
+                              short="Approximate ring", result_file="results_approx_ring.json")
+    doc.update(method_key="approx_ring", method="Approximate ring")
+    (tmp_path / "results_approx_ring.json").write_text(json.dumps(doc))
+    lines = report.verdict_lines(report.load_files([str(ddp_run), str(tmp_path / "results_approx_ring.json")]))
+    assert ("Methods: exact (the same parameters as DDP up to summation order): Baseline DDP; "
+            "approximate (judged by time to accuracy and final accuracy against DDP): "
+            "Approximate ring.") in lines, lines

@@ -47,6 +47,20 @@ def _bound(m: str) -> bool:
     return m in SPECS and SPECS[m].bound
 
 
+def kind_lines(res: RunResults) -> list[str]:
+    """Which methods are exact (DDP's parameters up to summation order) and which approximate
+    (judged by time to accuracy and final accuracy), as their specs say."""
+    kinds = {True: [], False: []}
+    for m in METHOD_ORDER:
+        if m in res.ok and m in SPECS and not SPECS[m].bound:
+            kinds[SPECS[m].exact].append(SHORT[m])
+    said = [f"exact (the same parameters as DDP up to summation order): {', '.join(kinds[True])}"
+            if kinds[True] else "",
+            f"approximate (judged by time to accuracy and final accuracy against DDP): "
+            f"{', '.join(kinds[False])}" if kinds[False] else ""]
+    return [f"Methods: {'; '.join(s for s in said if s)}."]
+
+
 def bound_lines(res: RunResults) -> list[str]:
     """The no-communication bound (``nosync``): how much of DDP's step communication can cost
     at most, from DDP's throughput over the bound's, with its 95% CI."""
@@ -120,7 +134,7 @@ def verdict_lines(res: RunResults) -> list[str]:
         lines.append(f"{SHORT[top]} had the highest measured throughput ({thr[top]:.1f} img/s), "
                      f"but without confidence intervals these files cannot say whether the "
                      f"differences exceed the measurement noise.")
-    lines += bound_lines(res)
+    lines += bound_lines(res) + kind_lines(res)
     lines.append("Accuracy (best validation accuracy against DDP):")
     lines += [v.sentence + "." for v in accuracy_verdicts(res)]
     tta = time_to_accuracy_line(res)
