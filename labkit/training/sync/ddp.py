@@ -14,7 +14,7 @@ the same parameters, bit for bit).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch.distributed as dist
 from torch import nn
@@ -33,6 +33,7 @@ class DDPStrategy(Strategy):
         # defaults on purpose: 25 MiB buckets, broadcast_buffers=True, no bucket views
         self.ddp = DistributedDataParallel(model, device_ids=ids)
         self.hooked = self.cfg.compress == "fp16" or self.cfg.time_comm
+        self._grad_bytes: Optional[int] = None  # every gradient's bytes (after_backward)
         if self.cfg.compress == "fp16":
             self.ddp.register_comm_hook(None, self._timed(fp16_compress_hook))
         elif self.cfg.time_comm:
@@ -48,11 +49,12 @@ class DDPStrategy(Strategy):
 
     def after_backward(self) -> None:
         """DDP's built-in path (--no-time-comm, no hook to see its buckets): one all-reduce of
-        every gradient, counted from the gradients."""
+        every gradient, counted from the gradients (their bytes summed once, not every step)."""
         if self.ctx.distributed and self.sync and not self.hooked:
-            for p in self.ddp.parameters():
-                if p.requires_grad:
-                    self._count(p.numel(), p.element_size())
+            if self._grad_bytes is None:
+                self._grad_bytes = sum(p.numel() * p.element_size()
+                                       for p in self.ddp.parameters() if p.requires_grad)
+            self._count(self._grad_bytes, 1)
 
     def _allreduce_mean(self, state, bucket):  # no annotations: DDP checks them, and this
         # module's are strings (from __future__ import annotations)
