@@ -185,7 +185,8 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
     t0, kills = time.monotonic(), oom_kills()
     try:
-        returncode, text = _run(cmd, _environment(nproc, env), Throttle(stream, throttle_s))
+        returncode, text = _run(cmd, _environment(nproc, env, nodes.max_restarts),
+                                Throttle(stream, throttle_s))
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, "interrupted by the user (Ctrl-C)")
         raise
@@ -237,13 +238,17 @@ def _log_dir(out_dir: str, nodes: Nodes) -> str:
     return log_dir
 
 
-def _environment(nproc: int, env: Optional[dict]) -> dict:
+def _environment(nproc: int, env: Optional[dict], restarts: int = 0) -> dict:
     full = {**os.environ, **(env or {})}
     full.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     full["PYTHONUNBUFFERED"] = "1"
-    # restarted ranks sharing torchrun's rendezvous store read the previous attempt's
-    # addresses and cannot connect (pytorch/pytorch#135712): give each attempt its own store
-    full.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if restarts:
+        # restarted ranks sharing torchrun's rendezvous store read the previous attempt's
+        # addresses and cannot connect (pytorch/pytorch#135712): give each attempt its own
+        # store. Only then: an own store is bound by rank 0 on a port torchrun found free
+        # seconds before, which another process can take meanwhile (EADDRINUSE, seen in the
+        # suite); the shared store is already listening
+        full.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return full
 
 
