@@ -410,17 +410,28 @@ def test_the_bench_measures_a_users_method_beside_ddp(tmp_path):
 ZERO1 = ROOT / "examples" / "methods" / "zero1.py"
 
 
-def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_path):
+def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_path, ddp_run):
     """examples/methods/zero1.py: DDP's parameters (the equivalence reference), each rank holding
-    1/n of the momentum DDP's SGD holds (every parameter's, from the parameter count)."""
+    1/n of the momentum DDP's SGD holds: against DDP's state as the lab counted it in a DDP run,
+    and against the parameter count; Table 2 of their report shows both."""
+    from labkit.analysis import report
     from test_equivalence import ATOL, RTOL, reference_state
 
     check_ok(torchrun(2, TINY + ["--method", f"{ZERO1}:ShardedOptimizer", "--out", str(tmp_path / "z")],
                       cwd=tmp_path))
     doc = load_json(tmp_path / "z" / "results_sharded_optimizer.json")
     ddp_momentum = _gradient_bytes()  # SGD's momentum: one fp32 value per parameter
-    held = doc["epochs"][-1]["optimizer_state_bytes"]
-    assert held == pytest.approx(ddp_momentum / 2, abs=4) and held < 0.51 * ddp_momentum
+    ddp_held = load_json(ddp_run / "results_baseline_ddp.json")["efficiency"]["optimizer_state_bytes"]
+    assert ddp_held == [ddp_momentum, ddp_momentum]  # the loop's optimizer, counted by the lab
+    held = doc["efficiency"]["optimizer_state_bytes"]
+    assert len(held) == 2 and held == doc["epochs"][-1]["optimizer_state_bytes"]
+    for h, d in zip(held, ddp_held):
+        assert h == pytest.approx(d / 2, abs=4) and h < 0.51 * d
+    rows = {r["Method"]: r for r in report.communication_rows(
+        report.load_files([str(ddp_run), str(tmp_path / "z")]))}
+    mib = lambda b: f"{b / 2**20:.2f}"  # noqa: E731
+    assert rows["Baseline DDP"][report.tables.STATE] == f"{mib(ddp_momentum)}, {mib(ddp_momentum)}"
+    assert rows[doc["method_spec"]["short"]][report.tables.STATE] == ", ".join(mib(h) for h in held)
     assert doc["epochs"][-1]["wire"]["sent_per_step"][0] == pytest.approx(ddp_momentum, rel=0.01)
     final = torch.load(tmp_path / "z" / "final_model.pt", weights_only=True)
     for k, ref in reference_state(2).items():

@@ -81,7 +81,7 @@ class ShardedOptimizer(Strategy):
             p.data.copy_(self.flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
-    def epoch_metrics(self) -> dict:
-        """The optimizer state this rank holds, in bytes (DDP's SGD holds every parameter's)."""
-        held = self.momentum.numel() * self.momentum.element_size() if self.momentum is not None else 0
-        return {"optimizer_state_bytes": held}
+    def optimizer_state(self, optimizer) -> list:
+        """The optimizer state this rank holds, which the lab counts for the report (DDP's SGD
+        holds every parameter's momentum; this rank only its slice's)."""
+        return [self.momentum] if self.momentum is not None else []

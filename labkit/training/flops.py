@@ -1,5 +1,5 @@
 """A rank's efficiency figures (labkit.core.efficiency): model FLOPs per image, MFU, peak GPU
-memory per rank and the data wait as a share of the step, per epoch and for the whole run
+memory and optimizer state per rank and the data wait as a share of the step, per epoch and for the whole run
 (the result file's "efficiency")."""
 from __future__ import annotations
 
@@ -57,11 +57,19 @@ class Efficiency:
             out["mfu"] = mfu(3 * self.forward, m.get("train_throughput"), self.peak, self.gpus)
         return out
 
+    def state_bytes(self, tensors: list[torch.Tensor]) -> list[int]:
+        """Every rank's bytes of ``tensors`` (its optimizer state), in rank order (every rank
+        calls it)."""
+        v = torch.zeros(max(1, self.ctx.world_size), dtype=torch.float64, device=self.ctx.device)
+        v[self.ctx.rank] = sum(t.numel() * t.element_size() for t in tensors)
+        return [int(b) for b in all_reduce_sum(v).tolist()]
+
     def summary(self, epochs: list[dict]) -> dict:
         """The run's "efficiency" entry (rank 0), over its epochs so far."""
         waits = [e["data_wait_share"] for e in epochs if e.get("data_wait_share") is not None]
         thr = [e["train_throughput"] for e in epochs if e.get("train_throughput")]
         mem = [e["peak_memory_bytes"] for e in epochs if e.get("peak_memory_bytes")]
+        state = [e["optimizer_state_bytes"] for e in epochs if e.get("optimizer_state_bytes")]
         flops = 3 * self.forward if self.forward else None
         return {
             "forward_flops_per_image": self.forward, "flops_per_image": flops,
@@ -69,5 +77,6 @@ class Efficiency:
             "peak_flops_per_gpu": self.peak, "gpus": self.gpus,
             "mfu": mfu(flops, mean(thr), self.peak, self.gpus) if thr else None,
             "peak_memory_bytes": [max(col) for col in zip(*mem)] if mem else None,
+            "optimizer_state_bytes": [max(col) for col in zip(*state)] if state else None,
             "data_wait_share": mean(waits) if waits else None,
         }

@@ -203,6 +203,7 @@ class Trainer:
         m = meter.metrics(cfg.batch_size * s.trainers)
         m.update(self.efficiency.epoch(m))
         m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
+        m["optimizer_state_bytes"] = self.efficiency.state_bytes(s.optimizer_state(self.optimizer))
         m.update(s.wire_metrics(self.steps))  # bytes per rank per step (every rank gathers)
         return m
 

@@ -43,7 +43,10 @@ CAPTIONS: dict[str, Caption] = {
         "total, its 95% CI by batch means over the same units as Table 1's. *On the wire*: the "
         "MB (10^6 bytes) a trainer sent and received per step, counted by the lab from the "
         "collectives the method issued (an all-reduce as a ring: 2(n-1)/n of the gradient "
-        "bytes each way; a PS worker pulls the parameters and pushes its gradients). Figure 5 "
+        "bytes each way; a PS worker pulls the parameters and pushes its gradients). "
+        "*Optimizer state*: the bytes of optimizer state (SGD's momentum) each rank held at the "
+        "end of training, in rank order (a PS: its server's; a sharded optimizer: its slice). "
+        "Figure 5 "
         "stacks the whole step the same way."),
     "bench": Caption(
         "Table 3", "Benchmark", "labkit bench",

@@ -15,6 +15,7 @@ from .load import RunResults, _epochs, summary_value
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
 WIRE = "On the wire (MB/step per trainer, sent / received)"  # Table 2, counted by the lab
+STATE = "Optimizer state (MiB per rank)"  # Table 2, counted by the lab
 
 
 def _serves(method: str) -> bool:
@@ -136,13 +137,15 @@ def wire_mb(doc: dict) -> Optional[tuple[float, float]]:
 def communication_rows(res: RunResults) -> list[dict]:
     """Section 4.2, table 2, ms per step: the guide's parameter pull, gradient push, all-reduce
     and total, then how much of it was exposed on the critical path and how much hidden behind
-    compute, and the overlap with its 95% CI (labkit.analysis.breakdown). Result files written
+    compute, and the overlap with its 95% CI (labkit.analysis.breakdown); the bytes a trainer
+    put on the wire per step and the optimizer state each rank held. Result files written
     before communication was timed per collective: the blocked times only."""
     c, rows = comm_ms(res), []
     for m in listed(res):
         row = {"Method": SHORT[m], "Param pull (ms)": "-", "Grad push (ms)": "-",
                "All-Reduce (ms)": "-", "Total comm time (ms)": "not available",
-               "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-", WIRE: "-"}
+               "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-", WIRE: "-",
+               STATE: "-"}
         rows.append(row)
         if m not in res.ok:
             continue
@@ -151,6 +154,9 @@ def communication_rows(res: RunResults) -> list[dict]:
         wire = wire_mb(res.ok[m])
         if wire is not None:
             row[WIRE] = f"{wire[0]:.2f} / {wire[1]:.2f}"
+        state = (res.ok[m].get("efficiency") or {}).get("optimizer_state_bytes")
+        if state:
+            row[STATE] = ", ".join(f"{b / 2**20:.2f}" for b in state)
         if {"pull", "push"} <= set(c.get(m, ())):
             row.update({"Param pull (ms)": c[m]["pull"], "Grad push (ms)": c[m]["push"],
                         "Total comm time (ms)": c[m]["pull"] + c[m]["push"]})

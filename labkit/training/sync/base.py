@@ -135,6 +135,15 @@ class Strategy(Collectives):
         else:
             optimizer.step()
 
+    def optimizer_state(self, optimizer: Optional[torch.optim.Optimizer]) -> list[torch.Tensor]:
+        """The optimizer state this rank holds (the lab counts its bytes, every method alike):
+        the tensors of the loop's optimizer by default. A method that keeps its own state (a
+        sharded optimizer's slice of the momentum) returns that instead."""
+        if optimizer is None:
+            return []
+        return [v for st in optimizer.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor)]
+
     def epoch_metrics(self) -> dict:
         """Method-specific figures for this epoch's results, read (and reset) by the loop at the
         end of each epoch's training on every rank; rank 0's go into the result file."""
