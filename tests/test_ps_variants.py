@@ -10,6 +10,7 @@ import torch
 
 from conftest import TINY, check_ok, load_json, torchrun
 from labkit.core.config import ConfigError, TrainConfig
+from labkit.training.models import build_model
 from labkit.training.sync.ps_sharded import shard_bounds
 from test_equivalence import ATOL, RTOL, STEPS, reference_state  # the single-process reference
 
@@ -50,6 +51,17 @@ def test_async_lockstep_is_synchronous_sgd(tmp_path):
     _assert_matches(_final(out), reference_state(2, order=order, momentum=0.0, weight_decay=0.0))
     e = load_json(out / "results_ps.json")["epochs"][0]
     assert e["max_staleness_observed"] == 0 and e["staleness_histogram"] == [2 * STEPS]
+    # on the wire, per step: each worker asks (one int64), pulls the parameters and pushes
+    # its gradients (counted by the lab; the server's per-step figures depend on which of its
+    # iterations a message arrives in, so only the workers' are exact)
+    model_bytes = sum(p.numel() * 4 for p in build_model("resnet10_small", 10)[0].parameters())
+    w = e["wire"]
+    assert w["trainer"] == [False, True, True]
+    for r in (1, 2):
+        assert w["sent_per_step"][r] == pytest.approx(model_bytes + 8)
+        assert w["received_per_step"][r] == pytest.approx(model_bytes)
+        assert w["by_phase"]["push"]["sent"][r] == pytest.approx(model_bytes)
+    assert w["sent_per_step"][0] > 0 and w["received_per_step"][0] > 0
 
 
 def test_async_staleness_bound_is_reached_and_never_exceeded(tmp_path):

@@ -41,11 +41,11 @@ class Wire:
 
 
 def _per_step(by_step: dict, steps: int, pick: Callable[[dict], float]) -> float:
-    """The median over steps 1..``steps`` of ``pick`` of each step's counts: a step's bytes,
-    not an epoch's mean (a parameter server's first pull, before the first step, is no
-    step's)."""
+    """The mean over steps 1..``steps`` of ``pick`` of each step's counts: the epoch's bytes
+    per step (a method that communicates every H steps moves 1/H of a round per step; a
+    parameter server's first pull, before the first step, is no step's)."""
     values = [pick(by_step.get(i, {})) for i in range(1, steps + 1)]
-    return statistics.median(values) if values else 0.0
+    return statistics.fmean(values) if values else 0.0
 
 
 def wire_figures(every: list[dict], steps: int) -> dict:
@@ -68,7 +68,7 @@ def _size(group) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
@@ -136,40 +136,40 @@ class Collectives:
 
     def all_reduce(self, t, op=SUM, group=None, async_op=False, phase=None):
         n = _size(group)
-        b = 2 * (n - 1) / n * _nbytes(t)
+        b = 2 * (n - 1) / n * nbytes(t)
         return self._issue(lambda: dist.all_reduce(t, op=op, group=group, async_op=True),
                            async_op, b, b, phase)
 
     def reduce_scatter(self, out, inp, op=SUM, group=None, async_op=False, phase=None):
         """``out`` (1/n of ``inp``): this rank's slice of the reduction of ``inp``."""
         n = _size(group)
-        b = (n - 1) / n * _nbytes(inp)
+        b = (n - 1) / n * nbytes(inp)
         return self._issue(lambda: dist.reduce_scatter_tensor(out, inp, op=op, group=group,
                                                               async_op=True), async_op, b, b, phase)
 
     def all_gather(self, out, inp, group=None, async_op=False, phase=None):
         """``out`` (n times ``inp``): every rank's ``inp``, in rank order."""
         n = _size(group)
-        b = (n - 1) / n * _nbytes(out)
+        b = (n - 1) / n * nbytes(out)
         return self._issue(lambda: dist.all_gather_into_tensor(out, inp, group=group,
                                                                async_op=True), async_op, b, b, phase)
 
     def broadcast(self, t, src, group=None, async_op=False, phase=None):
         n, root = _size(group), dist.get_rank() == src
-        sent, received = ((n - 1) * _nbytes(t), 0) if root else (0, _nbytes(t) if n > 1 else 0)
+        sent, received = ((n - 1) * nbytes(t), 0) if root else (0, nbytes(t) if n > 1 else 0)
         return self._issue(lambda: dist.broadcast(t, src=src, group=group, async_op=True),
                            async_op, sent, received, phase)
 
     def reduce(self, t, dst, op=SUM, group=None, async_op=False, phase=None):
         n, root = _size(group), dist.get_rank() == dst
-        sent, received = (0, (n - 1) * _nbytes(t)) if root else (_nbytes(t) if n > 1 else 0, 0)
+        sent, received = (0, (n - 1) * nbytes(t)) if root else (nbytes(t) if n > 1 else 0, 0)
         return self._issue(lambda: dist.reduce(t, dst=dst, op=op, group=group, async_op=True),
                            async_op, sent, received, phase)
 
     def send(self, t, dst, group=None, async_op=False, phase=None):
-        return self._issue(lambda: dist.isend(t, dst=dst, group=group), async_op, _nbytes(t), 0,
+        return self._issue(lambda: dist.isend(t, dst=dst, group=group), async_op, nbytes(t), 0,
                            phase)
 
     def recv(self, t, src, group=None, async_op=False, phase=None):
-        return self._issue(lambda: dist.irecv(t, src=src, group=group), async_op, 0, _nbytes(t),
+        return self._issue(lambda: dist.irecv(t, src=src, group=group), async_op, 0, nbytes(t),
                            phase)

@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import Strategy
+from .collectives import nbytes
 from .ps_roles import SERVER, ServerRoles, flatten
 
 END = -1  # a worker's last message of an epoch, in place of a request
@@ -121,7 +122,7 @@ class AsyncParameterServer(ServerRoles, Strategy):
             self.req_in = {w: torch.empty(1, dtype=torch.int64, device=dev) for w in self.workers}
             self.snap = {w: torch.empty_like(self.flat_params) for w in self.workers}
             self.reply: dict[int, Optional[dist.Work]] = {w: None for w in self.workers}
-            self.recv: dict[int, Optional[_Recv]] = {w: None for w in self.workers}
+            self.posted: dict[int, Optional[_Recv]] = {w: None for w in self.workers}
             self.state = {w: IDLE for w in self.workers}
             self.done = {w: 0 for w in self.workers}
             self.asked: list[int] = []  # deferred requests, in arrival order
@@ -141,8 +142,9 @@ class AsyncParameterServer(ServerRoles, Strategy):
             return
         with self.timer("pull"):
             self.req_out.fill_(self.steps_done)
-            ask = dist.isend(self.req_out, dst=SERVER, group=self.my_pair)
-            dist.recv(self.flat_params, src=SERVER, group=self.my_pair)  # waits for the grant
+            ask = self.send(self.req_out, dst=SERVER, group=self.my_pair, async_op=True,
+                            phase="pull")
+            self.recv(self.flat_params, src=SERVER, group=self.my_pair, phase="pull")  # the grant
             ask.wait()
 
     def after_backward(self) -> None:
@@ -152,7 +154,7 @@ class AsyncParameterServer(ServerRoles, Strategy):
             time.sleep(self.step_delay)  # a slow worker (set from outside, see the docstring)
         with self.timer("push"):
             g = self.flat_grads if self.half is None else self.half.copy_(self.flat_grads)
-            dist.send(g, dst=SERVER, group=self.my_pair)
+            self.send(g, dst=SERVER, group=self.my_pair, phase="push")
         self.steps_done += 1
 
     # ------------------------------------------------------------------ the server
@@ -186,7 +188,8 @@ class AsyncParameterServer(ServerRoles, Strategy):
         briefly when nothing has arrived, and give up after the run's --timeout of silence."""
         nap, last = NAP_MIN, time.monotonic()
         while not finished():
-            ready = [w for w in self.workers if self.recv[w] is not None and self.recv[w].done()]
+            ready = [w for w in self.workers
+                     if self.posted[w] is not None and self.posted[w].done()]
             yield from ready
             if ready:
                 nap, last = NAP_MIN, time.monotonic()
@@ -198,12 +201,13 @@ class AsyncParameterServer(ServerRoles, Strategy):
             nap = min(2 * nap, NAP_MAX)
 
     def _post(self, w: int, buf: torch.Tensor, state: int) -> None:
-        self.recv[w] = _Recv(dist.irecv(buf, src=w, group=self.pair[w]), self.threaded)
+        self.posted[w] = _Recv(dist.irecv(buf, src=w, group=self.pair[w]), self.threaded)
         self.state[w] = state
 
     def _take_request(self, w: int) -> None:
-        self.recv[w].finish()
-        self.recv[w] = None
+        self.posted[w].finish()
+        self.posted[w] = None
+        self.count_bytes("pull", 0, nbytes(self.req_in[w]))
         t = int(self.req_in[w].item())
         if t == END:
             self.state[w] = ENDED
@@ -227,14 +231,16 @@ class AsyncParameterServer(ServerRoles, Strategy):
                 self.reply[w].wait()  # the previous snapshot is out (w has used it long since)
             self.snap[w].copy_(self.flat_params)  # later updates must not leak into the send
             self.reply[w] = dist.isend(self.snap[w], dst=w, group=self.pair[w])
+            self.count_bytes("pull", nbytes(self.snap[w]), 0)
             self._post(w, self.grad_in[w], WAIT_GRAD)
             self.gaps[gap] += 1
             self._trace(event="grant", rank=w, step=self.done[w], slowest=slowest)
         self.asked = waiting
 
     def _apply(self, w: int, optimizer: torch.optim.Optimizer) -> None:
-        self.recv[w].finish()
-        self.recv[w] = None
+        self.posted[w].finish()
+        self.posted[w] = None
+        self.count_bytes("push", 0, nbytes(self.grad_in[w]))
         self.flat_grads.copy_(self.grad_in[w])  # (from fp16 when compressed)
         lrs = [g["lr"] for g in optimizer.param_groups]
         try:
