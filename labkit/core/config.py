@@ -24,7 +24,7 @@ Model = Literal["resnet50", "resnet18", "resnet10", "resnet50_small", "resnet18_
                 "resnet10_small"]
 Amp = Literal["off", "bf16", "fp16"]
 PSMode = Literal["collective", "p2p"]
-Compress = Literal["none", "fp16"]
+Compress = Literal["none", "fp16", "bf16"]
 Backend = Literal["nccl", "gloo"]
 Device = Literal["cuda", "cpu"]
 Decode = Literal["gpu", "cpu"]
@@ -41,6 +41,7 @@ VARIANTS: dict[str, dict] = {
     "ps-sharded": dict(method="ps", ps_mode="collective", ps_servers=2),
     "ps-async": dict(method="ps", ps_mode="collective", ps_staleness=2),
     "ddp-fp16": dict(method="ddp", compress="fp16"),
+    "ddp-bf16": dict(method="ddp", compress="bf16"),
     "allreduce-fp16": dict(method="allreduce", compress="fp16"),
     "ps-fp16": dict(method="ps", ps_mode="collective", compress="fp16"),
 }
@@ -130,9 +131,20 @@ class TrainConfig:
     calibrate_steps: int = _f(6, "compute-only steps after the last epoch (synchronisation "
                               "skipped, the model restored afterwards): the compute time the "
                               "report's breakdown of a step starts from (0: none)")
-    compress: Compress = _f("none", "gradient compression for communication: none | fp16 "
-                            "(allreduce and ps send fp16 gradients; ddp uses its "
-                            "fp16_compress_hook)")
+    compress: Compress = _f("none", "gradient compression for communication: none | fp16 | "
+                            "bf16 (allreduce and ps send fp16 gradients; ddp uses PyTorch's "
+                            "fp16_compress_hook or bf16_compress_hook)")
+    powersgd_rank: int = _f(2, "powersgd: rank of the low-rank approximation of each gradient "
+                            "matrix (PowerSGDState's matrix_approximation_rank; 2 matched SGD's "
+                            "accuracy on CIFAR-10 ResNets in Vogels et al., 2019)")
+    powersgd_start_iter: int = _f(10, "powersgd: steps of plain all-reduce before compression "
+                                  "starts (PowerSGDState's start_powerSGD_iter; at least 2)")
+    local_steps: int = _f(8, "localsgd and diloco: local optimizer steps H between two "
+                          "synchronisations (no gradient communication in between)")
+    outer_lr: float = _f(0.7, "diloco: the outer optimizer's learning rate (Nesterov SGD on the "
+                         "averaged parameter change; 0.7 as in Douillard et al., 2023)")
+    outer_momentum: float = _f(0.9, "diloco: the outer optimizer's Nesterov momentum (0.9 as in "
+                               "Douillard et al., 2023)")
     compile: bool = _f(False, "torch.compile the model (GPUs; the first steps compile and count "
                        "as warm-up)")
     compile_backend: CompileBackend = _f("inductor", "torch.compile's backend with --compile: "
@@ -250,7 +262,8 @@ def _resolve_device(c: TrainConfig, cuda_available: bool) -> None:
 
 
 def _check_ranges(c: TrainConfig) -> None:
-    for name in ("epochs", "batch_size", "num_classes", "synthetic_samples", "image_size"):
+    for name in ("epochs", "batch_size", "num_classes", "synthetic_samples", "image_size",
+                 "local_steps", "powersgd_rank"):
         if getattr(c, name) < 1:
             raise ConfigError(f"{params.flag(name)} must be at least 1 (got {getattr(c, name)})")
     if c.dataset == "digits" and c.image_size > DIGITS_MAX_SIDE:
@@ -269,6 +282,9 @@ def _check_ranges(c: TrainConfig) -> None:
             raise ConfigError(f"{params.flag(name)} must be 0 or more (got {v})")
     if c.ps_servers < 1:
         raise ConfigError(f"--ps-servers must be at least 1 (got {c.ps_servers})")
+    if c.powersgd_start_iter < 2:  # PowerSGDState asserts it (error feedback, warm start)
+        raise ConfigError(f"--powersgd-start-iter must be at least 2: PyTorch's PowerSGD takes "
+                          f"two plain all-reduce steps first (got {c.powersgd_start_iter})")
     for name in ("bucket_mb", "timeout", "loader_timeout"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{params.flag(name)} must be positive (got {getattr(c, name)})")
@@ -281,3 +297,7 @@ def _check_optimizer(c: TrainConfig) -> None:
         raise ConfigError(f"--momentum must be in [0, 1) (got {c.momentum})")
     if c.weight_decay < 0:
         raise ConfigError(f"--weight-decay must be 0 or more (got {c.weight_decay})")
+    if not c.outer_lr > 0:
+        raise ConfigError(f"--outer-lr must be positive (got {c.outer_lr})")
+    if not 0 <= c.outer_momentum < 1:
+        raise ConfigError(f"--outer-momentum must be in [0, 1) (got {c.outer_momentum})")

@@ -94,6 +94,13 @@ for _s in (
     # the bound: forward, backward and optimizer with no communication (--methods ...,nosync)
     MethodSpec("nosync", "No synchronisation (bound)", "No sync (bound)", "results_nosync.json",
                (), False, False, "labkit.training.sync.nosync:NoSync", True, True),
+    # communicating less, approximately (docs/communication-efficient.md)
+    MethodSpec("powersgd", "DDP with PowerSGD (PyTorch)", "PowerSGD", "results_powersgd.json",
+               (), False, False, "labkit.training.sync.powersgd:PowerSGD", True),
+    MethodSpec("localsgd", "Local SGD", "Local SGD", "results_localsgd.json",
+               ("comm",), False, False, "labkit.training.sync.local_sgd:LocalSGD", True),
+    MethodSpec("diloco", "DiLoCo", "DiLoCo", "results_diloco.json",
+               ("comm",), False, False, "labkit.training.sync.diloco:DiLoCo", True),
 ):
     register(_s)
 

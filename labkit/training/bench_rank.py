@@ -125,7 +125,7 @@ def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
 
 def moved_bytes(cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
     """(bytes a trainer pushes or all-reduces per step, bytes it pulls per step)."""
-    push = grad_bytes // 2 if cfg.compress == "fp16" else grad_bytes
+    push = grad_bytes // 2 if cfg.compress != "none" else grad_bytes  # fp16, bf16: 2 bytes
     pull = grad_bytes if spec(cfg.method).serves else 0  # a PS worker pulls fp32 parameters
     return push, pull
 
@@ -195,7 +195,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
         params = [p for p in tr.model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         push, pull = moved_bytes(cfg, grad_bytes)
-        wire = torch.float16 if cfg.compress == "fp16" else params[0].dtype
+        wire = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.compress, params[0].dtype)
         collectives = (measure_collectives(push, max(pull, 4), wire, ctx.device)
                        if ctx.distributed else {})
         if profile_steps:

@@ -45,6 +45,7 @@ class Trainer:
         # where each step goes (labkit.training.timers.StepParts): the loop marks its parts,
         # the method stamps its collectives
         self.parts = s.parts = StepParts(ctx.device)
+        s.steps_per_epoch = steps
         self.forward_model = s.setup(self.model)
         if cfg.compile:
             # compiles the forward (and, through AOTAutograd, its backward); the strategy's

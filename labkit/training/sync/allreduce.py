@@ -13,11 +13,17 @@ from __future__ import annotations
 
 from torch import nn
 
-from .base import Strategy, broadcast_parameters
+from labkit.core.config import TrainConfig
+
+from .base import FP16_ONLY, Strategy, broadcast_parameters, refuse_compress
 from .buckets import Bucket, InOrder, backward_order, make_buckets
 
 
 class AllReduceStrategy(Strategy):
+    @classmethod
+    def check(cls, cfg: TrainConfig, world: int) -> None:
+        refuse_compress(cfg, FP16_ONLY.format("allreduce"), ("none", "fp16"))
+
     def setup(self, model: nn.Module) -> nn.Module:
         broadcast_parameters(model)
         self.buckets: list[Bucket] = make_buckets(backward_order(model), self.cfg.bucket_mb * 2**20,

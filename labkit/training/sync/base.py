@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from labkit.core.config import TrainConfig
+from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
 from labkit.training.timers import PhaseTimer, StepParts
@@ -46,6 +46,8 @@ class Strategy(Collectives):
         #: the loop's record of each step's parts (labkit.training.timers.StepParts); a method
         #: passes each collective it starts to track(), unless --no-time-comm
         self.parts: Optional[StepParts] = None
+        #: the training steps of each epoch, set by the loop (labkit bench: those of a trial)
+        self.steps_per_epoch: Optional[int] = None
         #: bytes this rank's collectives moved (counted by the helpers of Collectives)
         self.wire = Wire()
 
@@ -160,6 +162,17 @@ class Strategy(Collectives):
         if self.ctx.distributed:
             for b in model.buffers():
                 dist.broadcast(b, src=self.first_trainer)
+
+
+def refuse_compress(cfg: TrainConfig, why: str, takes: tuple[str, ...] = ("none",)) -> None:
+    """ConfigError (a method's ``check``) for a --compress other than those it ``takes``."""
+    if cfg.compress not in takes:
+        raise ConfigError(f"--compress {cfg.compress}: {why}")
+
+
+#: why allreduce and ps refuse bf16 (their compression is fp16's)
+FP16_ONLY = ("{} compresses to fp16 only; bf16 is DDP's (PyTorch's bf16_compress_hook, "
+             "--method ddp)")
 
 
 def broadcast_parameters(model: nn.Module, src: int = 0) -> None:

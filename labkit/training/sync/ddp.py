@@ -2,7 +2,9 @@
 
 ``--compress fp16`` registers PyTorch's own ``fp16_compress_hook`` (each bucket is cast to
 fp16, divided by the world size, all-reduced and cast back), the reference the hand-written
-all-reduce's compression is checked against.
+all-reduce's compression is checked against; ``--compress bf16`` its ``bf16_compress_hook`` (the
+same in bfloat16: fp32's range, 8 bits of mantissa). A subclass runs another of PyTorch's hooks
+by overriding :meth:`DDPStrategy.comm_hook` (PowerSGD: labkit.training.sync.powersgd).
 
 DDP's all-reduce runs inside backward, where the loop cannot see it. To time it without
 changing what DDP computes, a communication hook does what DDP's built-in all-reduce does
@@ -14,14 +16,19 @@ the same parameters, bit for bit).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (bf16_compress_hook,
+                                                                      fp16_compress_hook)
 from torch.nn.parallel import DistributedDataParallel
 
 from .base import Strategy
+
+#: --compress: PyTorch's hook for each wire format (2 bytes an element on the wire for both)
+COMPRESS_HOOKS = {"fp16": fp16_compress_hook, "bf16": bf16_compress_hook}
 
 
 class DDPStrategy(Strategy):
@@ -32,13 +39,27 @@ class DDPStrategy(Strategy):
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # defaults on purpose: 25 MiB buckets, broadcast_buffers=True, no bucket views
         self.ddp = DistributedDataParallel(model, device_ids=ids)
-        self.hooked = self.cfg.compress == "fp16" or self.cfg.time_comm
         self._grad_bytes: Optional[int] = None  # every gradient's bytes (after_backward)
-        if self.cfg.compress == "fp16":
-            self.ddp.register_comm_hook(None, self._timed(fp16_compress_hook))
-        elif self.cfg.time_comm:
-            self.ddp.register_comm_hook(None, self._timed(self._allreduce_mean))
+        state, hook = self.comm_hook()
+        self.hooked = hook is not None
+        if hook is not None:
+            self.ddp.register_comm_hook(state, self._timed(hook))
         return self.ddp
+
+    def comm_hook(self) -> tuple[Any, Optional[Callable]]:
+        """(state, hook) DDP runs on each gradient bucket: PyTorch's compression hook with
+        --compress, else the timing copy of DDP's built-in all-reduce, else (--no-time-comm)
+        no hook: DDP's built-in path."""
+        if self.cfg.compress != "none":
+            return None, COMPRESS_HOOKS[self.cfg.compress]
+        if self.cfg.time_comm:
+            return None, self._allreduce_mean
+        return None, None
+
+    def count_bucket(self, buf: torch.Tensor) -> None:
+        """Count one bucket's all-reduce, before the hook runs on it: the bucket's elements at
+        the width they travel at (2 bytes with --compress, else the gradients' own)."""
+        self._count(buf.numel(), 2 if self.cfg.compress != "none" else buf.element_size())
 
     def _count(self, numel: int, element_size: int) -> None:
         """The bytes of one bucket's all-reduce (a ring: 2(n-1)/n of the bucket each way), as
@@ -68,8 +89,7 @@ class DDPStrategy(Strategy):
 
     def _timed(self, hook):
         def timed(state, bucket):
-            buf = bucket.buffer()
-            self._count(buf.numel(), 2 if self.cfg.compress == "fp16" else buf.element_size())
+            self.count_bucket(bucket.buffer())
             if self.parts is None or not self.cfg.time_comm:
                 return hook(state, bucket)
             started = self.parts.stamp()

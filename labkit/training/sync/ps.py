@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from labkit.core.config import ConfigError, TrainConfig
 
-from .base import Strategy
+from .base import FP16_ONLY, Strategy, refuse_compress
 from .ps_async import AsyncParameterServer
 from .ps_collective import CollectiveParameterServer
 from .ps_p2p import P2PParameterServer
@@ -17,6 +17,7 @@ class ParameterServer(CollectiveParameterServer):
     @classmethod
     def for_config(cls, cfg: TrainConfig) -> type[Strategy]:
         """ConfigError for parameter-server options that no protocol combines."""
+        refuse_compress(cfg, FP16_ONLY.format("ps"), ("none", "fp16"))
         if cfg.ps_staleness is not None:  # asynchronous, bounded staleness
             if cfg.ps_mode == "p2p":
                 raise ConfigError("--ps-staleness (asynchronous PS) has its own protocol; drop "
