@@ -134,6 +134,11 @@ def wire_mb(doc: dict) -> Optional[tuple[float, float]]:
                  for k in ("sent_per_step", "received_per_step"))
 
 
+def wire_text(wire: Optional[tuple[float, float]]) -> str:
+    """MB sent / received per step, as Table 2 and the variants table give them."""
+    return "-" if wire is None else f"{wire[0]:.2f} / {wire[1]:.2f}"
+
+
 def communication_rows(res: RunResults) -> list[dict]:
     """Section 4.2, table 2, ms per step: the guide's parameter pull, gradient push, all-reduce
     and total, then how much of it was exposed on the critical path and how much hidden behind
@@ -151,9 +156,7 @@ def communication_rows(res: RunResults) -> list[dict]:
             continue
         b = breakdown.of_result(res.ok[m])
         total = b.comm * 1000 if b is not None and b.comm is not None else None
-        wire = wire_mb(res.ok[m])
-        if wire is not None:
-            row[WIRE] = f"{wire[0]:.2f} / {wire[1]:.2f}"
+        row[WIRE] = wire_text(wire_mb(res.ok[m]))
         state = (res.ok[m].get("efficiency") or {}).get("optimizer_state_bytes")
         if state:
             row[STATE] = ", ".join(f"{b / 2**20:.2f}" for b in state)
@@ -318,6 +321,7 @@ def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]
             "final train loss": ep[-1]["train_loss"] if ep else None,
             "best val acc %": summary_value(d, "best_val_accuracy"),
             "max staleness seen": max(stale) if stale else None,
+            WIRE: wire_text(wire_mb(d)),
             "status": d.get("status"),
         })
     return rows
