@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from conftest import load_json
+from helpers import labkit, load_json
 
 TINY = ["--model", "resnet10_small", "--batch-size", "8", "--max-val-steps", "1", "--lr", "0.01",
         "--no-progress", "--timeout", "60", "--epochs", "1", "--max-steps-per-epoch", "4",
@@ -27,11 +24,6 @@ FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.js
 HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
 RAN = {m: FILES[m] for m in ("ddp", "allreduce")}  # the repeats test's methods
 NAMES = {"ddp": "Baseline DDP (PyTorch)", "allreduce": "Manual All-Reduce", "ps": "Parameter Server (PS)"}
-
-
-def labkit(args, cwd, timeout=500, env=None):
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 # ------------------------------------------------------------------ bad input
@@ -123,6 +115,16 @@ def test_repeats_run_rotated_and_the_report_aggregates_them(tmp_path):
     assert f"{per[0]:,.2f}" in html and f"{per[1]:,.2f}" in html and f"{thr.value:,.2f}" in html
     txt = (run / "report" / "performance_report.txt").read_text()
     assert "repeat 2 ran: allreduce, ddp" in txt
+    # two seeds per method: time to accuracy over seeds, with a verdict on speed and accuracy
+    # (issue 37; its scoring is tests/test_seeds.py's), and its two figures
+    for text in (html, txt):
+        assert "Table 10. Time to accuracy over seeds" in text
+        assert "Manual All-Reduce vs Baseline DDP: " in text and "accuracy" in text.split(
+            "Manual All-Reduce vs Baseline DDP: ", 1)[1].split("\n", 1)[0]
+    assert "Figure 12. Validation accuracy against wall time" in html
+    assert "Figure 13. Validation accuracy against the MB a trainer sent" in html
+    assert {p.name for p in (run / "report" / "plots").iterdir()} >= {"accuracy_vs_time.png",
+                                                                   "accuracy_vs_bytes.png"}
 
 
 def test_loss_and_accuracy_figures_draw_every_repeat():

@@ -9,7 +9,7 @@ still renders. Result files are only read, never modified.
 
 Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the text report),
 ``sections`` (benchmark and cost model, variants, reproduction, package list), ``repeats``
-(--repeats), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (section 3.2, quoting
+(--repeats), ``seeds`` (time to accuracy over seeds, with MLPerf's scoring), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (section 3.2, quoting
 the source by marker) and ``captions`` (every caption and number, read by report.ipynb too).
 The names below are what notebooks/report.ipynb, explore and the CLI use.
 """
@@ -26,6 +26,7 @@ from .load import (NAN, ResultError, RunResults, load_env, load_files,
 from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communication, plot_losses,
                     plot_throughput, plot_training_time, write_plots)
 from .repeats import aggregate_rows, repeat_rows, repeats_section
+from .seeds import SEED_PLOTS, seeds_section
 from .sections import bench_section, packages_html, reproduction_section, variants_section
 from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, efficiency_rows,
                      environment_rows,

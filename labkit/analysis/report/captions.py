@@ -141,6 +141,29 @@ CAPTIONS: dict[str, Caption] = {
         "*Data wait*: the time a trainer waited for its next batch (and its copy to the device) "
         "as a share of the steady-state step; above 10% the discussion says the run measured "
         "the data loader."),
+    "seeds": Caption(
+        "Table 10", "Time to accuracy over seeds",
+        "MLPerf's scoring; 95% CIs over seeds",
+        "per method, every repeat trained from its own seed (`--repeats N`: seed + *i* - 1). "
+        "*Time to target*: the wall time (training and validation) until the first validation "
+        "at or above {target}, the mean over seeds with its t-interval; *steps to target*: the "
+        "same in training steps. Scored as MLPerf Training scores: a seed that never reaches the "
+        "target (or diverged) counts as infinitely slow, not as missing; with {drop} or more "
+        "seeds the fastest and the slowest are dropped; a method with a kept seed that never "
+        "reached the target has no time, only *not reached*. *Final accuracy*: the last "
+        "validation, mean over seeds with its t-interval. *MB/step sent*: per trainer, counted "
+        "by the lab (Table 2). The verdicts below compare each method with Baseline DDP (and "
+        "with DDP's bf16 gradients where it ran): time to target as a ratio of mean times "
+        "(faster or slower only when its 95% CI excludes 1.00) and final accuracy as paired "
+        "differences per seed (lost or gained only when their 95% CI excludes 0). The "
+        "no-communication bound is left out: its ranks drift apart."),
+    "accuracy_vs_time": Caption(
+        "Figure 12", "Validation accuracy against wall time, every seed (faint) and their mean "
+        "(bold); the dashed line is the target of Table 10", "", ""),
+    "accuracy_vs_bytes": Caption(
+        "Figure 13", "Validation accuracy against the MB a trainer sent (cumulative, log scale), "
+        "every seed (faint) and their mean (bold): a method that sends less reaches "
+        "the same accuracy further left", "", ""),
 }
 
 

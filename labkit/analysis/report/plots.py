@@ -234,7 +234,8 @@ def plot_wire(res: RunResults, ax):
 
 def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     """The guide's five PNGs, the per-rank waits and the bytes on the wire, under
-    <out_dir>/plots/."""
+    <out_dir>/plots/; with several seeds per method also accuracy against wall time and
+    against bytes sent (labkit.analysis.report.seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -245,8 +246,12 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
               "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,
               "communication_overhead": plot_communication, "sync_waits": plot_sync_waits,
               "wire": plot_wire}
+    from .seeds import SEED_PLOTS, has_seeds, plot_seeds
+
+    makers.update({"accuracy_vs_time": lambda r, ax: plot_seeds(r, ax, "time"),
+                   "accuracy_vs_bytes": lambda r, ax: plot_seeds(r, ax, "bytes")})
     paths = []
-    for name in PLOTS:
+    for name in PLOTS + (SEED_PLOTS if has_seeds(res) else ()):
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         makers[name](res, ax)
         fig.tight_layout()

@@ -16,6 +16,7 @@ from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
+from .seeds import seeds_text
 from .repeats import repeats_text
 from .tables import (comparison_rows, communication_rows, efficiency_rows, epoch_rows, method_runs,
                      target, text_table)
@@ -316,6 +317,7 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
     if ran_on_gpu(res):  # on a CPU run every column but the data wait would be "-"
         parts += [heading("efficiency"), "", text_table(efficiency_rows(res)), ""]
     parts += repeats_text(res)  # nothing without --repeats
+    parts += seeds_text(res)  # nothing with one seed per method
     for m, d in res.ok.items():
         parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
     parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]

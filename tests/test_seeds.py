@@ -1,0 +1,108 @@
+"""Methods judged over seeds (issue 37): time and steps to the target with MLPerf's scoring,
+final accuracy with its interval, a verdict per method against DDP on speed AND on accuracy,
+and the two figures. Result documents are built here by hand, so each figure the report
+states is known before it is computed; a real experiment with repeats is test_repeats_sweep's."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from labkit.analysis.report import seeds
+from labkit.analysis.report.load import RunResults
+
+GOAL = 80.0  # --target-accuracy of these runs
+
+
+def doc(seed: int, accs: list[float], epoch_s: float = 10.0, sent: float = 4e6,
+        status: str = "completed", **top) -> dict:
+    """A result document: one epoch per accuracy, each ``epoch_s`` seconds (9 training, 1
+    validation) of 20 steps, ``sent`` bytes per step from each of 2 trainers."""
+    epochs = [{"epoch": i + 1, "steps": 20, "train_time": 0.9 * epoch_s, "val_time": 0.1 * epoch_s,
+               "train_throughput": 320 / epoch_s,
+               "val_accuracy": a, "wire": {"sent_per_step": [sent, sent], "received_per_step": [sent, sent],
+                                           "trainer": [True, True]}}
+              for i, a in enumerate(accs)]
+    return {"method": "a method", "config": {"seed": seed}, "status": status, "epochs": epochs, **top}
+
+
+def results(**methods: list[dict]) -> RunResults:
+    return RunResults(docs={m: runs[0] for m, runs in methods.items()}, repeats=dict(methods),
+                      target_accuracy=GOAL)
+
+
+def test_mlperf_scoring_drops_the_fastest_and_slowest_and_counts_a_miss_as_slowest():
+    # 5 seeds: reaching 80% after 1, 2, 2, 3 epochs and never; the miss is the slowest seed
+    runs = [doc(0, [85, 86]), doc(1, [70, 81]), doc(2, [75, 82]), doc(3, [60, 70, 90]),
+            doc(4, [50, 60, 70])]
+    s = seeds.score(results(ddp=runs), "ddp", GOAL)
+    assert s.reached == 4 and math.isinf(s.seconds[4])
+    kept = [20.0, 20.0, 30.0]  # the fastest (10 s) and the miss dropped
+    iv = s.time()
+    assert iv.value == pytest.approx(np.mean(kept)) and iv.n == 3 and iv.available
+    assert s.steps_to().value == pytest.approx(np.mean([40, 40, 60]))
+    row = seeds.rows(results(ddp=runs))[0]
+    assert row["Reached"] == "4 of 5" and row["Time to target (s, 95% CI)"].startswith("23.3 (")
+
+
+def test_a_method_that_misses_the_target_is_reported_not_dropped():
+    ddp = [doc(s, [70, 85]) for s in range(3)]
+    lossy = [doc(0, [70, 85]), doc(1, [60, 70]), doc(2, [70, 82])]
+    res = results(ddp=ddp, allreduce=lossy)  # (registered keys stand for any method here)
+    row = {r["Method"]: r for r in seeds.rows(res)}[seeds.SHORT["allreduce"]]
+    s = seeds.score(res, "allreduce", GOAL)
+    assert s.reached == 2 and s.time().value is None and "2 of 3" in s.time().note
+    line = seeds.verdict(res, "allreduce", "ddp", GOAL)
+    assert "did not reach 80.00% in 1 of 3 seeds" in line and "not dropped" in line
+    assert row["Time to target (s, 95% CI)"] == "not reached (2 of 3 seeds reached it)"
+
+
+def test_a_diverged_seed_is_named():
+    runs = [doc(0, [85]), doc(1, [85]), doc(2, [], status="failed",
+                                            diverged={"epoch": 1, "step": 4, "steps": 20})]
+    s = seeds.score(results(ddp=runs), "ddp", GOAL)
+    assert s.failed == ["seed 2: diverged at epoch 1 step 4 (of 20)"] and s.reached == 2
+
+
+def test_the_verdict_says_faster_and_accuracy_lost_only_beyond_the_noise():
+    ddp = [doc(s, [70, 84 + 0.1 * s], epoch_s=10 + 0.2 * s) for s in range(4)]
+    # the same accuracy curve's target in half the time per epoch, but 2 points lower at the end
+    quick = [doc(s, [70, 82 + 0.1 * s], epoch_s=5 + 0.1 * s, sent=0.5e6) for s in range(4)]
+    same = [doc(s, [70, 84 + 0.1 * s + (0.3 if s % 2 else -0.3)], epoch_s=10 + (0.5 if s % 2 else -0.5))
+            for s in range(4)]
+    res = results(ddp=ddp, allreduce=quick, ps=same)
+    line = seeds.verdict(res, "allreduce", "ddp", GOAL)
+    assert "faster: 0.50x" in line and "accuracy lost" in line, line
+    line = seeds.verdict(res, "ps", "ddp", GOAL)
+    assert "within noise" in line and "no accuracy lost beyond the noise" in line, line
+    row = {r["Seeds"]: r for r in seeds.rows(res) if r["MB/step sent"] == "0.500"}
+    assert row, seeds.rows(res)  # bytes per step per trainer, in MB
+
+
+def test_the_bound_is_not_judged_and_one_seed_is_no_section():
+    from labkit.core.methods import SPECS
+
+    bound = next(m for m, s in SPECS.items() if s.bound)
+    two = results(ddp=[doc(0, [85]), doc(1, [85])], **{bound: [doc(0, [10]), doc(1, [10])]})
+    assert seeds.judged(two) == ["ddp"] and seeds.has_seeds(two)
+    one = results(ddp=[doc(0, [85])])
+    assert not seeds.has_seeds(one)
+    assert seeds.seeds_text(two)[0].startswith("Table 10. Time to accuracy over seeds")
+    assert seeds.seeds_text(one) == []
+
+
+def test_the_figures_draw_every_seed_and_their_mean(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = results(ddp=[doc(s, [70, 85, 90]) for s in range(3)])
+    for against in ("time", "bytes"):
+        fig, ax = plt.subplots()
+        seeds.plot_seeds(res, ax, against)
+        lines = [ln for ln in ax.get_lines() if ln.get_label().startswith(seeds.SHORT["ddp"])]
+        assert len(ax.get_lines()) == 3 + 1 + 1  # 3 seeds, their mean, the target
+        x = lines[0].get_xdata()
+        assert list(x) == ([10, 20, 30] if against == "time" else [80, 160, 240])  # MB sent
+        plt.close(fig)
