@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from helpers import labkit, load_json
+from conftest import load_json
 
 TINY = ["--model", "resnet10_small", "--batch-size", "8", "--max-val-steps", "1", "--lr", "0.01",
         "--no-progress", "--timeout", "60", "--epochs", "1", "--max-steps-per-epoch", "4",
@@ -24,6 +27,11 @@ FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.js
 HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
 RAN = {m: FILES[m] for m in ("ddp", "allreduce")}  # the repeats test's methods
 NAMES = {"ddp": "Baseline DDP (PyTorch)", "allreduce": "Manual All-Reduce", "ps": "Parameter Server (PS)"}
+
+
+def labkit(args, cwd, timeout=500, env=None):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 # ------------------------------------------------------------------ bad input
