@@ -19,12 +19,12 @@ def doc(seed: int, accs: list[float], epoch_s: float = 10.0, sent: float = 4e6,
         status: str = "completed", **top) -> dict:
     """A result document: one epoch per accuracy, each ``epoch_s`` seconds (9 training, 1
     validation) of 20 steps, ``sent`` bytes per step from each of 2 trainers."""
-    epochs = [{"epoch": i + 1, "steps": 20, "train_time": 0.9 * epoch_s, "val_time": 0.1 * epoch_s,
+    epochs = [{"epoch": i + 1, "steps": 20, "train_loss": 1.0, "train_accuracy": a, "train_time": 0.9 * epoch_s, "val_time": 0.1 * epoch_s,
                "train_throughput": 320 / epoch_s,
                "val_accuracy": a, "wire": {"sent_per_step": [sent, sent], "received_per_step": [sent, sent],
                                            "trainer": [True, True]}}
               for i, a in enumerate(accs)]
-    return {"method": "a method", "config": {"seed": seed}, "status": status, "epochs": epochs, **top}
+    return {"method": "Manual All-Reduce", "world_size": 2, "batch_size": 8, "config": {"seed": seed}, "status": status, "epochs": epochs, **top}
 
 
 def results(**methods: list[dict]) -> RunResults:
@@ -106,3 +106,47 @@ def test_the_figures_draw_every_seed_and_their_mean(tmp_path):
         x = lines[0].get_xdata()
         assert list(x) == ([10, 20, 30] if against == "time" else [80, 160, 240])  # MB sent
         plt.close(fig)
+
+
+def test_a_sweep_over_a_methods_parameter_is_a_study_of_time_to_accuracy_and_bytes(tmp_path):
+    """`labkit sweep local_steps=1,8 --repeats 3`: per grid point, time to the target over the
+    seeds and the MB per step, as a table and two curves (one target for the whole sweep)."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.analysis.report import sweep as rs
+    from labkit.cli import main
+
+    # H=1 reaches 80% in 2 epochs of 10 s, H=8 in 3 epochs of 6 s sending an eighth
+    grid = {1: [doc(s, [70, 81 + s, 88], epoch_s=10) for s in range(3)],
+            8: [doc(s, [60, 75, 81 + s], epoch_s=6, sent=0.5e6) for s in range(3)]}
+    root, points = tmp_path / "sw", []
+    for h, docs in grid.items():
+        for i, d in enumerate(docs, 1):
+            d_dir = root / f"local_steps-{h}" / f"repeat-{i}" / "allreduce"
+            d_dir.mkdir(parents=True)
+            (d_dir / "results_all_reduce.json").write_text(json.dumps(d))
+        (root / f"local_steps-{h}" / "config.json").write_text(json.dumps({"experiment": {"target_accuracy": GOAL}}))
+        points.append({"name": f"local_steps-{h}", "params": {"local_steps": h},
+                       "dir": f"local_steps-{h}", "status": "completed"})
+    (root / "sweep.json").write_text(json.dumps({"grid": {"local_steps": [1, 8]}, "points": points,
+                                                 "methods": ["allreduce"], "repeats": 3}))
+    sw = rs.load_sweep(root)
+    assert rs.studied(sw) == ["local_steps"] and rs.study_target(sw) == GOAL
+    rows = {r["Point"]: r for r in rs.study_rows(sw)}
+    assert rows["local_steps=1"]["Time to target (s, 95% CI)"].startswith("20.0 (")
+    assert rows["local_steps=8"]["Time to target (s, 95% CI)"].startswith("18.0 (")
+    assert rows["local_steps=8"]["MB/step sent"] == "0.500" and rows["local_steps=1"]["MB/step sent"] == "4.000"
+    fig, axes = plt.subplots(1, 2)
+    rs.plot_study(sw, axes)
+    time_line = axes[0].containers[0].lines[0]  # the error bars' data line
+    (mb_line,) = axes[1].get_lines()
+    assert list(time_line.get_xdata()) == [1, 8] and list(time_line.get_ydata()) == [20.0, 18.0]
+    assert list(mb_line.get_ydata()) == [4.0, 0.5]
+    plt.close(fig)
+    assert main(["report", str(root)]) == 0
+    assert (root / "report" / "study.png").stat().st_size > 10_000
+    assert "local_steps=8" in (root / "report" / "study.txt").read_text()

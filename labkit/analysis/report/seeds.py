@@ -24,18 +24,20 @@ import numpy as np
 
 from labkit.analysis import breakdown, stats
 from labkit.core.health import diverged_where
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core import layout
+from labkit.core.config import VARIANTS
+from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT, SPECS
 from labkit.core.status import Status, status_of
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from .load import RunResults, _epochs
+from .load import ResultError, RunResults, _epochs, load_result
 from .tables import html_table, target, target_text, wire_mb
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
 DROP_FROM = 5
 #: the baselines every method is judged against, in this order, where they ran
-BASELINES = ("ddp", "ddp_bf16")
+BASELINES = ("ddp", "ddp-bf16")
 
 
 @dataclass
@@ -90,8 +92,32 @@ def _mean_interval(values: list[float], note: str) -> stats.Interval:
 
 
 def _runs(res: RunResults, m: str) -> list[dict]:
-    """Every run of ``m``, one per seed, failed ones included (they count)."""
-    return list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
+    """Every run of ``m`` (a method, or a variant such as ddp-bf16), one per seed, failed ones
+    included (they count)."""
+    if m in SPECS:
+        return list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
+    if m not in VARIANTS or res.run_dir is None:
+        return []
+    name = RESULT_FILES[VARIANTS[m]["method"]]
+    paths = [res.run_dir / m / name] + sorted(
+        res.run_dir.glob(f"{layout.REPEAT_PREFIX}*/{m}/{name}"),
+        key=lambda p: int(p.parent.parent.name.rpartition("-")[2] or 0))
+    out = []
+    for p in paths:
+        try:
+            out.append(load_result(p))
+        except (ResultError, OSError):
+            continue
+    return out
+
+
+def _name(m: str) -> str:
+    """A method's name in the report, or a variant's key (ddp-bf16)."""
+    return SHORT[m] if m in SPECS else m
+
+
+def _exact(m: str) -> bool:
+    return SPECS[m].exact if m in SPECS else VARIANTS[m].get("compress", "none") == "none"
 
 
 def score(res: RunResults, m: str, goal: float) -> Seeds:
@@ -119,7 +145,8 @@ def score(res: RunResults, m: str, goal: float) -> Seeds:
 def judged(res: RunResults) -> list[str]:
     """The methods this part judges: every one that ran, in the registry's order, but a bound
     (nosync's ranks drift apart: its accuracy means nothing)."""
-    return [m for m in METHOD_ORDER if _runs(res, m) and not SPECS[m].bound]
+    methods = [m for m in METHOD_ORDER if _runs(res, m) and not SPECS[m].bound]
+    return methods + [v for v in VARIANTS if v not in SPECS and _runs(res, v)]
 
 
 def has_seeds(res: RunResults) -> bool:
@@ -147,7 +174,7 @@ def rows(res: RunResults) -> list[dict]:
         s = score(res, m, goal) if goal is not None else None
         if s is None:
             continue
-        out.append({"Method": SHORT[m], "Exact": "yes" if SPECS[m].exact else "no",
+        out.append({"Method": _name(m), "Exact": "yes" if _exact(m) else "no",
                     "Seeds": s.n, "Reached": f"{s.reached} of {s.n}",
                     "Time to target (s, 95% CI)": _ci(s.time(), ".1f"),
                     "Steps to target (95% CI)": _ci(s.steps_to(), ".0f"),
@@ -173,7 +200,7 @@ def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
     """One line: ``m`` against ``base`` on time to target (faster / slower / within noise /
     not reached) and on final accuracy (lost / gained / kept within noise)."""
     a, b = score(res, m, goal), score(res, base, goal)
-    name, bname = SHORT[m], SHORT[base]
+    name, bname = _name(m), _name(base)
     if a.reached < a.n and not math.isfinite(max(a.kept(a.seconds))):
         speed = (f"did not reach {goal:.2f}% in {a.n - a.reached} of {a.n} seeds, so it has no "
                  f"time to target (counted as not reached, not dropped)")
@@ -270,7 +297,7 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
         # distinct markers: exact methods' curves lie on top of each other
         ax.plot(np.mean([x_of(c)[:n] for c in curves], axis=0),
                 np.mean([c[2][:n] for c in curves], axis=0), "-" + "osD^v"[k % 5],
-                color=COLORS[m], ms=7 - k % 3 * 2, lw=2, label=f"{SHORT[m]} ({len(curves)} seeds)")
+                color=COLORS[m], ms=7 - k % 3 * 2, lw=2, label=f"{_name(m)} ({len(curves)} seeds)")
         drawn = True
     if goal is not None:
         ax.axhline(goal, ls="--", color="#555", lw=1, label=f"target {goal:.2f}%")

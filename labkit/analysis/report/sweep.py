@@ -1,6 +1,8 @@
 """The scaling study of a `labkit sweep` folder: throughput against the number of processes,
 per method, beside the ideal linear line from the smallest point, and scaling efficiency with
-95% confidence intervals.
+95% confidence intervals. A sweep over another parameter (local SGD's ``local_steps``,
+PowerSGD's ``powersgd_rank``) is also a study: time to the target accuracy (over seeds, with
+``--repeats``) and bytes per step against the parameter, as curves with intervals.
 
 Efficiency at n processes = T(n) / (n / n0 * T(n0)), n0 the smallest process count of the
 sweep. Its interval is that of the throughput ratio T(n) / T(n0) (labkit.analysis.stats.speedup: the
@@ -202,25 +204,140 @@ def limits(sw: Sweep) -> list[str]:
     return lines
 
 
-def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
-    """scaling.png and scaling.txt (the efficiency table and the limits) under ``out``."""
+def _figure(png: Path, size: tuple[float, float], panels: int, draw) -> Path:
+    """``draw(ax)`` (or ``draw(axes)`` for several panels side by side) into ``png``,
+    written atomically."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    plot_scaling(sw, ax)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(1, panels, figsize=size, dpi=110)
+    draw(ax)
     fig.tight_layout()
-    png = out / "scaling.png"
     with atomic_path(str(png)) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+    return png
+
+
+def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
+    """scaling.png and scaling.txt (the efficiency table and the limits) under ``out``; for a
+    sweep over a method's parameter also study.png and study.txt (write_study)."""
+    out = Path(out)
+    png = _figure(out / "scaling.png", (7, 4.5), 1, lambda ax: plot_scaling(sw, ax))
     txt = out / "scaling.txt"
     body = (f"Scaling study: {sw.path}\ngrid: {json.dumps(sw.grid)}\n\n"
             + text_table(scaling_rows(sw), empty="(no completed grid point)")
             + "\n\n" + "\n".join(f"- {l}" for l in limits(sw)) + "\n")
     with atomic_path(str(txt)) as tmp:
         Path(tmp).write_text(body)
-    return {"plot": png, "text": txt}
+    return {"plot": png, "text": txt, **write_study(sw, out)}
+
+
+# ------------------------------------------------------------------ a study over a method's parameter
+def studied(sw: Sweep) -> list[str]:
+    """The swept parameters other than the process count (local_steps, powersgd_rank, ...):
+    a sweep over one of them is a study of time to accuracy and bytes, not of scaling."""
+    return [k for k in sw.grid if k != "nproc"]
+
+
+def study_target(sw: Sweep) -> Optional[float]:
+    """One target for every point: the sweep's --target-accuracy, else 95% of the best
+    validation accuracy any method reached at any point (labkit.analysis.breakdown)."""
+    from labkit.analysis import breakdown
+
+    given = next((p.res.target_accuracy for p in sw.points if p.res.target_accuracy is not None), None)
+    docs = {f"{p.name}/{m}/{i}": d for p in sw.points for m, ds in p.res.repeats.items()
+            for i, d in enumerate(ds)}
+    return breakdown.target_accuracy(docs, given)
+
+
+def study(sw: Sweep) -> dict[str, list[tuple[Point, "object"]]]:
+    """{method: [(grid point, its seeds.Seeds)]}, in the grid's order."""
+    from . import seeds
+
+    goal, out = study_target(sw), {}
+    if goal is None:
+        return {}
+    for p in sw.points:
+        for m in seeds.judged(p.res):
+            out.setdefault(m, []).append((p, seeds.score(p.res, m, goal)))
+    return out
+
+
+def study_rows(sw: Sweep) -> list[dict]:
+    """One row per method and grid point: time and steps to the target and final accuracy
+    (mean and 95% CI over seeds, MLPerf's scoring: labkit.analysis.report.seeds) and the MB a
+    trainer sent per step."""
+    from .seeds import _ci, _name
+
+    rows = []
+    for m, pts in study(sw).items():
+        for p, s in pts:
+            rows.append({"Method": _name(m), "Point": ", ".join(f"{k}={v}" for k, v in p.params.items()),
+                         "Seeds": s.n,
+                         "Reached": f"{s.reached} of {s.n}",
+                         "Time to target (s, 95% CI)": _ci(s.time(), ".1f"),
+                         "Steps to target (95% CI)": _ci(s.steps_to(), ".0f"),
+                         "Final accuracy (%, 95% CI)": _ci(s.final_accuracy(), ".2f", 100.0),
+                         "MB/step sent": f"{s.mb_per_step:.3f}" if s.mb_per_step is not None else "-"})
+    return rows
+
+
+def plot_study(sw: Sweep, axes) -> None:
+    """Two panels against the swept parameter: time to the target (error bars: 95% CI over
+    seeds; an open marker at the top: not reached) and MB sent per step per trainer."""
+    import numpy as np
+
+    from .seeds import _name
+
+    key = studied(sw)[0]
+    goal = study_target(sw)
+    for m, pts in study(sw).items():
+        xs = [p.params.get(key) for p, _ in pts]
+        ivs = [s.time() for _, s in pts]
+        got = [(x, iv) for x, iv in zip(xs, ivs) if iv.value is not None]
+        if got:
+            vals = np.array([iv.value for _, iv in got])
+            err = [[v - max(0.0, iv.low) if iv.available else 0.0 for v, (_, iv) in zip(vals, got)],
+                   [iv.high - v if iv.available else 0.0 for v, (_, iv) in zip(vals, got)]]
+            axes[0].errorbar([x for x, _ in got], vals, yerr=err, fmt="-o", capsize=4,
+                             color=COLORS[m], label=_name(m))
+        missed = [x for x, iv in zip(xs, ivs) if iv.value is None]
+        if missed:
+            axes[0].plot(missed, [0] * len(missed), "x", color=COLORS[m], ms=9,
+                         label=f"{_name(m)}: not reached")
+        mb = [(x, s.mb_per_step) for x, (_, s) in zip(xs, pts) if s.mb_per_step]
+        if mb:
+            axes[1].plot([x for x, _ in mb], [v for _, v in mb], "-o", color=COLORS[m], label=_name(m))
+    axes[0].set_title(f"Time to {goal:.2f}% validation accuracy" if goal is not None else
+                      "Time to target", fontsize=10)
+    axes[0].set_ylabel("seconds (mean over seeds, 95% CI)")
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_title("MB sent per step per trainer", fontsize=10)
+    axes[1].set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+    for fmt in (axes[1].yaxis.set_major_formatter, axes[1].yaxis.set_minor_formatter):
+        fmt(FuncFormatter(lambda v, _: f"{v:g}"))
+    for ax in axes:
+        ax.set_xlabel(key)
+        ax.grid(alpha=0.3)
+        if all(isinstance(x, (int, float)) and x > 0 for x in sw.grid.get(key, [])):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+
+
+def write_study(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
+    """study.png and study.txt under ``out``; nothing for a sweep over processes only."""
+    if not studied(sw):
+        return {}
+    out = Path(out)
+    png = _figure(out / "study.png", (10, 4.2), 2, lambda axes: plot_study(sw, axes))
+    txt = out / "study.txt"
+    with atomic_path(str(txt)) as tmp:
+        Path(tmp).write_text(f"Study over {', '.join(studied(sw))}: {sw.path}\n\n"
+                             + text_table(study_rows(sw), empty="(no grid point with a result)") + "\n")
+    return {"study_plot": png, "study_text": txt}
