@@ -26,6 +26,7 @@ from .load import (NAN, ResultError, RunResults, load_env, load_files,
 from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communication, plot_losses,
                     plot_throughput, plot_training_time, write_plots)
 from .repeats import aggregate_rows, repeat_rows, repeats_section
+from .projection import projection_section
 from .seeds import SEED_PLOTS, seeds_section
 from .sections import bench_section, packages_html, reproduction_section, variants_section
 from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, efficiency_rows,

@@ -157,6 +157,22 @@ CAPTIONS: dict[str, Caption] = {
         "(faster or slower only when its 95% CI excludes 1.00) and final accuracy as paired "
         "differences per seed (lost or gained only when their 95% CI excludes 0). The "
         "no-communication bound is left out: its ranks drift apart."),
+    "projection_methods": Caption(
+        "Table 11", "Each method projected to 1024 GPUs from what it sent",
+        "cost model; DDP's compute for every method",
+        "Projected throughput at {at} GPUs relative to DDP's on each interconnect at this "
+        "run's compute time per step, and the compute times per step (searched from 0.1 ms to "
+        "10 s) at which the method would beat DDP there by more than 1%: a GPU's steps are "
+        "far shorter than a CPU's, and the shorter the step the more of it communication "
+        "takes. From this run's measurements: DDP's "
+        "compute-only step (forward, backward, optimizer) for every method, so only what each "
+        "sends differs, and the bytes each method's trainers sent per step, read as the "
+        "all-reduce they amount to (a ring moves 2(n-1)/n of it per rank; a method that sent in "
+        "a share 1/H of its steps all-reduces H times as much every H steps); a parameter "
+        "server as the cost model's PS. Topology, links and formulas: the cost model's "
+        "(docs/bench-and-cost-model.md: nodes of 8 GPUs on NVLink, one link per GPU across "
+        "nodes; nominal line rates, not measurements). Not modelled: the compute a method adds "
+        "to compress, stragglers, and accuracy (Table 10)."),
     "accuracy_vs_time": Caption(
         "Figure 12", "Validation accuracy against wall time, every seed (faint) and their mean "
         "(bold); the dashed line is the target of Table 10", "", ""),

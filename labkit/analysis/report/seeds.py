@@ -226,7 +226,9 @@ def verdicts(res: RunResults) -> list[str]:
     if goal is None:
         return []
     bases = [b for b in BASELINES if _runs(res, b)]
-    return [verdict(res, m, b, goal) for b in bases for m in judged(res) if m != b]
+    # each method against each baseline; a baseline against the ones before it only
+    return [verdict(res, m, b, goal) for b in bases for m in judged(res)
+            if m not in BASELINES[:BASELINES.index(b) + 1]]
 
 
 # ------------------------------------------------------------------ the report's part

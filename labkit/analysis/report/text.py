@@ -16,6 +16,7 @@ from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
+from .projection import projection_text
 from .seeds import seeds_text
 from .repeats import repeats_text
 from .tables import (comparison_rows, communication_rows, efficiency_rows, epoch_rows, method_runs,
@@ -318,6 +319,7 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
         parts += [heading("efficiency"), "", text_table(efficiency_rows(res)), ""]
     parts += repeats_text(res)  # nothing without --repeats
     parts += seeds_text(res)  # nothing with one seed per method
+    parts += projection_text(res)  # nothing without DDP and another method measured
     for m, d in res.ok.items():
         parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
     parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]

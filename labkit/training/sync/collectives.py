@@ -50,7 +50,8 @@ def _per_step(by_step: dict, steps: int, pick: Callable[[dict], float]) -> float
 
 def wire_figures(every: list[dict], steps: int) -> dict:
     """The result file's "wire" entry from every rank's {"steps": Wire.take(), "trainer":
-    bool}: per rank, bytes per step sent and received, in all and by phase."""
+    bool}: per rank, bytes per step sent and received, in all and by phase, and the share of
+    steps in which it sent anything."""
     phases = sorted({p for r in every for d in r["steps"].values() for p in d})
 
     def each(pick: Callable[[dict], float]) -> list[float]:
@@ -59,6 +60,9 @@ def wire_figures(every: list[dict], steps: int) -> dict:
     return {"sent_per_step": each(lambda d: sum(v[0] for v in d.values())),
             "received_per_step": each(lambda d: sum(v[1] for v in d.values())),
             "trainer": [r["trainer"] for r in every],
+            # the share of steps in which a rank sent anything: 1/H for a method that talks
+            # every H steps (the cost model charges one round's latency per round, not per step)
+            "sending_steps": each(lambda d: float(any(v[0] > 0 for v in d.values()))),
             "by_phase": {p: {"sent": each(lambda d, p=p: d.get(p, (0.0, 0.0))[0]),
                              "received": each(lambda d, p=p: d.get(p, (0.0, 0.0))[1])}
                          for p in phases}}

@@ -1,0 +1,137 @@
+"""Table 11: every method of the run projected to 1024 GPUs on each interconnect from its
+measured bytes (labkit.analysis.costmodel.measured), and where each would start to beat DDP:
+on which interconnect, and below which compute time per step (a CPU run's long steps hide
+what a GPU's short ones expose). The speed side of a method that sends less, which the
+accuracy side (Table 10) completes."""
+from __future__ import annotations
+
+from typing import Optional
+
+from labkit.analysis.costmodel import INTERCONNECTS, get_link
+from labkit.analysis.costmodel.measured import (break_even, measured_inputs, project_methods,
+                                                where_it_wins)
+from labkit.core.config import VARIANTS
+from labkit.core.methods import SPECS
+
+from .blocks import Block, Html, Markdown
+from .captions import caption
+from .load import RunResults
+from .seeds import _name, _runs, judged
+from .tables import html_table
+
+AT = 1024  # the GPU count of the table's cells
+
+
+def _serves(m: str) -> bool:
+    s = SPECS.get(m) or SPECS.get(VARIANTS.get(m, {}).get("method", ""))
+    return bool(s and s.serves)
+
+
+def inputs_of(res: RunResults) -> Optional[dict[str, dict]]:
+    """{method: its measured inputs} for every judged method with a breakdown and wire figures
+    (DDP among them, and at least one other), every method given DDP's compute; else None."""
+    inputs = {}
+    for m in judged(res):
+        runs = [d for d in _runs(res, m) if d.get("epochs")]
+        x = measured_inputs(runs[0]) if runs else None
+        if x is not None:
+            inputs[m] = x
+    if "ddp" not in inputs or len(inputs) < 2:
+        return None
+    for x in inputs.values():  # the same compute: the projection compares what each sends
+        x["compute"] = inputs["ddp"]["compute"]
+    return inputs
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3g} ms"
+
+
+def _when(span: Optional[tuple[float, float]]) -> str:
+    """When a method wins, as a few words: "below 85 ms", "any", "never"."""
+    if span is None:
+        return "never"
+    lo, hi = span
+    if lo <= GRID[0] * 1.001 and hi >= GRID[1] * 0.999:
+        return "any"
+    if lo <= GRID[0] * 1.001:
+        return f"below {_ms(hi)}"
+    if hi >= GRID[1] * 0.999:
+        return f"above {_ms(lo)}"
+    return f"{_ms(lo)} to {_ms(hi)}"
+
+
+GRID = (1e-4, 10.0)  # the compute times per step break_even searches (s)
+
+
+def rows(res: RunResults) -> list[dict]:
+    """One row per method: its projected throughput at 1024 GPUs relative to DDP's on each
+    interconnect at this run's compute, and the compute times per step at which it would
+    beat DDP there."""
+    inputs = inputs_of(res)
+    if inputs is None:
+        return []
+    serves = {m: _serves(m) for m in inputs}
+    proj = project_methods(inputs, serves, gpus=(AT,))
+    step = {(r["method"], r["link"]): r["step"] for r in proj}
+    out = []
+    for m, x in inputs.items():
+        row = {"Method": _name(m)}
+        for key in dict.fromkeys(r["link"] for r in proj):
+            cell = f"{step[('ddp', key)] / step[(m, key)]:.2f}x"
+            if m != "ddp":
+                span = break_even(x, inputs["ddp"], AT, get_link(key), serves=serves[m],
+                                  base_serves=serves["ddp"], low=GRID[0], high=GRID[1])
+                cell += f"; wins: {_when(span)}"
+            row[INTERCONNECTS[key].name] = cell
+        out.append(row)
+    return out
+
+
+def win_lines(res: RunResults) -> list[str]:
+    """Per method, where it is projected to beat DDP at 1024 GPUs: at this run's compute, and
+    below which compute time per step on each interconnect."""
+    inputs = inputs_of(res)
+    if inputs is None:
+        return []
+    serves = {m: _serves(m) for m in inputs}
+    proj = project_methods(inputs, serves, gpus=(AT,))
+    here = _ms(inputs["ddp"]["compute"])
+    lines = []
+    for m, x in inputs.items():
+        if m == "ddp":
+            continue
+        now = [INTERCONNECTS[k].name for k, p in where_it_wins(proj, m).items() if p is not None]
+        spans = {k: _when(break_even(x, inputs["ddp"], AT, get_link(k), serves=serves[m],
+                                     base_serves=serves["ddp"], low=GRID[0], high=GRID[1]))
+                 for k in dict.fromkeys(r["link"] for r in proj)}
+        some = [f"{INTERCONNECTS[k].name}: {w}" for k, w in spans.items() if w != "never"]
+        lines.append(f"{_name(m)}: at this run's compute ({here} per step) "
+                     + (f"projected to beat DDP at {AT} GPUs on {', '.join(now)}" if now else
+                        f"not projected to beat DDP at {AT} GPUs on any interconnect")
+                     + ("; it would with a compute time per step of " + "; ".join(some)
+                        if some else "; at no compute time from 0.1 ms to 10 s")
+                     + " (speed only: Table 10 judges accuracy).")
+    return lines
+
+
+def projection_section(res: RunResults) -> list[Block]:
+    """Display blocks (a line saying why where there is nothing to project)."""
+    table = rows(res)
+    if not table:
+        return [Markdown("No projection: it needs DDP and another method with a compute-only "
+                         "calibration and bytes on the wire in this run.")]
+    return [Markdown(caption("projection_methods", at=AT)), Html(html_table(table)),
+            Markdown("\n".join(f"- {line}" for line in win_lines(res)))]
+
+
+def projection_text(res: RunResults) -> list[str]:
+    """The same for performance_report.txt (empty where there is nothing to project)."""
+    table = rows(res)
+    if not table:
+        return []
+    from labkit.analysis.texttable import text_table
+    from .captions import heading
+
+    return [heading("projection_methods"), "", text_table(table), "",
+            *(f"- {line}" for line in win_lines(res)), ""]
