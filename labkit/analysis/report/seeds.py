@@ -304,11 +304,12 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
     if goal is not None:
         ax.axhline(goal, ls="--", color="#555", lw=1, label=f"target {goal:.2f}%")
     if against == "bytes":
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
         ax.set_xscale("log")
-        for axis_ticks in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
-            axis_ticks(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("MB sent per trainer (cumulative, log scale)")
         ax.set_title("Accuracy against bytes sent")
     else:
