@@ -271,11 +271,13 @@ def discussion(res: RunResults) -> list[str]:
 
 
 def terminal_summary(res: RunResults) -> str:
-    """What `labkit experiment` and `labkit report` end with: Table 1 and the verdicts."""
+    """What `labkit experiment` and `labkit report` end with: Table 1 and the verdicts (and,
+    with several seeds per method, Table 10 and its verdicts)."""
     if not res.ok:
         return ""
+    seeds = seeds_text(res)  # several seeds: time to accuracy and its verdicts, too
     return "\n".join([heading("comparison"), "", text_table(comparison_rows(res)), "",
-                      *verdict_lines(res), *health_lines(res)])
+                       *verdict_lines(res), *health_lines(res), *([""] + seeds if seeds else [])])
 
 
 def reproduction_summary(doc: dict) -> str:
