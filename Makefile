@@ -10,7 +10,7 @@ ARGS   ?=
 # timeouts, Ctrl-C handling), so two workers keep 2 cores busy
 TEST_WORKERS ?= 2
 
-.PHONY: setup system-deps slurm-deps experiment test lab clean-venv
+.PHONY: setup system-deps slurm-deps experiment test test-fast lab clean-venv
 
 # JupyterLab settings the project decides for its lab's users: no "Would you like to get notified
 # about official Jupyter news?" prompt (the lab is for one job, and makes no request out).
@@ -65,8 +65,15 @@ $(LAB_OVERRIDES): tools/jupyterlab/overrides.json $(STAMP)
 experiment: setup
 	$(BIN)/labkit experiment $(ARGS)
 
+# the whole suite: what CI runs (.ci/run). docs/testing.md: the kinds of test, the session's
+# shared runs, the pause hook
 test: setup slurm-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+
+# the inner loop: the unit tests only (in-process, nothing started; under a minute on 2 cores).
+# Not a substitute for make test before a commit
+test-fast: setup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m unit $(ARGS)
 
 # JupyterLab on the project's kernel, notebooks/ open, on this machine only (127.0.0.1). As root
 # (containers, cloud notebooks) Jupyter refuses to start without --allow-root: given then only.

@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,14 @@ from pathlib import Path
 
 import psutil
 
+from helpers import jupyter_port
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LabServer:
     def __init__(self, root: Path, state: Path):
-        self.root, self.token, self.port = root, secrets.token_hex(24), free_port()
+        self.root, self.token, self.port = root, secrets.token_hex(24), 0  # the OS picks it
         self.log = state / "jupyterlab.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "MPLBACKEND"))}
         # empty user settings: what the page shows is the venv's JupyterLab with the project's
@@ -49,6 +44,7 @@ class LabServer:
             self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         try:
+            self.port = jupyter_port(state / "runtime", self.proc)
             self._wait_ready()
         except BaseException:
             self.stop()

@@ -1,92 +1,24 @@
-"""Shared helpers: tiny settings and a real torchrun launcher for multi-process tests."""
+"""Fixtures and markers only: the session's real runs, the guard every test runs under, the
+kind of each test (unit / torchrun / e2e) and the order xdist starts them in. The helpers the
+tests call are in helpers.py."""
 from __future__ import annotations
 
 import fcntl
-import json
+import inspect
 import os
+import random
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
-# every process the tests start imports tests/hooks/sitecustomize.py, which installs the
-# LABKIT_TEST_* fault and tracing hooks from outside the package (labkit.training.hooks)
-HOOKS = str(Path(__file__).resolve().parent / "hooks")
-if HOOKS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HOOKS, os.environ.get("PYTHONPATH")) if p)
-
-# tiny but real: the digits images, the smallest ResNet, a few steps
-# --no-pin-cpus: two xdist workers run jobs at once, and each job binding its ranks as if it
-# had the machine to itself stacks them on the same cores (the suite took 10 min 33 s bound,
-# 2026-11-23); the runs that check binding ask for it (EQUIVALENCE_RUNS, test_experiment)
-TINY = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--epochs", "1",
-        "--max-steps-per-epoch", "5", "--lr", "0.01", "--max-val-steps", "2", "--no-progress", "--timeout", "120",
-        "--no-pin-cpus"]
-
-
-def torchrun(nproc: int, args: list[str], cwd, env: dict | None = None, timeout: float = 240):
-    """Run ``torchrun --standalone --nproc_per_node=nproc -m labkit.train ARGS`` for real."""
-    if "--backend" not in args and nproc > torch.cuda.device_count():
-        # the default on a GPU box is nccl, one GPU per process: with fewer GPUs than processes
-        # (one H100, 2026-11-23) every multi-process test was refused before it started. These
-        # tests check the methods' arithmetic, which gloo computes the same way (CI: no GPU,
-        # gloo is the default already)
-        args = [*args, "--backend", "gloo"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "labkit.train", *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def check_ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-
-
-def expect_error(argv, capsys, *needles) -> str:
-    """labkit.training.rank.main(argv) in-process: exit 2, one `labkit.train: error:` line holding every
-    needle, no traceback."""
-    from labkit.training import rank
-
-    code = rank.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
-    for n in needles:
-        assert n in err, err
-    assert "Traceback" not in err
-    return err
-
-
-def load_json(path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
-def make_image_tree(root: Path, classes=("cat", "dog"), n_train=6, n_val=3, size=40) -> Path:
-    """A tiny ImageNet-style tree: root/{train,val}/<class>/*.png with distinct colours."""
-    from PIL import Image
-    import random
-
-    rng = random.Random(0)
-    for split, n in (("train", n_train), ("val", n_val)):
-        for ci, c in enumerate(classes):
-            d = root / split / c
-            d.mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                base = (200 * ci, 80, 255 - 200 * ci)
-                px = [tuple(min(255, max(0, v + rng.randint(-40, 40))) for v in base)
-                      for _ in range(size * size)]
-                im = Image.new("RGB", (size, size))
-                im.putdata(px)
-                im.save(d / f"{i}.png")
-    return root
+# helpers first: it puts tests/hooks on PYTHONPATH for every process the tests start. Its
+# names are re-exported here for test files written before helpers.py (`from conftest import`)
+from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, HOOKS, ROOT, TINY, Experiment,  # noqa: F401
+                     check_ok, expect_error, labkit, load_json, make_image_tree, make_run, torchrun)
 
 
 @pytest.fixture(scope="session")
@@ -134,19 +66,6 @@ def ddp_rerun(tmp_path_factory) -> Path:
     return shared_dir(tmp_path_factory, "ddp_rerun", _ddp_tiny)
 
 
-# Every method once, from one seed, 5 steps (PS with 3 processes = 2 trainers, like the others).
-# Shared by the equivalence tests and the result-file tests: one run each for the whole session
-# (ddp's is ddp_run).
-EQUIVALENCE_RUNS = {
-    "ddp": (2, ["--method", "ddp"]),
-    # many buckets, overlapped; bound to cores (--pin-cpus), so the equivalence tests show
-    # that placement changes no number
-    "allreduce": (2, ["--method", "allreduce", "--bucket-mb", "1", "--pin-cpus"]),
-    "ps_collective": (3, ["--method", "ps", "--ps-mode", "collective", "--bucket-mb", "1"]),
-    "ps_p2p": (3, ["--method", "ps", "--ps-mode", "p2p"]),
-}
-
-
 @pytest.fixture(scope="session")
 def equivalence_runs(tmp_path_factory, ddp_run):
     """{name: (out_dir, completed process)} for EQUIVALENCE_RUNS, run for real under torchrun
@@ -163,6 +82,28 @@ def equivalence_runs(tmp_path_factory, ddp_run):
     return out
 
 
+# ------------------------------------------------------------------ the session's experiment
+# One real `labkit experiment` of the three methods with 2 repeats, as a user runs it (a YAML
+# parameters file, the CPU default binding ranks to cores, the PDF): the run folder, the
+# record, the report's HTML, text and PDF, the repeats' rotation and aggregation, strict JSON
+# and the runs index are all asserted on it (test_experiment.py, test_repeats_sweep.py),
+# instead of one experiment per test (2026-11-25: two, 4 min of the suite). Its tests are one
+# xdist group: one worker runs it while the other goes on.
+def _experiment(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "params.yaml").write_text("epochs: 1\nmax_steps_per_epoch: 3\ndataset: digits\n")
+    p = labkit(["experiment", "-f", "params.yaml", "--repeats", str(EXPERIMENT_REPEATS),
+                *EXPERIMENT_FLAGS, "--pin-cpus",  # the CPU default (the last flag wins)
+                "--runs-dir", "runs", "--tag", "tiny"], cwd=folder, timeout=900)
+    Experiment.record(folder, p)
+
+
+@pytest.fixture(scope="session")
+def experiment(tmp_path_factory) -> Experiment:
+    """The session's real experiment (read-only; a test that changes it works on a copy)."""
+    return Experiment(shared_dir(tmp_path_factory, "experiment", _experiment))
+
+
 # `make test` runs two xdist workers with --dist loadgroup: each xdist group's tests go to one
 # worker together (the groups with the most tests first), every other test on its own, in
 # collection order. On 2 cores the suite is CPU-bound, so what a good order saves is the end:
@@ -170,8 +111,8 @@ def equivalence_runs(tmp_path_factory, ddp_run):
 # each, measured alone on 2 cores, 2026-11-23) go first, longest first; the many short ones fill
 # in behind them. (Not in a group: a group's tests keep their order.)
 LONGEST_FIRST = {
-    "test_repeats_sweep.py::test_repeats_run_rotated_and_the_report_aggregates_them": 131,
-    "test_experiment.py::test_experiment_makes_a_complete_run_folder": 96,
+    # the session's experiment: its group's first test builds it
+    "test_experiment.py::test_experiment_makes_a_complete_run_folder": 160,
     "test_experiment.py::test_a_failed_method_is_recorded_and_the_others_kept": 57,
     "test_repeats_sweep.py::test_a_small_real_sweep_renders_its_report": 56,
     "test_ps_variants.py::test_sharded_ps_resumes_to_the_same_parameters": 34,
@@ -197,36 +138,109 @@ def pytest_collection_modifyitems(config, items):
     def seconds(item) -> float:
         return LONGEST_FIRST.get(f"{item.path.name}::{item.name}", 0)
 
+    for item in items:
+        if not any(item.get_closest_marker(k) for k in KINDS):
+            item.add_marker(getattr(pytest.mark, kind_of(item)))
     items.sort(key=lambda item: -seconds(item))  # stable: the others keep their order
 
 
-def make_run(root: Path, name: str, trained: Path, extra: tuple[str, ...] = ()) -> Path:
-    """A run folder as labkit experiment writes it (config.json, environment.json with the
-    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real: a copy
-    of ``trained``, the output of torchrun with exactly this config (conftest's ddp_run or
-    ddp_rerun; ``extra``: the flags it ran with besides TINY)."""
-    from labkit.core import layout
-    from labkit.core.config import build_parser, from_args
-    from labkit.core.files import atomic_write_json
-    from labkit.core.status import Status
-    from labkit.lab import record
-    from labkit.training.checks import preflight
+# ------------------------------------------------------------------ the kind of a test
+# unit: in-process only (make test-fast runs these, in under a minute); torchrun: starts real
+# ranks under torchrun (or labkit.lab.launch); e2e: starts a labkit command, a notebook
+# kernel, a browser, Slurm, or any other program. A test marked with one of them (itself or
+# its module's pytestmark) is that kind; any other is judged by what it starts: the names its
+# code, its fixtures' code and the functions of its module they call refer to. A test judged
+# unit that starts a Python process fails (the guard below), saying to mark it.
+KINDS = ("unit", "torchrun", "e2e")
+STARTS = {
+    "e2e": {"labkit", "start_labkit", "subprocess", "Popen", "execute_notebook", "page",
+            "export_pdf", "screenshot"},  # these two start Chromium
+    "torchrun": {"torchrun", "launch", "start_torchrun"},
+}
 
-    run = root / name
-    run.mkdir()
-    cfg = preflight(from_args(build_parser().parse_args(TINY + ["--method", "ddp", *extra])),
-                    world=2, local_world=2)
-    snap = record.snapshot({"ddp": cfg}, cfg.seed, ROOT)
-    atomic_write_json(str(run / "config.json"), layout.portable(
-        {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
-         "resolved": {"ddp": cfg.to_dict()}}, run))
-    env = record.write_record(run, snap)
-    atomic_write_json(str(run / "environment.json"), layout.portable(env, run))
-    atomic_write_json(str(run / "experiment.json"), layout.portable(
-        {"run_dir": str(run), "methods": {"ddp": {"status": Status.COMPLETED.value,
-                                                  "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
-    shutil.copytree(trained, run / "ddp")
-    return run
+
+def _names(fn, module, seen: set) -> set[str]:
+    """The global and attribute names ``fn``'s code refers to, and those of the functions of
+    ``module`` it calls (transitively)."""
+    out: set[str] = set()
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen:
+        return out
+    seen.add(code)
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        out.update(c.co_names)
+        out.update(c.co_varnames[:c.co_argcount])  # fixtures by name: page, cluster
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    for n in list(out):
+        f = getattr(module, n, None)
+        if isinstance(f, types.FunctionType) and getattr(f, "__module__", None) == module.__name__:
+            out |= _names(f, module, seen)
+    return out
+
+
+def kind_of(item) -> str:
+    fns = [(getattr(item, "function", None), item.module)]
+    for name, defs in getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs.items() or ():
+        for d in defs if name != "_guard" else ():
+            f = inspect.unwrap(d.func)
+            mod = sys.modules.get(getattr(f, "__module__", ""), None)
+            if mod is not None and Path(getattr(mod, "__file__", "") or "").parent == Path(__file__).parent:
+                fns.append((f, mod))
+    names: set[str] = set()
+    seen: set = set()
+    for f, mod in fns:
+        if f is not None and mod is not None:
+            names |= _names(f, mod, seen)
+    if names & STARTS["e2e"]:
+        return "e2e"
+    if names & STARTS["torchrun"]:
+        return "torchrun"
+    return "unit"
+
+
+def _starts_python(args) -> bool:
+    """Whether a command line starts what a unit test must not: Python (a labkit command,
+    torchrun, a kernel, Jupyter). (Quick tools, git, pdfinfo or `chromium --version` when
+    labkit looks for one, are let through.)"""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    first = os.path.basename(str(argv[0])) if argv else ""
+    return first.startswith(("python", "torchrun", "jupyter")) or str(argv[0]) == sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _guard(request):
+    """Every test: the torch, NumPy and Python random states and torch's thread counts it
+    found are restored after it (an in-process reference seeds and sets one thread); a unit
+    test that starts a Python process (a labkit command, torchrun, a kernel) fails, saying to
+    mark it."""
+    import numpy as np
+    import torch
+
+    state = (torch.get_rng_state(), np.random.get_state(), random.getstate(),
+             torch.get_num_threads(), torch.get_num_interop_threads())
+    unit = request.node.get_closest_marker("unit") is not None
+    real = subprocess.Popen.__init__
+
+    def watched(self, args, *a, **kw):
+        if _starts_python(args):
+            pytest.fail(f"{request.node.nodeid} is a unit test but starts {args!r}: mark it "
+                        "@pytest.mark.e2e (or torchrun), tests/conftest.py", pytrace=False)
+        return real(self, args, *a, **kw)
+    if unit:
+        subprocess.Popen.__init__ = watched
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real
+        torch.set_rng_state(state[0])
+        np.random.set_state(state[1])
+        random.setstate(state[2])
+        if torch.get_num_threads() != state[3]:
+            torch.set_num_threads(state[3])
+        # the inter-op pool can be sized once per process only: a test that changed it is told
+        assert torch.get_num_interop_threads() == state[4], "a test changed torch's inter-op threads"
 
 
 def pytest_terminal_summary(terminalreporter):

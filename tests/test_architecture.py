@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 # what each layer may import, besides itself; the entry (cli, __main__, train) may import all
 LAYERS = {"core": set(), "training": {"core"}, "analysis": {"core"},

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from conftest import TINY, expect_error, torchrun
+from helpers import TINY, expect_error, torchrun
 from labkit.training import rank
 
 

@@ -3,24 +3,18 @@ profiler trace, and the cost model calibrated on a real (tiny) bench run."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from helpers import labkit, strict_json, tiny_flags
 
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("bench")
 
-BENCH = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--lr", "0.05",
-         "--no-progress", "--timeout", "120", "--steps", "2", "--trials", "2", "--warmup", "1"]
-
-
-def labkit(args, cwd, timeout=400):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+# the tiny settings without the training loop's (bench times steps, not epochs)
+BENCH = [*tiny_flags(lr=0.05, epochs=None, max_steps_per_epoch=None, max_val_steps=None, pin_cpus=None),
+         "--steps", "2", "--trials", "2", "--warmup", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +25,7 @@ def bench_run(tmp_path_factory):
                 "--profile-steps", "1", "--runs-dir", "runs", "--no-report"], cwd)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (cwd / "runs" / "latest").resolve()
-    return run, json.loads((run / "bench.json").read_text()), p
+    return run, strict_json(run / "bench.json"), p  # no NaN or Infinity: JSON, strictly
 
 
 def test_bench_writes_every_field(bench_run):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import HOOKS, TINY, check_ok, load_json, torchrun
+from helpers import HOOKS, TINY, check_ok, load_json, torchrun
 from labkit.analysis import breakdown, report
 from labkit.analysis.report import load_files
 from labkit.core.methods import SHORT

@@ -16,7 +16,7 @@ import shutil
 import pytest
 
 from browser_lab import LabServer, kernel_idle, prompts, run_all, screenshot, wait_all_ran
-from conftest import ROOT
+from helpers import ROOT
 
 pytestmark = pytest.mark.xdist_group("equivalence_runs")
 playwright = pytest.importorskip("playwright", reason="pip install -e '.[test]' installs playwright")

@@ -2,12 +2,10 @@
 not argparse's usage block (25 lines for `labkit run`) before the error."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import labkit
 from labkit import cli
 
 # labkit model has its own parser (labkit.analysis.costmodel.cli) behind a placeholder
@@ -28,11 +26,6 @@ def positionals(command: str) -> list[str]:
     return out
 
 
-def labkit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-
-
 @pytest.mark.parametrize("args,first", [
     (["run", "sgd"], "labkit run: error: unknown method 'sgd'"),
     (["runs", "--statuz", "x"], "labkit runs: error: unknown flag --statuz (did you mean --status?)"),
@@ -40,7 +33,7 @@ def labkit(*args: str) -> subprocess.CompletedProcess:
                                         "number, got 'two'"),
 ])
 def test_the_three_mistypes_of_the_issue_are_one_line(args, first):
-    p = labkit(*args)
+    p = labkit(args, timeout=120)
     lines = p.stderr.splitlines()
     assert p.returncode == 2 and p.stdout == ""
     assert len(lines) == 1 and lines[0].startswith(first), p.stderr

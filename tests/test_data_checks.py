@@ -5,12 +5,16 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY, check_ok, expect_error, load_json, torchrun
+from helpers import TINY, check_ok, expect_error, load_json, torchrun
 from labkit.training import checks
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.training.data import build_datasets, check_image
@@ -79,12 +83,43 @@ def test_text_saved_as_jpg_is_named(tmp_path, capsys, image_tree):
                  "not an image PIL can read")
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
+# the check as user nobody, for a root test run (CI): the same call in a process whose user
+# cannot read the file (setpriv drops root's identity and its capabilities with it)
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"]
+CHECK = ("import sys\nfrom labkit.training import rank\nsys.exit(rank.main(sys.argv[1:]))\n")
+
+
 def test_unreadable_file_is_named(tmp_path, capsys, image_tree):
-    d = tmp_path / "data"
-    shutil.copytree(image_tree, d)
-    (d / "val" / "cat" / "1.png").chmod(0)
-    expect_error(args(d, tmp_path / "o"), capsys, str(d / "val" / "cat" / "1.png"), "Permission denied")
+    if os.geteuid() != 0:
+        d = tmp_path / "data"
+        shutil.copytree(image_tree, d)
+        (d / "val" / "cat" / "1.png").chmod(0)
+        expect_error(args(d, tmp_path / "o"), capsys, str(d / "val" / "cat" / "1.png"), "Permission denied")
+        return
+    # root reads any file: the check runs as nobody, in a folder nobody can reach (pytest's
+    # own are root's alone), with the same one line asked of it
+    assert shutil.which("setpriv"), "setpriv (util-linux) runs the check as an unprivileged user"
+    shared = Path(tempfile.mkdtemp(prefix="labkit-unreadable-"))
+    try:
+        shared.chmod(0o755)
+        d = shared / "data"
+        shutil.copytree(image_tree, d)
+        for f in [d, *d.rglob("*")]:  # readable by all (the copy kept pytest's 0700 folders) ...
+            f.chmod(0o755 if f.is_dir() else 0o644)
+        out = shared / "o"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        (d / "val" / "cat" / "1.png").chmod(0)  # ... but this one
+        env = {**os.environ, "HOME": str(out), "MPLCONFIGDIR": str(out)}
+        p = subprocess.run([*AS_NOBODY, sys.executable, "-c", CHECK, *args(d, out)], capture_output=True,
+                           text=True, timeout=120, env=env, cwd=shared)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), p.stderr
+    assert str(d / "val" / "cat" / "1.png") in lines[0] and "Permission denied" in lines[0], lines
+    assert "Traceback" not in p.stderr
 
 
 def test_truncated_jpeg_is_found_and_trailing_bytes_are_not(tmp_path):

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY, check_ok, torchrun
+from helpers import TINY, check_ok, labkit, torchrun
 
 
 def reject(token: str):
@@ -30,11 +27,6 @@ def all_strict(folder: Path) -> list[Path]:
     for f in files:
         strict(f)
     return files
-
-
-def labkit(args, cwd, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def result_of(out: Path) -> dict:

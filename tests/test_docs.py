@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)

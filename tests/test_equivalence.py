@@ -8,91 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
-from conftest import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
-from conftest import TINY, check_ok, load_json, torchrun
-from labkit.core.config import TrainConfig, resolve
-from labkit.training.data import build_datasets, train_sampler
+from helpers import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
+from helpers import ATOL, RTOL, STEPS, TINY, check_ok, load_json, reference_state, torchrun  # noqa: F401 (test_ps_variants, test_methods import the reference from here)
 from labkit.training.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker
 pytestmark = pytest.mark.xdist_group("equivalence_runs")
 
-STEPS = 5
 TRAINERS = 2
-# With 2 trainers on gloo/CPU the sums happen to be bit-identical (measured max abs diff 0.0,
-# 2026-11-22); the tolerance leaves room for other summation orders (NCCL rings, more
-# trainers), while a real semantic difference (a missing average, a skipped step) is orders of
-# magnitude larger (test_reference_is_sensitive). lr is small so 5 steps stay in the stable
-# regime where float rounding is not amplified.
-ATOL, RTOL = 5e-5, 1e-4
-
-
-
-def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> dict:
-    """Single process: each step, every trainer's batch in turn, gradients averaged, one SGD
-    step; BatchNorm buffers are trainer 0's (DDP's default). ``epochs`` of STEPS steps each;
-    ``overrides``: other TrainConfig values (e.g. momentum=0.0; compress="fp16" averages as
-    DDP's fp16_compress_hook does: each gradient cast to fp16 and divided, summed in fp16).
-    ``order`` (the asynchronous PS server in lock-step): instead of one averaged step, per
-    step ``order[step]`` lists trainers whose gradients are applied one at a time, each as an
-    SGD step with lr / trainers."""
-    torch.set_num_threads(1)  # as each torchrun rank (OMP_NUM_THREADS=1): same conv kernels
-    cfg = resolve(TrainConfig(dataset="digits", model="resnet10_small", batch_size=8,
-                                   lr=0.01, **overrides), False)
-    data = build_datasets(cfg)
-    torch.manual_seed(cfg.seed)
-    model, _ = build_model(cfg.model, data.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                          weight_decay=cfg.weight_decay)
-
-    def shards(epoch: int) -> list:
-        """Each trainer's batches in this epoch's order."""
-        its = []
-        for k in range(trainers):
-            s = train_sampler(data.train, trainers, k, cfg.seed)
-            s.set_epoch(epoch)
-            its.append(iter(DataLoader(data.train, batch_size=cfg.batch_size, sampler=s, drop_last=True)))
-        return its
-
-    params = [p for p in model.parameters()]
-    half = cfg.compress == "fp16"
-    model.train()
-    step = 0
-    for epoch in range(1, epochs + 1):
-        iters = shards(epoch)
-        for _ in range(STEPS):
-            buffers = {n: b.clone() for n, b in model.named_buffers()}
-            per_trainer = []
-            new_buffers = None
-            for k in range(trainers):
-                for n, b in model.named_buffers():
-                    b.copy_(buffers[n])
-                x, y = next(iters[k])
-                model.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), y).backward()
-                per_trainer.append([p.grad for p in params])
-                if k == 0:
-                    new_buffers = {n: b.clone() for n, b in model.named_buffers()}
-            if order is None:
-                for i, p in enumerate(params):
-                    g = torch.zeros_like(p, dtype=torch.float16 if half else p.dtype)
-                    for grads in per_trainer:
-                        g += grads[i].half().div_(trainers) if half else grads[i] / trainers
-                    p.grad = g.to(p.dtype)
-                opt.step()
-            else:
-                for k in order[step]:
-                    for p, g in zip(params, per_trainer[k]):
-                        p.grad = g
-                    opt.param_groups[0]["lr"] = cfg.lr / trainers
-                    opt.step()
-            step += 1
-            for n, b in model.named_buffers():
-                b.copy_(new_buffers[n])
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import nbformat  # noqa: E402
 import papermill as pm  # noqa: E402
 import pytest  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
+from helpers import ROOT  # noqa: E402
 from labkit.analysis import explore  # noqa: E402
 from labkit.core.methods import METHOD_NAMES, RESULT_FILES  # noqa: E402
 

@@ -13,7 +13,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("export")
 
-from conftest import ROOT
+from helpers import ROOT
 from labkit.lab import export
 from labkit.lab.export import export_html, export_pdf, find_chromium
 from screenshot import screenshot

@@ -12,21 +12,14 @@ import time
 import pytest
 import torch
 
-from conftest import load_json
+from helpers import leftovers, load_json, tiny_cfg, tiny_flags, wait_for
 from labkit.core.config import TrainConfig
 from labkit.lab.launch import Nodes, launch
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("faults")
 
-CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=2,
-           max_steps_per_epoch=3, max_val_steps=1, lr=0.01, progress=False, timeout=20.0)
-
-
-def leftovers(marker: str) -> list[str]:
-    """Processes whose command line mentions ``marker`` (a unique output folder)."""
-    p = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
-    return [l for l in p.stdout.splitlines() if "pgrep" not in l]
+CFG = tiny_cfg(epochs=2, max_steps_per_epoch=3, max_val_steps=1, timeout=20.0, pin_cpus=None)
 
 
 def run(tmp_path, name, env=None, nodes=Nodes(), nproc=2, **cfg):
@@ -112,19 +105,16 @@ def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, uninterrupted):
 
 def test_ctrl_c_on_the_launcher_stops_every_process(tmp_path):
     out = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "labkit", "run", "ddp", "--nproc", "2", "--dataset", "digits",
-           "--model", "resnet10_small", "--batch-size", "8", "--epochs", "50", "--max-val-steps", "1",
-           "--no-progress", "--out", str(out)]
+    cmd = [sys.executable, "-m", "labkit", "run", "ddp", "--nproc", "2",
+           *tiny_flags(epochs=50, max_steps_per_epoch=None, lr=None, max_val_steps=1, timeout=None,
+                       pin_cpus=None),
+           "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result = out / "results_baseline_ddp.json"
-    deadline = time.monotonic() + 90
-    while not result.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert result.exists(), "training never started"
+    wait_for(result.exists, 90, "training to start")
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output[-2000:]
     assert "interrupted" in output
-    time.sleep(1)
     assert not leftovers(str(out))
     assert load_json(result)["status"] == "interrupted"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from conftest import ROOT, expect_error
+from helpers import ROOT, expect_error
 from labkit.core import efficiency
 from labkit.core.config import ConfigError, TrainConfig, resolve
 from labkit.training import gpu_data

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY, check_ok, torchrun
+from helpers import TINY, check_ok, torchrun
 from labkit.training import rank
 
-# the session's equivalence_runs are built once: every test using them on one xdist worker
-pytestmark = pytest.mark.xdist_group("equivalence_runs")
+# the session's equivalence_runs are built once: every test using them on one xdist worker.
+# Every test here trains for real (in-process through the rank's entry point, or under
+# torchrun): the torchrun kind, not make test-fast's (fp16 on a CPU: seconds a step)
+pytestmark = [pytest.mark.xdist_group("equivalence_runs"), pytest.mark.torchrun]
 
 # Synthetic 8x8 images: on this CPU an fp16 convolution backward has no fast kernel and takes
 # ~48 s per step at 32x32, ~1 s at 8x8 (measured). The checks are about the numerics of a

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import EQUIVALENCE_RUNS, ROOT, TINY, check_ok, load_json, torchrun
+from helpers import EQUIVALENCE_RUNS, ROOT, TINY, check_ok, load_json, torchrun
 from labkit.core.config import TrainConfig, resolve
 from labkit.core.methods import spec
 from labkit.training import gpu_data, rank

@@ -9,15 +9,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import HOOKS, TINY, check_ok, load_json, make_run, torchrun
+from helpers import (HOOKS, TINY, check_ok, labkit, load_json, make_run, Pause, start_labkit as start,
+                     torchrun)
 from labkit.analysis import compare
 from labkit.core.status import Status
 
@@ -27,25 +25,6 @@ pytestmark = pytest.mark.xdist_group("labnotebook")
 EXP = ["--nproc", "2", "--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8",
        "--max-steps-per-epoch", "3", "--max-val-steps", "1", "--lr", "0.01", "--no-progress",
        "--timeout", "60", "--no-pin-cpus", "--calibrate-steps", "2"]
-
-
-def labkit(args, cwd, env=None, timeout=300, **kw):
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1",
-                                                           **(env or {})}, **kw)
-
-
-def start(args, cwd) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "labkit", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def wait_for(cond, timeout=240.0) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.2)
 
 
 def completed(path: Path) -> bool:
@@ -71,9 +50,14 @@ def killed(tmp_path_factory) -> tuple[Path, bytes]:
     """An experiment (ddp, allreduce, ps) whose process group was SIGKILLed once ddp had
     finished and allreduce had written its first checkpoint; (run folder, ddp's result bytes)."""
     cwd = tmp_path_factory.mktemp("killed")
-    p = start(["experiment", *EXP, "--epochs", "2", "--runs-dir", "runs", "--tag", "killed"], cwd)
+    # allreduce's rank 0 held before epoch 2's first step: its epoch-1 checkpoint is written,
+    # and it cannot finish before the kill, however fast the machine (the pause hook)
+    pause = Pause(cwd, "allreduce", rank=0, epoch=2, step=0)
+    p = start(["experiment", *EXP, "--epochs", "2", "--runs-dir", "runs", "--tag", "killed"], cwd,
+              env=pause.env)
     try:
-        wait_for(lambda: (cwd / "runs" / "latest" / "allreduce" / "checkpoint.pt").exists())
+        pause.wait(240, p)
+        assert (cwd / "runs" / "latest" / "allreduce" / "checkpoint.pt").exists()
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
@@ -110,10 +94,12 @@ def runs_dir(tmp_path_factory, ddp_run, ddp_rerun, killed) -> Path:
                 "--runs-dir", str(runs), "--tag", "fail"], base,
                env={"PYTHONPATH": HOOKS, "LABKIT_TEST_FAULT": "ddp:1:1"})
     assert p.returncode == 1, p.stdout[-2000:]
+    # SIGTERM while allreduce trains (its rank 0 held at its first step), ddp finished
+    pause = Pause(base, "allreduce", rank=0, epoch=1, step=0)
     p = start(["experiment", *EXP, "--methods", "ddp,allreduce", "--epochs", "1", "--no-report",
-               "--runs-dir", str(runs), "--tag", "term"], base)
-    wait_for(lambda: any(completed(d / "ddp" / "results_baseline_ddp.json")
-                         for d in runs.glob("*_term")))
+               "--runs-dir", str(runs), "--tag", "term"], base, env=pause.env)
+    pause.wait(240, p)
+    assert any(completed(d / "ddp" / "results_baseline_ddp.json") for d in runs.glob("*_term"))
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=120) == 130
     shutil.copytree(killed[0], runs / "2026-11-20_14-00-00_stopped", symlinks=True,

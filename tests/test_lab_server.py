@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT, jupyter_port
 
 
 def lab_command(port: int) -> str:
@@ -25,12 +24,6 @@ def lab_command(port: int) -> str:
                         "--ServerApp.port_retries=0 --IdentityProvider.token="],
                        cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     return [l for l in p.stdout.splitlines() if l.strip()][-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_allow_root_only_as_root(tmp_path):
@@ -50,12 +43,12 @@ def test_allow_root_only_as_root(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_make_lab_serves_on_loopback(tmp_path):
-    port = free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    with open(tmp_path / "lab.log", "w") as log:
-        proc = subprocess.Popen(["sh", "-c", lab_command(port)], cwd=ROOT, env=env, stdout=log,
+    with open(tmp_path / "lab.log", "w") as log:  # port 0: the server binds one the OS picks
+        proc = subprocess.Popen(["sh", "-c", lab_command(0)], cwd=ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        port = jupyter_port(tmp_path / "runtime", proc)
         deadline, answer = time.monotonic() + 120, None
         while time.monotonic() < deadline and proc.poll() is None:
             try:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import load_json
+from helpers import load_json
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.lab.launch import Nodes, launch, torchrun_command
 

@@ -12,40 +12,41 @@ import time
 import psutil
 import pytest
 
-from conftest import load_json
+from helpers import ONE_THREAD, Pause, labkit, leftovers, load_json, tiny_flags, wait_for
 from labkit.core import status
 from labkit.analysis import report
 
 pytestmark = pytest.mark.xdist_group("lifecycle")
 
-# 16 steps an epoch: epoch 2 is still running seconds after epoch 1 is written (measured on
-# 2 CPU cores: 0.48 s a step with 3 ranks, 0.32 s with 2, so epoch 2 lasts 5-8 s), while the
-# tests act on it within a poll of 0.2 s. (40 steps cost both tests 19 s more, waiting for epoch 1.)
-ARGS = ["--method", "allreduce", "--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8",
-        "--epochs", "4", "--max-steps-per-epoch", "16", "--max-val-steps", "1", "--lr", "0.01",
-        "--no-progress", "--timeout", "120"]
+# The tests act on epoch 2 at a moment the pause hook holds (tests/helpers.Pause): a rank waits
+# before epoch 2's second step until the test is done with it, however fast or loaded the machine.
+ARGS = ["--method", "allreduce",
+        *tiny_flags(epochs=3, max_steps_per_epoch=4, max_val_steps=1, pin_cpus=None)]
 
 
-def start_torchrun(tmp_path, nproc: int):
+def start_torchrun(tmp_path, nproc: int, env: dict):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "labkit.train", *ARGS, "--out", str(out)]
     log = open(tmp_path / "torchrun.log", "w")
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                            env={**os.environ, **ONE_THREAD, **env}, start_new_session=True)
     return proc, out / "results_all_reduce.json", tmp_path / "torchrun.log"
 
 
-def wait_for_epoch_1(proc, result, log):
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if len(load_json(result)["epochs"]) >= 1:
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"epoch 1 never finished:\n{log.read_text()[-3000:]}")
+def held_in_epoch_2(tmp_path, nproc: int, rank: int):
+    """torchrun started, ``rank`` held before epoch 2's second step (epoch 1 written): (torchrun,
+    result file, log, the pause)."""
+    pause = Pause(tmp_path, "allreduce", rank=rank, epoch=2, step=1)
+    proc, result, log = start_torchrun(tmp_path, nproc, pause.env)
+    try:
+        pause.wait(240, proc)
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"never held in epoch 2:\n{log.read_text()[-3000:]}")
+    assert [e["epoch"] for e in load_json(result)["epochs"]] == [1]
+    return proc, result, log, pause
 
 
 def rank_pid(proc, rank: int) -> int:
@@ -58,11 +59,6 @@ def rank_pid(proc, rank: int) -> int:
     raise AssertionError(f"no rank {rank} among torchrun's children")
 
 
-def leftovers(proc_pid: int, marker: str) -> list[str]:
-    p = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
-    return [l for l in p.stdout.splitlines() if "pgrep" not in l]
-
-
 def finish(proc, timeout: float) -> int:
     try:
         return proc.wait(timeout)
@@ -73,33 +69,45 @@ def finish(proc, timeout: float) -> int:
 
 
 def test_bare_torchrun_rank_killed_in_epoch_2(tmp_path):
-    proc, result, log = start_torchrun(tmp_path, 3)
-    wait_for_epoch_1(proc, result, log)
+    proc, result, log, pause = held_in_epoch_2(tmp_path, 3, rank=0)
     os.kill(rank_pid(proc, 1), signal.SIGKILL)
+    pause.release()
     t0 = time.monotonic()
     code = finish(proc, 90)
     assert code != 0 and time.monotonic() - t0 < 90
-    time.sleep(1)
-    assert not leftovers(proc.pid, str(result.parent)), log.read_text()[-3000:]
+    assert not leftovers(str(result.parent)), log.read_text()[-3000:]
     doc = load_json(result)
     assert doc["status"] == "failed", doc.get("status")
     assert [e["epoch"] for e in doc["epochs"]] == [1]  # the finished epoch is kept
     assert doc["end_time"] and doc["error"]
     # and what a user reads: labkit report names the run as failed, not as still going
-    rep = subprocess.run([sys.executable, "-m", "labkit", "report", str(result), "--out",
-                          str(tmp_path / "report")], capture_output=True, text=True, timeout=120)
+    rep = labkit(["report", str(result), "--out", str(tmp_path / "report")], tmp_path, timeout=120)
     assert "status failed" in rep.stdout + rep.stderr and "status running" not in rep.stdout + rep.stderr
+
+
+def cpu_seconds(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def test_sigterm_reaches_rank_0_blocked_in_a_collective(tmp_path):
     """Rank 1 stopped (SIGSTOP): rank 0 blocks in the all-reduce, where a Python signal handler
     could not run. SIGTERM (what torchrun sends) still marks the file, and rank 0 dies of it."""
-    proc, result, log = start_torchrun(tmp_path, 2)
-    wait_for_epoch_1(proc, result, log)
+    proc, result, log, pause = held_in_epoch_2(tmp_path, 2, rank=1)
     r0, r1 = rank_pid(proc, 0), rank_pid(proc, 1)
     os.kill(r1, signal.SIGSTOP)
     try:
-        time.sleep(3)  # rank 0 reaches the next all-reduce and waits there for rank 1
+        # rank 0 goes on into step 2's all-reduce and waits there for rank 1: blocked once it
+        # has been asleep, using no CPU, for a second (its backward computes, or waits for a
+        # core on a loaded machine, runnable; gloo's wait sleeps)
+        last = [cpu_seconds(r0), time.monotonic()]
+
+        def blocked() -> bool:
+            now = cpu_seconds(r0)
+            if now - last[0] > 0.05 or psutil.Process(r0).status() != psutil.STATUS_SLEEPING:
+                last[:] = [now, time.monotonic()]
+            return time.monotonic() - last[1] >= 1.0
+        wait_for(blocked, 120, "rank 0 to block in the all-reduce", 0.1)
         assert load_json(result)["status"] == "running"
         os.kill(r0, signal.SIGTERM)
         deadline = time.monotonic() + 15
@@ -108,6 +116,7 @@ def test_sigterm_reaches_rank_0_blocked_in_a_collective(tmp_path):
             time.sleep(0.1)
         assert time.monotonic() < deadline, "rank 0 did not die of SIGTERM"
     finally:
+        pause.release()
         os.kill(r1, signal.SIGCONT)
     finish(proc, 90)
     assert "exitcode  : -15" in log.read_text()  # torchrun saw SIGTERM, as before

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import make_image_tree
+from helpers import make_image_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loader_workers")]
 

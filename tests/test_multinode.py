@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, load_json
+from helpers import ROOT, TINY, load_json, with_free_port
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("multinode")
@@ -30,17 +30,23 @@ RESULT = "results_baseline_ddp.json"  # ddp's result file
 TIMEOUT = 150  # seconds for a whole two-node run; a tiny one takes ~15 s on 2 cores
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_nodes(method: str, outs: list[Path], cwd: Path, extra=(), env=None) -> list[tuple[int, str]]:
     """``labkit run METHOD`` once per node (1 process each), concurrently, on one rendezvous
     endpoint; returns (exit code, stdout + stderr) per node. Never hangs: after TIMEOUT, or on
-    any error, every process group still running is killed."""
-    port = free_port()
+    any error, every process group still running is killed. The endpoint's port is one the
+    OS handed out; both agents must be told it, so it cannot be bound at use: when another
+    process took it meanwhile, the nodes run again on another."""
+    def in_use(results) -> bool:
+        return any("EADDRINUSE" in text or "Address already in use" in text for _, text in results)
+
+    def attempt(port: int):
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)  # what a refused attempt left
+        return _run_nodes(port, method, outs, cwd, extra, env)
+    return with_free_port(attempt, tries=3, in_use=in_use)
+
+
+def _run_nodes(port: int, method: str, outs: list[Path], cwd: Path, extra, env) -> list[tuple[int, str]]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     procs, logs = [], []
     try:

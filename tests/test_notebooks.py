@@ -9,7 +9,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from labkit.core.config import TrainConfig
 from labkit.lab.kernels import kernel_name
 from labkit.lab.params import LAUNCH_PARAMS

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY, check_ok
+from helpers import TINY, check_ok
 
 # reads the session's ddp_run, as the equivalence tests do: on their xdist worker
 pytestmark = pytest.mark.xdist_group("equivalence_runs")

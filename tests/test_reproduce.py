@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_run
+from helpers import make_run
 from labkit.lab import record
 from labkit.analysis import compare
 from labkit.core import layout, lockfile

@@ -7,19 +7,17 @@ mounts (we run as root; skipped where mounting is not permitted) and tests/hooks
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY
+from helpers import TINY, labkit, leftovers, strict_json
 from labkit.core.resources import Need
 
 pytestmark = pytest.mark.xdist_group("resources")
@@ -27,31 +25,11 @@ pytestmark = pytest.mark.xdist_group("resources")
 RUN = ["--nproc", "2", *TINY]
 
 
-def labkit(args, cwd, env=None, timeout=180, wrap=()):
-    return subprocess.run([*wrap, sys.executable, "-m", "labkit", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-
-
 def lines(text: str) -> list[str]:
     return [l for l in text.splitlines() if l.strip()]
 
 
-def strict(path: Path) -> dict:
-    def reject(token):
-        raise ValueError(token)
-    return json.loads(Path(path).read_text(), parse_constant=reject)
-
-
-def leftovers(marker: str) -> list[str]:
-    """Processes (ranks, loader workers, torchrun) whose command line names ``marker``."""
-    for _ in range(20):  # a worker notices its rank is gone within a few seconds
-        p = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
-        left = [l for l in p.stdout.splitlines() if "pgrep" not in l]
-        if not left:
-            return []
-        time.sleep(0.5)
-    return left
+strict = strict_json
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import TINY, check_ok, load_json, torchrun
+from helpers import TINY, check_ok, load_json, torchrun
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker
 pytestmark = pytest.mark.xdist_group("equivalence_runs")

@@ -14,7 +14,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from labkit.core import layout
 from labkit.core.config import ConfigError
 from labkit.lab.kernels import kernel_name

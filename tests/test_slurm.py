@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, load_json
+from helpers import ROOT, TINY, free_port, load_json
 
 pytestmark = [pytest.mark.xdist_group("slurm")]  # one worker owns the daemons
 
@@ -44,12 +44,6 @@ def which(name: str) -> str | None:
     """A command on PATH, or in the sbin folders where Debian puts the daemons (a user's PATH
     may lack them)."""
     return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pids_with(entry: str, exclude: int = -1) -> list[int]:

@@ -28,11 +28,16 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       out-of-memory killer would do to them.
   LABKIT_TEST_CUDA_OOM=<method>:<rank>:<step>  before that step that rank asks the GPU for
       1 TiB: a real torch.OutOfMemoryError.
+  LABKIT_TEST_PAUSE=<method>:<rank>:<epoch>:<step>:<folder>  that rank (method * for any), before
+      that step of that epoch (step counted from 0 in the epoch, epoch from 1), writes its pid to
+      <folder>/paused and waits until <folder>/release exists: a test acts on a run at exactly
+      that moment (kill it, signal it) instead of racing its clock (tests/helpers.Pause). Only
+      on torchrun's first attempt, and once per process.
 """
 import os
 
 _NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_LATE", "LABKIT_TEST_TRACE",
-          "LABKIT_TEST_PERTURB", "LABKIT_TEST_FILL", "LABKIT_TEST_WORKER", "LABKIT_TEST_CUDA_OOM")
+          "LABKIT_TEST_PERTURB", "LABKIT_TEST_FILL", "LABKIT_TEST_WORKER", "LABKIT_TEST_CUDA_OOM", "LABKIT_TEST_PAUSE")
 
 
 def _at(name: str, method: str, rank: int):
@@ -128,6 +133,27 @@ def _slow(rank: int, name: str = "LABKIT_TEST_SLOW") -> float:
         return 0.0
 
 
+def _pause_at(method: str, rank: int):
+    """(epoch, step, folder) of LABKIT_TEST_PAUSE when it is meant for this rank."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    try:
+        m, r, e, s, folder = os.environ.get("LABKIT_TEST_PAUSE", "").split(":", 4)
+        return (int(e), int(s), folder) if m in (method, "*") and int(r) == rank else None
+    except ValueError:
+        return None
+
+
+def _pause(folder: str) -> None:
+    import time
+
+    with open(os.path.join(folder, "paused.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(folder, "paused.tmp"), os.path.join(folder, "paused"))  # whole or absent
+    while not os.path.exists(os.path.join(folder, "release")):
+        time.sleep(0.02)
+
+
 def _install() -> None:
     import json
 
@@ -144,6 +170,15 @@ def _install() -> None:
         if at is not None:
             trainer.step_callbacks.append(lambda tr, step: _perturb(tr, at[1]) if step == at[0] else None)
         m, r = trainer.cfg.method, trainer.ctx.rank
+        pause = _pause_at(m, r)
+        if pause is not None:
+            held = []
+
+            def hold(tr, step: int) -> None:
+                if not held and tr.epoch == pause[0] and tr.step == pause[1]:
+                    held.append(step)
+                    _pause(pause[2])
+            trainer.step_callbacks.append(hold)
         fill = os.environ.get("LABKIT_TEST_FILL")
         if fill and r == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
             _fill(fill)

@@ -1,0 +1,441 @@
+"""The suite's one helpers module: the tiny settings, the ways the tests start labkit (torchrun,
+the `labkit` command), strict JSON, leftover-process checks with a deadline, ports, and the
+pause hook's test side. conftest.py holds fixtures and markers only and imports from here; test
+modules import from here, never from each other (docs/testing.md: what was merged into what).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# every process the tests start imports tests/hooks/sitecustomize.py, which installs the
+# LABKIT_TEST_* fault, pause and tracing hooks from outside the package (labkit.training.hooks)
+HOOKS = str(Path(__file__).resolve().parent / "hooks")
+if HOOKS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HOOKS, os.environ.get("PYTHONPATH")) if p)
+
+# one thread per rank: what every process the tests start gets (two xdist workers share the
+# cores; the in-process reference of test_equivalence sets the same to get the same kernels)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# no Chromium: a report is written as HTML only, seconds quicker (the session experiment of
+# conftest reads the PDF)
+HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
+
+
+# ------------------------------------------------------------------ tiny settings, one source
+# tiny but real: the digits images, the smallest ResNet, a few steps. TrainConfig's fields;
+# tiny_flags() writes them as the command line, tiny_cfg() as keyword arguments (TrainConfig,
+# the notebooks' parameters). A test changes only what it needs: tiny_flags(epochs=2).
+# pin_cpus False: two xdist workers run jobs at once, and each job binding its ranks as if it
+# had the machine to itself stacks them on the same cores (the suite took 10 min 33 s bound,
+# 2026-11-23); the runs that check binding ask for it
+TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
+                max_steps_per_epoch=5, lr=0.01, max_val_steps=2, progress=False, timeout=120,
+                pin_cpus=False)
+
+
+def tiny_cfg(**over) -> dict:
+    """TINY_CFG with ``over`` changed (a value None drops the key)."""
+    return {k: v for k, v in {**TINY_CFG, **over}.items() if v is not None}
+
+
+def as_flags(cfg: dict) -> list[str]:
+    """{"batch_size": 8, "progress": False} -> ["--batch-size", "8", "--no-progress"]."""
+    out: list[str] = []
+    for k, v in cfg.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is False:
+            out.append("--no-" + flag[2:])
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def tiny_flags(**over) -> list[str]:
+    """The tiny settings as `labkit.train` / `labkit run` / `labkit experiment` flags."""
+    return as_flags(tiny_cfg(**over))
+
+
+# the torchrun form most tests start from (conftest's ddp_run trains with exactly these)
+TINY = tiny_flags()
+
+
+# Every method once, from one seed, 5 steps (PS with 3 processes = 2 trainers, like the others).
+# Shared by the equivalence tests and the result-file tests: one run each for the whole session
+# (ddp's is ddp_run).
+EQUIVALENCE_RUNS = {
+    "ddp": (2, ["--method", "ddp"]),
+    # many buckets, overlapped; bound to cores (--pin-cpus), so the equivalence tests show
+    # that placement changes no number
+    "allreduce": (2, ["--method", "allreduce", "--bucket-mb", "1", "--pin-cpus"]),
+    "ps_collective": (3, ["--method", "ps", "--ps-mode", "collective", "--bucket-mb", "1"]),
+    "ps_p2p": (3, ["--method", "ps", "--ps-mode", "p2p"]),
+}
+
+
+
+def make_image_tree(root: Path, classes=("cat", "dog"), n_train=6, n_val=3, size=40) -> Path:
+    """A tiny ImageNet-style tree: root/{train,val}/<class>/*.png with distinct colours."""
+    from PIL import Image
+    import random
+
+    rng = random.Random(0)
+    for split, n in (("train", n_train), ("val", n_val)):
+        for ci, c in enumerate(classes):
+            d = root / split / c
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                base = (200 * ci, 80, 255 - 200 * ci)
+                px = [tuple(min(255, max(0, v + rng.randint(-40, 40))) for v in base)
+                      for _ in range(size * size)]
+                im = Image.new("RGB", (size, size))
+                im.putdata(px)
+                im.save(d / f"{i}.png")
+    return root
+
+
+
+# conftest's session experiment: the three methods, 2 repeats
+EXPERIMENT_METHODS = ("ddp", "allreduce", "ps")
+EXPERIMENT_REPEATS = 2
+# `labkit experiment` with the tiny settings (the method runs' epochs and steps given apart)
+EXPERIMENT_FLAGS = ["--nproc", "2", *tiny_flags(dataset=None, epochs=None, max_steps_per_epoch=None,
+                                                max_val_steps=1, timeout=60)]
+
+
+class Experiment:
+    """A finished `labkit experiment` run by conftest's session fixture: the folder it ran in
+    (``cwd``), the run folder (``run``), its exit code and output (kept in files: the fixture
+    may have run on another xdist worker)."""
+
+    def __init__(self, cwd: Path):
+        self.cwd = cwd
+        self.run = (cwd / "runs" / "latest").resolve()
+        self.returncode = int((cwd / "returncode").read_text())
+        self.stdout = (cwd / "stdout.txt").read_text()
+        self.stderr = (cwd / "stderr.txt").read_text()
+
+    @staticmethod
+    def record(cwd: Path, p: subprocess.CompletedProcess) -> None:
+        (cwd / "stdout.txt").write_text(p.stdout)
+        (cwd / "stderr.txt").write_text(p.stderr)
+        (cwd / "returncode").write_text(str(p.returncode))
+
+
+# ------------------------------------------------------------------ starting labkit
+def torchrun(nproc: int, args: list[str], cwd, env: dict | None = None, timeout: float = 240):
+    """Run ``torchrun --standalone --nproc_per_node=nproc -m labkit.train ARGS`` for real."""
+    import torch
+
+    if "--backend" not in args and nproc > torch.cuda.device_count():
+        # the default on a GPU box is nccl, one GPU per process: with fewer GPUs than processes
+        # (one H100, 2026-11-23) every multi-process test was refused before it started. These
+        # tests check the methods' arithmetic, which gloo computes the same way (CI: no GPU,
+        # gloo is the default already)
+        args = [*args, "--backend", "gloo"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "labkit.train", *args]
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **ONE_THREAD, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def labkit(args: Iterable, cwd=ROOT, env: dict | None = None, timeout: float = 400,
+           wrap: Iterable[str] = (), **kw) -> subprocess.CompletedProcess:
+    """``python -m labkit ARGS`` in ``cwd``, output captured; one thread per rank unless ``env``
+    says otherwise; ``wrap``: a command to run it under (e.g. prlimit)."""
+    return subprocess.run([*wrap, sys.executable, "-m", "labkit", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **ONE_THREAD, **(env or {})}, **kw)
+
+
+def start_labkit(args: Iterable, cwd, env: dict | None = None, **kw) -> subprocess.Popen:
+    """``python -m labkit ARGS`` started in its own session (os.killpg reaches all of it),
+    stdout and stderr together in a pipe."""
+    return subprocess.Popen([sys.executable, "-m", "labkit", *map(str, args)], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, **ONE_THREAD, **(env or {})},
+                            **kw)
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def expect_error(argv, capsys, *needles) -> str:
+    """labkit.training.rank.main(argv) in-process: exit 2, one `labkit.train: error:` line holding every
+    needle, no traceback."""
+    from labkit.training import rank
+
+    code = rank.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
+    for n in needles:
+        assert n in err, err
+    assert "Traceback" not in err
+    return err
+
+
+# ------------------------------------------------------------------ JSON
+def load_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _reject(token: str):
+    raise ValueError(f"not JSON: {token} (NaN and Infinity are JavaScript, not JSON)")
+
+
+def strict_loads(text: str):
+    """json.loads that refuses NaN, Infinity and -Infinity, as a strict JSON reader would."""
+    return json.loads(text, parse_constant=_reject)
+
+
+def strict_json(path):
+    """The file at ``path`` parsed strictly (strict_loads), with the path in the error."""
+    text = Path(path).read_text()
+    try:
+        return strict_loads(text)
+    except ValueError as e:
+        raise AssertionError(f"{path}: {e}") from None
+
+
+# ------------------------------------------------------------------ waiting, without sleeping blind
+def wait_for(cond: Callable[[], object], timeout: float = 240.0, what: str = "condition",
+             every: float = 0.2):
+    """Poll ``cond`` until it returns something true (returned) or ``timeout`` s pass (fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(every)
+
+
+def processes_naming(marker: str) -> list[str]:
+    """Command lines of live processes (not zombies) that mention ``marker``, this one excluded."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["pid"] == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            line = " ".join(p.info["cmdline"] or ())
+            if marker in line:
+                found.append(f"{p.info['pid']} {line}")
+        except psutil.Error:
+            pass
+    return found
+
+
+def leftovers(marker: str, deadline: float = 20.0) -> list[str]:
+    """Processes (torchrun, ranks, loader workers, kernels) whose command line names ``marker``
+    (a unique output folder) still alive ``deadline`` seconds from now; [] as soon as there
+    are none. A rank's loader worker notices its rank is gone within a few seconds: the
+    deadline is for a loaded machine, and a passing check returns at once."""
+    end = time.monotonic() + deadline
+    while True:
+        left = processes_naming(marker)
+        if not left or time.monotonic() >= end:
+            return left
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ ports
+# Where a program can bind port 0 itself it does (JupyterLab: --port=0, then jupyter_port
+# reads the port it got); free_port is for the others (a rendezvous endpoint two agents must
+# both be told, Slurm's daemons), and with_free_port retries when another process took it first.
+def free_port() -> int:
+    """A port the OS has just handed out (bound to port 0, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def jupyter_port(runtime_dir: Path, proc: subprocess.Popen, timeout: float = 120.0) -> int:
+    """The port a Jupyter server started with --port=0 bound: from the jpserver-<pid>.json it
+    writes into its runtime folder once it listens."""
+    def port():
+        if proc.poll() is not None:
+            raise AssertionError(f"the Jupyter server exited {proc.returncode}")
+        for f in Path(runtime_dir).glob("jpserver-*.json"):
+            try:
+                return json.loads(f.read_text())["port"]
+            except (OSError, ValueError, KeyError):
+                pass
+        return None
+    return int(wait_for(port, timeout, f"a jpserver-*.json in {runtime_dir}"))
+
+
+def with_free_port(start: Callable[[int], object], tries: int = 5,
+                   in_use: Callable[[object], bool] = lambda r: False):
+    """``start(port)`` on a port the OS handed out; again on a new port, up to ``tries`` times,
+    while ``in_use(result)`` says another process took the port between the two."""
+    for _ in range(tries):
+        r = start(free_port())
+        if not in_use(r):
+            break
+    return r
+
+
+# ------------------------------------------------------------------ the pause hook
+class Pause:
+    """Hold one rank at a chosen epoch and step until the test releases it (tests/hooks:
+    LABKIT_TEST_PAUSE). ``env`` goes to the process that trains; ``wait()`` returns the paused
+    rank's pid once it is held there; ``release()`` lets it go on.
+
+        pause = Pause(tmp_path, method="allreduce", rank=0, epoch=2, step=0)
+        proc = start_labkit([...], cwd, env=pause.env)
+        pause.wait()          # rank 0 is before epoch 2's first step, epoch 1 written
+        ...                   # kill, signal, inspect: the run is exactly there
+        pause.release()
+    """
+
+    def __init__(self, folder: Path, method: str = "*", rank: int = 0, epoch: int = 1,
+                 step: int = 0):
+        self.dir = Path(folder) / f"pause-{method.replace('*', 'any')}-{rank}-{epoch}-{step}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.env = {"LABKIT_TEST_PAUSE": f"{method}:{rank}:{epoch}:{step}:{self.dir}"}
+
+    def wait(self, timeout: float = 240.0, proc: subprocess.Popen | None = None) -> int:
+        """The paused rank's pid, once it is held; fails after ``timeout`` s or when ``proc``
+        (the process that started the run) ended first."""
+        held = self.dir / "paused"
+
+        def ready():
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {proc.returncode}) before the pause")
+            return held.exists() and held.read_text().strip()
+        return int(wait_for(ready, timeout, f"the pause at {self.env['LABKIT_TEST_PAUSE']}", 0.05))
+
+    def release(self) -> None:
+        (self.dir / "release").touch()
+
+
+# ------------------------------------------------------------------ the single-process reference
+# what the equivalence tests (and the PS variants', the user methods') compare a run under
+# torchrun with
+STEPS = 5  # each of reference_state's epochs; conftest's TINY trains as many
+# With 2 trainers on gloo/CPU the sums happen to be bit-identical (measured max abs diff 0.0,
+# 2026-11-22); the tolerance leaves room for other summation orders (NCCL rings, more
+# trainers), while a real semantic difference (a missing average, a skipped step) is orders of
+# magnitude larger (test_reference_is_sensitive). lr is small so 5 steps stay in the stable
+# regime where float rounding is not amplified.
+ATOL, RTOL = 5e-5, 1e-4
+
+
+
+def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> dict:
+    """Single process: each step, every trainer's batch in turn, gradients averaged, one SGD
+    step; BatchNorm buffers are trainer 0's (DDP's default). ``epochs`` of STEPS steps each;
+    ``overrides``: other TrainConfig values (e.g. momentum=0.0; compress="fp16" averages as
+    DDP's fp16_compress_hook does: each gradient cast to fp16 and divided, summed in fp16).
+    ``order`` (the asynchronous PS server in lock-step): instead of one averaged step, per
+    step ``order[step]`` lists trainers whose gradients are applied one at a time, each as an
+    SGD step with lr / trainers."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from labkit.core.config import TrainConfig, resolve
+    from labkit.training.data import build_datasets, train_sampler
+    from labkit.training.models import build_model
+
+    torch.set_num_threads(1)  # as each torchrun rank (OMP_NUM_THREADS=1): same conv kernels
+    cfg = resolve(TrainConfig(dataset="digits", model="resnet10_small", batch_size=8,
+                                   lr=0.01, **overrides), False)
+    data = build_datasets(cfg)
+    torch.manual_seed(cfg.seed)
+    model, _ = build_model(cfg.model, data.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+
+    def shards(epoch: int) -> list:
+        """Each trainer's batches in this epoch's order."""
+        its = []
+        for k in range(trainers):
+            s = train_sampler(data.train, trainers, k, cfg.seed)
+            s.set_epoch(epoch)
+            its.append(iter(DataLoader(data.train, batch_size=cfg.batch_size, sampler=s, drop_last=True)))
+        return its
+
+    params = [p for p in model.parameters()]
+    half = cfg.compress == "fp16"
+    model.train()
+    step = 0
+    for epoch in range(1, epochs + 1):
+        iters = shards(epoch)
+        for _ in range(STEPS):
+            buffers = {n: b.clone() for n, b in model.named_buffers()}
+            per_trainer = []
+            new_buffers = None
+            for k in range(trainers):
+                for n, b in model.named_buffers():
+                    b.copy_(buffers[n])
+                x, y = next(iters[k])
+                model.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x), y).backward()
+                per_trainer.append([p.grad for p in params])
+                if k == 0:
+                    new_buffers = {n: b.clone() for n, b in model.named_buffers()}
+            if order is None:
+                for i, p in enumerate(params):
+                    g = torch.zeros_like(p, dtype=torch.float16 if half else p.dtype)
+                    for grads in per_trainer:
+                        g += grads[i].half().div_(trainers) if half else grads[i] / trainers
+                    p.grad = g.to(p.dtype)
+                opt.step()
+            else:
+                for k in order[step]:
+                    for p, g in zip(params, per_trainer[k]):
+                        p.grad = g
+                    opt.param_groups[0]["lr"] = cfg.lr / trainers
+                    opt.step()
+            step += 1
+            for n, b in model.named_buffers():
+                b.copy_(new_buffers[n])
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ------------------------------------------------------------------ imitation run folders
+def make_run(root: Path, name: str, trained: Path, extra: tuple[str, ...] = ()) -> Path:
+    """A run folder as labkit experiment writes it (config.json, environment.json with the
+    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real: a copy
+    of ``trained``, the output of torchrun with exactly this config (conftest's ddp_run or
+    ddp_rerun; ``extra``: the flags it ran with besides TINY)."""
+    from labkit.core import layout
+    from labkit.core.config import build_parser, from_args
+    from labkit.core.files import atomic_write_json
+    from labkit.core.status import Status
+    from labkit.lab import record
+    from labkit.training.checks import preflight
+
+    run = root / name
+    run.mkdir()
+    cfg = preflight(from_args(build_parser().parse_args(TINY + ["--method", "ddp", *extra])),
+                    world=2, local_world=2)
+    snap = record.snapshot({"ddp": cfg}, cfg.seed, ROOT)
+    atomic_write_json(str(run / "config.json"), layout.portable(
+        {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
+         "resolved": {"ddp": cfg.to_dict()}}, run))
+    env = record.write_record(run, snap)
+    atomic_write_json(str(run / "environment.json"), layout.portable(env, run))
+    atomic_write_json(str(run / "experiment.json"), layout.portable(
+        {"run_dir": str(run), "methods": {"ddp": {"status": Status.COMPLETED.value,
+                                                  "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
+    shutil.copytree(trained, run / "ddp")
+    return run
