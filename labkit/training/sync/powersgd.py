@@ -9,7 +9,7 @@ factors, P (n x r) and Q (m x r), each all-reduced in one buffer per bucket; a t
 would not shrink at least twofold, (n + m) r x 2 >= n m (every bias and BatchNorm weight),
 goes uncompressed in one more buffer. What PowerSGD drops is kept on each rank (error
 feedback) and added to the next step's gradient. Approximate: the ranks agree on every update,
-but it is not DDP's.
+but it is not DDP's. The state is not checkpointed: ``--resume`` starts it afresh.
 
 The bytes on the wire are counted from the all-reduces the hook itself issues: the hook's own
 code runs with ``dist`` (and the plain all-reduce of its first steps) bound to a counting view of
