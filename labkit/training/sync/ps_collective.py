@@ -43,6 +43,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
         self.shards = self._shards()
         self.mine = [self.shards[self.ctx.rank]] if self.is_server else self.shards
         self._plan_buckets(model)
+        self.in_epoch = 0  # steps taken in this epoch
         return model
 
     def _shards(self) -> list[tuple]:
@@ -171,12 +172,23 @@ class CollectiveParameterServer(ServerRoles, Strategy):
     def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
         self._update(optimizer, scaler)
         if self.sync:
-            self._start_pull()
+            self.in_epoch += 1
+            # the epoch's last update reaches the workers in finish_epoch, outside the steps
+            # (as the p2p server's does): each step of an epoch then pulls once
+            if self.in_epoch != self.steps_per_epoch:
+                self._start_pull()
 
     def _update(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
         """The Strategy default: only the server holds an optimizer."""
         super().step(optimizer, scaler)
 
     def finish_epoch(self, model: nn.Module) -> None:
-        self._await_pull()  # every worker now holds the parameters after the last update
+        self.deliver()
         super().finish_epoch(model)
+
+    def deliver(self) -> None:
+        """Every worker gets the parameters after the epoch's last update."""
+        if self.pulls is None:
+            self._start_pull()
+        self._await_pull()
+        self.in_epoch = 0

@@ -86,12 +86,15 @@ class ShardedParameterServer(CollectiveParameterServer):
             off += k
 
     def finish_epoch(self, model: nn.Module) -> None:
+        super().finish_epoch(model)  # deliver(), then the BatchNorm buffers
+        self._gather_momentum()
+
+    def deliver(self) -> None:
+        """Every rank, servers included, gets every slice (rank 0 saves the final model)."""
         self._await_pull()
-        # every rank, servers included, gets every slice (rank 0 saves the final model)
         for s, lo, hi, _ in self.shards:
             dist.broadcast(self.flat_params[lo:hi], src=s)
-        self._gather_momentum()
-        super().finish_epoch(model)
+        self.in_epoch = 0
 
     def _gather_momentum(self) -> None:
         """Rank 0 receives every other server's momentum slice, for its checkpoint."""
