@@ -2,39 +2,35 @@
 and the others are kept."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import re
+import shutil
+import subprocess
 import sys
 
 import nbformat
 import pytest
 from PIL import Image
 
-from conftest import load_json
+from helpers import (EXPERIMENT_FLAGS, EXPERIMENT_METHODS, EXPERIMENT_REPEATS, HTML_ONLY, Pause, labkit,
+                     leftovers, load_json, strict_json, strict_loads, wait_for)
 
-TINY_FLAGS = ["--nproc", "2", "--model", "resnet10_small", "--batch-size", "8",
-              "--max-val-steps", "1", "--lr", "0.01", "--no-progress", "--timeout", "60",
-              "--no-pin-cpus"]  # as conftest.TINY
+TINY_FLAGS = EXPERIMENT_FLAGS
+FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.json",
+         "ps": "results_ps.json"}
+REPEATS = [f"repeat-{i}" for i in range(1, EXPERIMENT_REPEATS + 1)]
+
+# the session's experiment (conftest): one worker builds it and runs every test reading it
+on_the_experiment = pytest.mark.xdist_group("experiment")
 
 
-def labkit(args, cwd, env=None, timeout=400):
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def test_experiment_makes_a_complete_run_folder(tmp_path):
-    params = tmp_path / "params.yaml"
-    params.write_text("epochs: 1\nmax_steps_per_epoch: 3\ndataset: digits\n")
-    # as a user runs it: the CPU default binds the ranks to cores (the last flag wins)
-    p = labkit(["experiment", "-f", str(params), *TINY_FLAGS, "--pin-cpus", "--runs-dir", "runs", "--tag", "tiny"],
-               cwd=tmp_path)
+@on_the_experiment
+def test_experiment_makes_a_complete_run_folder(experiment):
+    p, run = experiment, experiment.run
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    runs = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink()]
+    runs = [d for d in (p.cwd / "runs").iterdir() if d.is_dir() and not d.is_symlink()]
     assert len(runs) == 1 and runs[0].name.endswith("_tiny")
-    run = runs[0]
-    assert (tmp_path / "runs" / "latest").resolve() == run.resolve()
+    assert (p.cwd / "runs" / "latest").resolve() == runs[0].resolve() == run
     assert f"report: {run / 'report' / 'report.html'}" in p.stdout
     # the terminal ends with Table 1 (with its CI columns) and the verdicts
     tail = p.stdout.rsplit("report: ", 1)[1]
@@ -48,80 +44,95 @@ def test_experiment_makes_a_complete_run_folder(tmp_path):
     env = load_json(run / "environment.json")
     for k in ("git", "python", "torch", "torchvision", "cuda", "cudnn", "nccl", "gpus", "cpu", "host", "seed"):
         assert k in env
-    assert set(env["torchrun_commands"]) == {"ddp", "allreduce", "ps"}
-    assert "torch.distributed.run" in env["torchrun_commands"]["ps"]
+    assert set(env["torchrun_commands"]) == {f"{r}/{m}" for r in REPEATS for m in EXPERIMENT_METHODS}
+    assert "torch.distributed.run" in env["torchrun_commands"]["repeat-1/ps"]
     status = load_json(run / "experiment.json")
-    assert {m: e["status"] for m, e in status["methods"].items()} == dict.fromkeys(("ddp", "allreduce", "ps"), "completed")
-    for f in [*run.rglob("*.json"), *run.rglob("*.ipynb")]:  # strict JSON: no NaN tokens (issue 28)
-        json.loads(f.read_text(), parse_constant=lambda token: pytest.fail(f"{f}: {token}"))
+    assert {m: e["status"] for m, e in status["methods"].items()} == dict.fromkeys(EXPERIMENT_METHODS, "completed")
 
-    for m, fname in (("ddp", "results_baseline_ddp.json"), ("allreduce", "results_all_reduce.json"),
-                     ("ps", "results_ps.json")):
-        r = load_json(run / m / fname)
-        assert r["status"] == "completed" and len(r["epochs"]) == 1
-        # run_method.ipynb ran under papermill: the per-epoch table and the loss curve are in it
-        nb = nbformat.read(run / m / "run_method.ipynb", as_version=4)
-        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-        assert any("<table>" in o.get("data", {}).get("text/html", "") for o in outputs)
-        assert any("image/png" in o.get("data", {}) for o in outputs)
-        assert (run / m / "logs" / "torchrun.log").exists()
-        assert list((run / m / "logs").glob("**/attempt_0/1/stderr.log"))
-    check_record_and_relocation(run, tmp_path)
-    check_report(run)
+    for r in REPEATS:
+        for m in EXPERIMENT_METHODS:
+            d = run / r / m
+            res = load_json(d / FILES[m])
+            assert res["status"] == "completed" and len(res["epochs"]) == 1
+            # run_method.ipynb ran under papermill: the per-epoch table and the loss curve are in it
+            nb = nbformat.read(d / "run_method.ipynb", as_version=4)
+            outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+            assert any("<table>" in o.get("data", {}).get("text/html", "") for o in outputs)
+            assert any("image/png" in o.get("data", {}) for o in outputs)
+            assert (d / "logs" / "torchrun.log").exists()
+            assert list((d / "logs").glob("**/attempt_0/1/stderr.log"))
 
 
-def check_record_and_relocation(run, tmp_path):
+@on_the_experiment
+def test_every_json_the_experiment_wrote_is_strict(experiment):
+    """No NaN or Infinity tokens in any result file, record or notebook (issue 28)."""
+    files = [*experiment.run.rglob("*.json"), *experiment.run.rglob("*.ipynb")]
+    assert len(files) > 3 * len(EXPERIMENT_METHODS) * EXPERIMENT_REPEATS
+    for f in files:
+        strict_json(f)
+
+
+@on_the_experiment
+def test_the_record_is_complete_and_the_run_folder_works_from_anywhere(experiment, tmp_path):
     """The environment record is complete, and the run folder works from anywhere (issue 14)."""
-    import shutil
-
-    from labkit.analysis import compare
-
+    run = experiment.run
     env = load_json(run / "environment.json")
     assert (run / env["packages"]["file"]).read_text().count("==") > 50  # requirements.lock
-    assert set(env["data"]) == {"ddp", "allreduce", "ps"} and env["data"]["ddp"]["dataset"] == "digits"
+    assert set(env["data"]) == set(EXPERIMENT_METHODS) and env["data"]["ddp"]["dataset"] == "digits"
     assert env["determinism"]["seed"] == 0 and env["determinism"]["backend"] == "gloo"
     assert "untracked" in env["git"] and (run / "code.diff").exists() == bool(env["git"]["diff_file"])
-    assert load_json(run / "ddp" / "results_baseline_ddp.json")["determinism"]["torch_num_threads"] >= 1
+    assert load_json(run / "repeat-1" / "ddp" / FILES["ddp"])["determinism"]["torch_num_threads"] >= 1
     for name in ("config.json", "environment.json", "experiment.json"):
         assert str(run) not in (run / name).read_text(), name  # paths inside are relative
     status = load_json(run / "experiment.json")
-    assert status["run_dir"] == "." and status["methods"]["ps"]["notebook"] == "ps/run_method.ipynb"
+    assert status["run_dir"] == "."
+    assert [r["notebook"] for r in status["methods"]["ps"]["repeats"]] == [f"{r}/ps/run_method.ipynb" for r in REPEATS]
     assert status["report"] == "report/report.html"
     moved = shutil.copytree(run, tmp_path / "elsewhere" / "moved", symlinks=True)
-    p = labkit(["report", str(moved)], cwd=tmp_path)
+    p = labkit(["report", str(moved)], cwd=tmp_path, env=HTML_ONLY)
     assert p.returncode == 0, p.stderr
     assert (moved / "report" / "performance_report.txt").stat().st_mtime > (run / "report" / "performance_report.txt").stat().st_mtime
-    doc = compare.compare_runs(compare.load_run_record(run), compare.load_run_record(moved))
-    assert {m: v["verdict"] for m, v in doc["methods"].items()} == dict.fromkeys(("ddp", "allreduce", "ps"), "identical")
+    # the copy's report, from the copy's files alone, is the original's, but for where it lies
+    # (labkit.analysis.compare reads a run's <method>/ folders, not repeat-<i>/: the copy's
+    # compare_runs verdict is test_reproduce's, on a copied single run)
+    def report_text(folder):
+        return [l for l in (folder / "report" / "performance_report.txt").read_text().splitlines()
+                if str(folder) not in l]
+    assert report_text(moved) == report_text(run) and len(report_text(run)) > 20
 
 
-def check_report(run):
-    """The exported write-up: both tables, all five figures inline, no code, a real PDF."""
-    from labkit.lab.export import find_chromium
-    from screenshot import screenshot
+@on_the_experiment
+def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
+    """The exported write-up: both tables, every figure inline, the verdicts, no code."""
+    from labkit.analysis import breakdown, report
 
+    run = experiment.run
     rep = run / "report"
     html = (rep / "report.html").read_text()
     for header in ("Avg throughput (img/s)", "Speedup vs DDP", "Param pull (ms)", "Total comm time (ms)",
                    "Throughput 95% CI", "Speedup 95% CI"):
         assert header in html, header
     assert "error bars: the 95% confidence interval" in html  # Figures 1-2 say what they draw
-    assert "a single seed cannot separate them" in html        # the accuracy verdict
-    # the guide's five, the per-rank waits and the bytes on the wire
-    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == 7
+    res = report.load_run(run)
+    # the verdicts (speed, then accuracy over the seeds) are the discussion's sentences
+    accuracy = [v.sentence for v in report.accuracy_verdicts(res)]
+    assert accuracy and all(html_text(s) in html_text(html) for s in accuracy), accuracy
+    # the guide's five, the per-rank waits and the bytes on the wire, and what repeats add:
+    # every plot inline once
+    plots = {p.stem for p in (rep / "plots").glob("*.png")}
+    assert plots >= {"throughput_comparison", "training_time_comparison", "loss_curves",
+                     "accuracy_curves", "communication_overhead", "sync_waits", "wire"}
+    assert len(re.findall(r"<img[^>]*src=\"data:image/png;base64", html)) == len(plots)
+    for name in plots:
+        assert (rep / "plots" / f"{name}.png").stat().st_size > 0
     for code in ("report.write_report(", "display(HTML(", "import matplotlib"):  # no code cells
         assert code not in html, code
     assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?:", html)  # opens offline
-    for name in ("throughput_comparison", "training_time_comparison", "loss_curves",
-                 "accuracy_curves", "communication_overhead", "sync_waits", "wire"):
-        assert (rep / "plots" / f"{name}.png").stat().st_size > 0
     txt = (rep / "performance_report.txt").read_text()
     assert "Communication time per training step" in txt
     assert "Parameter Server: replicas identical after epoch 1." in txt  # checked every epoch
     # where the time goes, for every method, DDP included (labkit.analysis.breakdown)
-    from labkit.analysis import breakdown, report
-    res = report.load_run(run)
-    for m in ("ddp", "allreduce", "ps"):
+    for m in EXPERIMENT_METHODS:
         b = breakdown.of_result(res.ok[m])
         assert b is not None and b.comm > 0, m
         # the parts (a mean over the trainers) add up to the step (rank 0's clock): within 5%
@@ -134,16 +145,85 @@ def check_report(run):
     assert "Time to target (s)" in txt and "Time to target (s)" in html
     assert re.search(r"Time to [\d.]+% validation accuracy", txt)
     assert "each rank bound to its share of them (--pin-cpus)" in txt  # the CPU default binds
+
+
+def html_text(s: str) -> str:
+    """Letters and digits only: a sentence as the HTML and the PDF's text both hold it
+    (entities, hyphens and line breaks aside)."""
+    import html
+
+    return re.sub(r"[^0-9A-Za-z]", "", html.unescape(re.sub(r"<[^>]+>", "", s)))
+
+
+def pdf_table_headers(layout: str, table: str, first_row: str) -> list[str]:
+    """The header cells of the table captioned ``table`` ("Table 1.") whose first row starts
+    with ``first_row``, from ``pdftotext -layout`` text. The header lies between the caption's
+    last line (ending with a full stop) and the first line holding a number; a cell's words
+    wrap onto several lines in one column, so the pieces are joined by the columns they overlap."""
+    lines = layout.splitlines()
+    caption = next(i for i, l in enumerate(lines) if l.strip().startswith(table))
+    row = next(i for i in range(caption, len(lines)) if lines[i].strip().startswith(first_row))
+    top = max(i for i in range(caption, row) if lines[i].rstrip().endswith(".")) + 1
+    bottom = next((i for i in range(top, row) if re.search(r"\d\.\d", lines[i])), row)
+    cells: list[list] = []  # [start, end, words]
+    for line in lines[top:bottom]:
+        for m in re.finditer(r"\S+(?: \S+)*", line):
+            a, b = m.span()
+            for c in cells:
+                if a < c[1] and c[0] < b:
+                    c[0], c[1], c[2] = min(a, c[0]), max(b, c[1]), c[2] + [m.group()]
+                    break
+            else:
+                cells.append([a, b, [m.group()]])
+    return [" ".join(c[2]) for c in sorted(cells)]
+
+
+@on_the_experiment
+def test_the_report_pdf_reads_table_1_and_every_verdict(experiment):
+    """The PDF itself, as text (poppler's pdftotext): Table 1's headers as the HTML's table
+    has them, and each verdict line of the discussion; a real PDF of several pages, not blank."""
+    from labkit.analysis import report
+    from labkit.lab.export import find_chromium
+    from screenshot import screenshot
+
+    run = experiment.run
+    rep = run / "report"
     if find_chromium() is None:
         pytest.skip("no Chromium: PDF and screenshot not checked (make system-deps installs it)")
-    pdf = (rep / "report.pdf").read_bytes()
-    assert pdf.startswith(b"%PDF-")
-    pages = subprocess.run(["pdfinfo", str(rep / "report.pdf")], capture_output=True, text=True).stdout
+    pdf = rep / "report.pdf"
+    assert pdf.read_bytes().startswith(b"%PDF-")
+    pages = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True).stdout
     assert int(re.search(r"Pages:\s+(\d+)", pages).group(1)) >= 2
-    png = screenshot(rep / "report.html", run / "shot.png", width=1000, height=1400)
+    layout = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True,
+                            check=True).stdout
+    html = (rep / "report.html").read_text()
+    table1 = re.search(r"<table>.*?</table>", html.split("Table 1.", 1)[1], re.S).group()
+    headers = re.findall(r"<th>(.*?)</th>", table1)
+    assert "Speedup 95% CI" in headers and len(headers) >= 8, headers
+    assert pdf_table_headers(layout, "Table 1.", "Baseline DDP") == headers
+    flat = html_text(subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
+                                    check=True).stdout)
+    lines = report.verdict_lines(report.load_run(run))
+    assert any("x DDP" in l for l in lines) and any("Accuracy" in l for l in lines)
+    missing = [l for l in lines if html_text(l) not in flat]
+    assert not missing, missing
+    png = screenshot(rep / "report.html", experiment.cwd / f"shot-{os.getpid()}.png", width=1000, height=1400)
     with Image.open(png) as im:
         colours = im.convert("RGB").getcolors(maxcolors=1_000_000)
     assert colours is None or len(colours) > 50  # text, tables and plots, not a blank page
+
+
+@on_the_experiment
+def test_the_runs_index_lists_the_experiment(experiment, tmp_path):
+    """`labkit runs` reads the real run folder: one row, complete, with its tag; and
+    runs/index.html, written at the experiment's end, has its row."""
+    runs = shutil.copytree(experiment.cwd / "runs", tmp_path / "runs", symlinks=True)
+    index = (experiment.cwd / "runs" / "index.html").read_text()
+    assert index.count('<tr class="run">') == 1 and experiment.run.name in index
+    p = labkit(["runs", str(runs), "--json"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = strict_loads(p.stdout)
+    assert [(r["kind"], r["status_label"], r["tag"]) for r in rows] == [("repeats", "complete", "tiny")]
 
 
 def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
@@ -203,26 +283,24 @@ def running_in(folder) -> list[str]:
 
 def test_ctrl_c_on_the_experiment_stops_everything(tmp_path):
     import signal
-    import time
 
+    # Ctrl-C while ddp trains: its rank 0 held at epoch 1's second step (the pause hook)
+    pause = Pause(tmp_path, "ddp", rank=0, epoch=1, step=1)
     proc = subprocess.Popen([sys.executable, "-m", "labkit", "experiment", *TINY_FLAGS, "--epochs", "50",
                              "--methods", "ddp", "--runs-dir", "runs"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    results = []
-    while not results and time.monotonic() < deadline:
-        time.sleep(0.5)
-        results = list(tmp_path.glob("runs/*/ddp/results_baseline_ddp.json"))
-    assert results, "training never started"
-    proc.send_signal(signal.SIGINT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **pause.env})
+    try:
+        pause.wait(240, proc)
+    finally:
+        proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out[-2000:]
-    run = results[0].parent.parent
+    run = (tmp_path / "runs" / "latest").resolve()
+    result = run / "ddp" / "results_baseline_ddp.json"
     assert load_json(run / "experiment.json")["status"] == "interrupted"
-    time.sleep(2)
-    left = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-    assert not [l for l in left.splitlines() if "pgrep" not in l], left
+    assert not leftovers(str(run))
     # torchrun runs in the method's folder with relative paths (--out .), so its command line
     # does not name the run: look for anything still running in the run folder
-    assert not running_in(run), running_in(run)
-    assert load_json(results[0])["status"] == "interrupted"
+    wait_for(lambda: not running_in(run), 20, "no process left working in the run folder")
+    assert load_json(result)["status"] == "interrupted"

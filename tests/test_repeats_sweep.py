@@ -5,33 +5,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from conftest import load_json
+from helpers import (EXPERIMENT_METHODS, EXPERIMENT_REPEATS, HTML_ONLY, labkit, load_json, strict_json,
+                     strict_loads, tiny_flags)
 
-TINY = ["--model", "resnet10_small", "--batch-size", "8", "--max-val-steps", "1", "--lr", "0.01",
-        "--no-progress", "--timeout", "60", "--epochs", "1", "--max-steps-per-epoch", "4",
-        "--no-pin-cpus"]  # as conftest.TINY
+# the real sweep's experiments
+TINY = tiny_flags(dataset=None, max_steps_per_epoch=4, max_val_steps=1, timeout=60)
 FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.json",
          "ps": "results_ps.json"}
-# no Chromium: the reports are written as HTML only, a few seconds quicker each (these tests
-# read the HTML; test_experiment's complete run folder checks the PDF)
-HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
-RAN = {m: FILES[m] for m in ("ddp", "allreduce")}  # the repeats test's methods
+RAN = {m: FILES[m] for m in EXPERIMENT_METHODS}  # the session experiment's, each repeated
 NAMES = {"ddp": "Baseline DDP (PyTorch)", "allreduce": "Manual All-Reduce", "ps": "Parameter Server (PS)"}
-
-
-def labkit(args, cwd, timeout=500, env=None):
-    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 # ------------------------------------------------------------------ bad input
@@ -86,18 +75,18 @@ def test_grid_parsing_types_values():
 
 
 # ------------------------------------------------------------------ repeats, for real
-def test_repeats_run_rotated_and_the_report_aggregates_them(tmp_path):
-    # two methods keep the rotation visible at a third less of the suite's time
-    p = labkit(["experiment", "--repeats", "2", "--methods", "ddp,allreduce", "--nproc", "2", *TINY,
-                "--runs-dir", "runs"], cwd=tmp_path, env=HTML_ONLY)
+@pytest.mark.xdist_group("experiment")  # conftest's session experiment: its worker
+def test_repeats_run_rotated_and_the_report_aggregates_them(experiment):
+    p = experiment
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    run = (tmp_path / "runs" / "latest").resolve()
+    run = p.run
     status = load_json(run / "experiment.json")
-    assert status["order"] == [["ddp", "allreduce"], ["allreduce", "ddp"]]
+    order = [list(EXPERIMENT_METHODS[i:] + EXPERIMENT_METHODS[:i]) for i in range(EXPERIMENT_REPEATS)]
+    assert status["order"] == order == [["ddp", "allreduce", "ps"], ["allreduce", "ps", "ddp"]]
     assert status["repeats"] == 2 and status["seeds"] == [0, 1]
     # the order the notebooks really ran in, from the console
     ran = re.findall(r"=== (\w+), repeat (\d) of 2", p.stdout)
-    assert ran == [("ddp", "1"), ("allreduce", "1"), ("allreduce", "2"), ("ddp", "2")]
+    assert ran == [(m, str(i + 1)) for i, ms in enumerate(order) for m in ms]
     for m, f in RAN.items():
         assert not (run / m).exists()  # with repeats, every method lives under repeat-<i>/
         reps = status["methods"][m]["repeats"]
@@ -119,10 +108,10 @@ def test_repeats_run_rotated_and_the_report_aggregates_them(tmp_path):
     per = [stats.throughput(d).value for d in res.repeats["allreduce"]]
     assert thr.value == pytest.approx((per[0] * per[1]) ** 0.5)  # geometric mean (log scale)
     html = (run / "report" / "report.html").read_text()
-    assert "Table 6. Repeats" in html and "repeat 2: allreduce, ddp" in html
+    assert "Table 6. Repeats" in html and "repeat 2: allreduce, ps, ddp" in html
     assert f"{per[0]:,.2f}" in html and f"{per[1]:,.2f}" in html and f"{thr.value:,.2f}" in html
     txt = (run / "report" / "performance_report.txt").read_text()
-    assert "repeat 2 ran: allreduce, ddp" in txt
+    assert "repeat 2 ran: allreduce, ps, ddp" in txt
     # two seeds per method: time to accuracy over seeds, with a verdict on speed and accuracy
     # (issue 37; its scoring is tests/test_seeds.py's), and its two figures
     for text in (html, txt):
@@ -260,7 +249,7 @@ def test_a_small_real_sweep_renders_its_report(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     root = (tmp_path / "runs" / "latest").resolve()
     assert root.name.endswith("_sweep")
-    doc = load_json(root / "sweep.json")
+    doc = strict_json(root / "sweep.json")  # no NaN or Infinity: JSON, strictly
     assert [(x["name"], x["status"]) for x in doc["points"]] == [("nproc-1", "completed"), ("nproc-2", "completed")]
     for n in (1, 2):  # each point a normal experiment folder, the guide's layout
         assert load_json(root / f"nproc-{n}" / "ddp" / FILES["ddp"])["world_size"] == n
@@ -274,6 +263,6 @@ def test_a_small_real_sweep_renders_its_report(tmp_path):
     assert "import matplotlib" not in html and "rs.load_sweep" not in html  # no code cells
     assert "PDF skipped" in p.stdout and f"sweep report: {root / 'report' / 'sweep.html'}" in p.stdout
     # the lab notebook lists the sweep as one row, and its page was written at the sweep's end
-    rows = json.loads(labkit(["runs", "runs", "--json"], cwd=tmp_path).stdout)
+    rows = strict_loads(labkit(["runs", "runs", "--json"], cwd=tmp_path).stdout)
     assert [(r["kind"], r["status_label"]) for r in rows] == [("sweep", "complete")]
     assert (tmp_path / "runs" / "index.html").read_text().count('<tr class="run">') == 1
