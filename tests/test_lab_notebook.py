@@ -15,16 +15,15 @@ import pytest
 import torch
 
 from helpers import (HOOKS, TINY, check_ok, labkit, load_json, make_run, Pause, start_labkit as start,
-                     torchrun)
+                     tiny_flags, torchrun)
 from labkit.analysis import compare
 from labkit.core.status import Status
 
 pytestmark = pytest.mark.xdist_group("labnotebook")
 
 # labkit experiment with TINY's settings (conftest.TINY is the torchrun form)
-EXP = ["--nproc", "2", "--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8",
-       "--max-steps-per-epoch", "3", "--max-val-steps", "1", "--lr", "0.01", "--no-progress",
-       "--timeout", "60", "--no-pin-cpus", "--calibrate-steps", "2"]
+EXP = ["--nproc", "2", *tiny_flags(epochs=None, max_steps_per_epoch=3, max_val_steps=1, timeout=60),
+       "--calibrate-steps", "2"]
 
 
 def completed(path: Path) -> bool:

@@ -7,12 +7,11 @@ import time
 
 import pytest
 
-from helpers import load_json
+from helpers import load_json, tiny_cfg
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.lab.launch import Nodes, launch, torchrun_command
 
-TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
-                max_steps_per_epoch=4, max_val_steps=1, lr=0.01, progress=False, timeout=60)
+TINY_CFG = tiny_cfg(max_steps_per_epoch=4, max_val_steps=1, timeout=60, pin_cpus=None)
 
 
 def test_single_node_command_is_an_argument_list_on_loopback(tmp_path):

@@ -9,7 +9,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, tiny_cfg
 from labkit.core.config import TrainConfig
 from labkit.lab.kernels import kernel_name
 from labkit.lab.params import LAUNCH_PARAMS
@@ -39,8 +39,7 @@ def test_run_method_parameters_map_one_to_one_to_the_config():
     assert {k: params[k] for k in fields} == fields  # same defaults as the command line
 
 
-TINY = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
-            max_steps_per_epoch=3, max_val_steps=1, lr=0.01, progress=False, timeout=60.0)
+TINY = tiny_cfg(max_steps_per_epoch=3, max_val_steps=1, timeout=60.0, pin_cpus=None)
 
 
 def test_wrong_parameter_type_is_named(tmp_path):

@@ -14,7 +14,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, tiny_cfg
 from labkit.core import layout
 from labkit.core.config import ConfigError
 from labkit.lab.kernels import kernel_name
@@ -22,9 +22,8 @@ from labkit.lab.kernels import kernel_name
 PROJECT_RUNS = ROOT / "runs"
 NOTEBOOK = ROOT / "notebooks" / "run_method.ipynb"
 # one method, one process, one epoch of 2 steps: the run folder is the point, not the training
-TINY = dict(method="ddp", dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
-            max_steps_per_epoch=2, max_val_steps=1, lr=0.01, calibrate_steps=0, progress=False,
-            timeout=60.0, nproc=1, pin_cpus=False)
+TINY = tiny_cfg(method="ddp", max_steps_per_epoch=2, max_val_steps=1, calibrate_steps=0, timeout=60.0,
+                nproc=1)
 
 
 # ------------------------------------------------------------------ the rule
