@@ -66,14 +66,15 @@ experiment: setup
 	$(BIN)/labkit experiment $(ARGS)
 
 # the whole suite: what CI runs (.ci/run). docs/testing.md: the kinds of test, the session's
-# shared runs, the pause hook
+# shared runs, the pause hook. -rs: the summary lists each skip with its reason (on CI, as root,
+# only the GPU tests skip)
 test: setup slurm-deps
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 # the inner loop: the unit tests only (in-process, nothing started; under a minute on 2 cores).
 # Not a substitute for make test before a commit
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m unit $(ARGS)
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup -m unit $(ARGS)
 
 # JupyterLab on the project's kernel, notebooks/ open, on this machine only (127.0.0.1). As root
 # (containers, cloud notebooks) Jupyter refuses to start without --allow-root: given then only.
