@@ -77,7 +77,14 @@ def test_unknown_names(capsys, flag, value):
         rank.main(TINY + [flag, value])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert f"invalid choice: '{value}'" in err and flag in err
+    # the rank's own entry point answers as argparse does: its usage, then one error line,
+    # the last, naming the flag, the value and what it may be (`labkit run` says it in one
+    # line: test_cli_errors)
+    lines = [l for l in err.splitlines() if l.strip()]
+    errors = [l for l in lines if "error:" in l]
+    assert errors == lines[-1:] and lines[0].startswith("usage: labkit.train"), err
+    assert f"invalid choice: '{value}'" in errors[0] and flag in errors[0] and "choose from" in errors[0]
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("flag,value,msg", [
