@@ -56,7 +56,7 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     """`labkit experiment`'s flags; `labkit sweep` takes them all, for every grid point."""
     e.add_argument("-f", "--parameters-file", dest="parameters_file",
                    help="papermill-style YAML file of parameters (flags override it)")
-    e.add_argument("--methods", help="comma-separated methods or variants; your own: file.py:Class")
+    e.add_argument("--methods", help="comma-separated, e.g. ddp,file.py:Class (default: ddp,allreduce,ps,nosync)")
     e.add_argument("--nproc", type=_nproc, help=NPROC_HELP + (" (a grid's nproc=... overrides it)"
                                                               if sweep else ""))
     e.add_argument("--repeats", type=int, help="run every method N times, in rotated order "

@@ -22,7 +22,7 @@ from labkit.core.status import Status
 pytestmark = pytest.mark.xdist_group("labnotebook")
 
 # labkit experiment with TINY's settings (conftest.TINY is the torchrun form)
-EXP = ["--nproc", "2", *tiny_flags(epochs=None, max_steps_per_epoch=3, max_val_steps=1, timeout=60),
+EXP = ["--nproc", "2", "--methods", "ddp,allreduce,ps", *tiny_flags(epochs=None, max_steps_per_epoch=3, max_val_steps=1, timeout=60),
        "--calibrate-steps", "2"]
 
 

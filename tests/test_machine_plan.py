@@ -25,9 +25,9 @@ def planned(monkeypatch, gpus: int, flags: dict | None = None) -> experiment.Pre
 
 def test_no_gpu_is_the_cpu_plan(monkeypatch):
     p = planned(monkeypatch, 0)
-    assert p.nproc == 4 and list(p.resolved) == ["ddp", "allreduce", "ps"]
+    assert p.nproc == 4 and list(p.resolved) == ["ddp", "allreduce", "ps", "nosync"]
     assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cpu")}
-    assert p.plan[0].startswith("plan: ddp, allreduce, ps; 4 processes, backend gloo, device cpu")
+    assert p.plan[0].startswith("plan: ddp, allreduce, ps, nosync; 4 processes, backend gloo, device cpu")
     assert p.plan[1] == "why: no GPU: 4 processes on the CPU over gloo"
     assert not any("share" in line for line in p.plan)
 
@@ -35,9 +35,9 @@ def test_no_gpu_is_the_cpu_plan(monkeypatch):
 def test_one_gpu_runs_every_method_with_ranks_sharing_it(monkeypatch):
     p = planned(monkeypatch, 1)
     assert p.nproc == SHARED_GPU_RANKS >= 2  # the parameter server needs a server and a worker
-    assert list(p.resolved) == ["ddp", "allreduce", "ps"]  # validated: none refused
+    assert list(p.resolved) == ["ddp", "allreduce", "ps", "nosync"]  # validated: none refused
     assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cuda")}
-    assert p.plan[0].startswith(f"plan: ddp, allreduce, ps; {SHARED_GPU_RANKS} processes, "
+    assert p.plan[0].startswith(f"plan: ddp, allreduce, ps, nosync; {SHARED_GPU_RANKS} processes, "
                                 f"backend gloo, device cuda")
     assert p.plan[1].startswith(f"why: one GPU: {SHARED_GPU_RANKS} ranks share it over gloo")
     assert "share one device" in p.plan[2]
@@ -91,7 +91,7 @@ def test_the_default_lr_prints_as_the_decimal_it_is(batch, world):
 def test_on_a_real_one_gpu_machine_every_method_is_planned():
     cfg, exp, _ = cli._experiment_params({})
     p = experiment.plan(cfg, exp)
-    assert list(p.resolved) == ["ddp", "allreduce", "ps"] and p.nproc == SHARED_GPU_RANKS
+    assert list(p.resolved) == ["ddp", "allreduce", "ps", "nosync"] and p.nproc == SHARED_GPU_RANKS
     assert {(c.backend, c.device) for c in p.resolved.values()} == {("gloo", "cuda")}
 
 

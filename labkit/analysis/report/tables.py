@@ -8,7 +8,7 @@ from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import breakdown, stats
 from labkit.core import efficiency
-from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, SHORT, SPECS, comm_key, find
+from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SHORT, SPECS, comm_key, find
 
 from .load import RunResults, _epochs, summary_value
 
@@ -76,7 +76,7 @@ def listed(res: RunResults) -> list[str]:
     any other registered method only where these results hold it (a method of one's own that
     a live kernel registered for another run is no row here)."""
     return [m for m in METHOD_ORDER
-            if m in DEFAULT_METHODS or m in res.docs or m in res.problems]
+            if m in GUIDE_METHODS or m in res.docs or m in res.problems]
 
 
 def comparison_rows(res: RunResults) -> list[dict]:
