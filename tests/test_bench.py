@@ -41,6 +41,10 @@ def test_bench_writes_every_field(bench_run):
         assert r["collectives"]["all_reduce"]["time"] == pytest.approx(
             sorted(r["collectives"]["all_reduce"]["times"])[2])
         assert r["step_time"]["min"] <= r["step_time"]["median"] <= r["step_time"]["max"]
+        # what a trainer sent per step, counted from the method's collectives: with 2 ranks a
+        # ring all-reduce sends 2(n-1)/n = 1 x the gradients, a PS worker pushes them once
+        # (the request of none here: the synchronous server pulls by broadcast)
+        assert r["sent_per_step"] == pytest.approx(r["grad_bytes"], rel=0.01), r["variant"]
         # where the step goes, by the experiment's definitions (labkit.analysis.breakdown): the
         # marked parts of the synchronised steps (a mean over the trainers) tile a step, so they
         # add up to about the trials' step (the slowest rank's); compute is the compute-only one

@@ -243,6 +243,9 @@ def rows(doc: dict) -> list[dict]:
             "hidden comm ms": 1000 * r["hidden_comm"] if r.get("hidden_comm") is not None else None,
             "overlap %": 100 * r["overlap"] if r.get("overlap") is not None else None,
             "MB/step": r["bytes_per_step"] / 1e6,
+            # what a trainer sent, counted from the method's collectives (a compressed or
+            # local-SGD method's payload model above does not know its bytes)
+            "sent MB/step": r["sent_per_step"] / 1e6 if r.get("sent_per_step") is not None else None,
             "all-reduce ms": 1000 * ar["time"] if ar else None,
             "busbw GB/s": ar["busbw"] / 1e9 if ar and ar.get("busbw") is not None else None,
             "reduce+bcast ms": 1000 * rb["time"] if rb else None,

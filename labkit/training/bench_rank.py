@@ -220,9 +220,11 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
     s.timer.pop()
     step_times, trial_phases = [], []
     _parts(tr, warmup)
+    s.wire.take()  # the warm-up's bytes: no trial's
     for _ in range(trials):  # the phases per trial, for the interval of sync / raw
         step_times.append(timer.trial(True))
         trial_phases.append(s.timer.pop())
+    sent = sum(v[0] for d in s.wire.take().values() for v in d.values()) if s.is_trainer else 0.0
     step_parts = _parts(tr, 0)
     s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
     spread_sync = param_spread(tr.model, dev)
@@ -239,7 +241,13 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
     if tr.ctx.distributed and vec.numel():
         dist.all_reduce(vec)
     per_trial = (vec / (s.trainers * timer.steps)).cpu()
+    # what a trainer sent per synchronised step, counted by the lab from the method's own
+    # collectives (the same count as a run's "wire"), the mean over the trainers
+    sent = torch.tensor([sent], dtype=torch.float64, device=dev)
+    if tr.ctx.distributed:
+        dist.all_reduce(sent)
     return {
+        "sent_per_step": sent.item() / (s.trainers * trials * timer.steps),
         "step_time": _stats(step_times), "compute_time": _stats(compute_times),
         "phases": {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)},
         "sync_trials": per_trial.sum(dim=1).tolist() if len(s.phases) else [],
