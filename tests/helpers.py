@@ -297,33 +297,47 @@ def with_free_port(start: Callable[[int], object], tries: int = 5,
 
 # ------------------------------------------------------------------ the pause hook
 class Pause:
-    """Hold one rank at a chosen epoch and step until the test releases it (tests/hooks:
-    LABKIT_TEST_PAUSE). ``env`` goes to the process that trains; ``wait()`` returns the paused
-    rank's pid once it is held there; ``release()`` lets it go on.
+    """Hold a rank (``rank="*"``: every rank) at a chosen epoch and step until the test
+    releases it (tests/hooks: LABKIT_TEST_PAUSE). ``env`` goes to the process that trains;
+    ``wait()`` returns {rank: pid} once ``count`` ranks are held there; ``release()`` lets them
+    go on.
 
         pause = Pause(tmp_path, method="allreduce", rank=0, epoch=2, step=0)
         proc = start_labkit([...], cwd, env=pause.env)
         pause.wait()          # rank 0 is before epoch 2's first step, epoch 1 written
         ...                   # kill, signal, inspect: the run is exactly there
         pause.release()
+
+    A rank held alone leaves the others waiting for it in a collective, where no Python signal
+    handler runs until the collective times out: to signal a run (Ctrl-C, SIGTERM) rather than
+    kill it, hold every rank (rank="*", wait(count=nproc)).
     """
 
-    def __init__(self, folder: Path, method: str = "*", rank: int = 0, epoch: int = 1,
+    def __init__(self, folder: Path, method: str = "*", rank: int | str = 0, epoch: int = 1,
                  step: int = 0):
-        self.dir = Path(folder) / f"pause-{method.replace('*', 'any')}-{rank}-{epoch}-{step}"
+        name = f"pause-{method}-{rank}-{epoch}-{step}".replace("*", "any")
+        self.dir = Path(folder) / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.env = {"LABKIT_TEST_PAUSE": f"{method}:{rank}:{epoch}:{step}:{self.dir}"}
 
-    def wait(self, timeout: float = 240.0, proc: subprocess.Popen | None = None) -> int:
-        """The paused rank's pid, once it is held; fails after ``timeout`` s or when ``proc``
-        (the process that started the run) ended first."""
-        held = self.dir / "paused"
+    def held(self) -> dict[int, int]:
+        """{rank: pid} of the ranks held now."""
+        out = {}
+        for f in self.dir.glob("paused-*"):
+            if not f.name.endswith(".tmp"):
+                out[int(f.name.split("-")[1])] = int(f.read_text())
+        return out
 
+    def wait(self, timeout: float = 240.0, proc: subprocess.Popen | None = None,
+             count: int = 1) -> dict[int, int]:
+        """{rank: pid} once ``count`` ranks are held; fails after ``timeout`` s or when ``proc``
+        (the process that started the run) ended first."""
         def ready():
             if proc is not None and proc.poll() is not None:
                 raise AssertionError(f"the run ended (exit {proc.returncode}) before the pause")
-            return held.exists() and held.read_text().strip()
-        return int(wait_for(ready, timeout, f"the pause at {self.env['LABKIT_TEST_PAUSE']}", 0.05))
+            held = self.held()
+            return held if len(held) >= count else None
+        return wait_for(ready, timeout, f"{count} rank(s) held at {self.env['LABKIT_TEST_PAUSE']}", 0.05)
 
     def release(self) -> None:
         (self.dir / "release").touch()

@@ -284,16 +284,19 @@ def running_in(folder) -> list[str]:
 def test_ctrl_c_on_the_experiment_stops_everything(tmp_path):
     import signal
 
-    # Ctrl-C while ddp trains: its rank 0 held at epoch 1's second step (the pause hook)
-    pause = Pause(tmp_path, "ddp", rank=0, epoch=1, step=1)
+    # Ctrl-C while ddp trains: both ranks held before epoch 1's second step (the pause hook),
+    # so training has begun and is far from its end; Ctrl-C, then both go on together (one
+    # released before the other would wait for it in a collective)
+    pause = Pause(tmp_path, "ddp", rank="*", epoch=1, step=1)
     proc = subprocess.Popen([sys.executable, "-m", "labkit", "experiment", *TINY_FLAGS, "--epochs", "50",
                              "--methods", "ddp", "--runs-dir", "runs"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **pause.env})
     try:
-        pause.wait(240, proc)
+        pause.wait(240, proc, count=2)
     finally:
         proc.send_signal(signal.SIGINT)
+        pause.release()
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out[-2000:]
     run = (tmp_path / "runs" / "latest").resolve()

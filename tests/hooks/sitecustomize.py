@@ -28,11 +28,11 @@ with one set it registers a labkit.training.hooks trainer hook, which the rank's
       out-of-memory killer would do to them.
   LABKIT_TEST_CUDA_OOM=<method>:<rank>:<step>  before that step that rank asks the GPU for
       1 TiB: a real torch.OutOfMemoryError.
-  LABKIT_TEST_PAUSE=<method>:<rank>:<epoch>:<step>:<folder>  that rank (method * for any), before
-      that step of that epoch (step counted from 0 in the epoch, epoch from 1), writes its pid to
-      <folder>/paused and waits until <folder>/release exists: a test acts on a run at exactly
-      that moment (kill it, signal it) instead of racing its clock (tests/helpers.Pause). Only
-      on torchrun's first attempt, and once per process.
+  LABKIT_TEST_PAUSE=<method>:<rank>:<epoch>:<step>:<folder>  that rank (rank * for every rank,
+      method * for any), before that step of that epoch (step counted from 0 in the epoch, epoch
+      from 1), writes its pid to <folder>/paused-<rank> and waits until <folder>/release exists:
+      a test acts on a run at exactly that moment (kill it, signal it) instead of racing its
+      clock (tests/helpers.Pause). Only on torchrun's first attempt, and once per process.
 """
 import os
 
@@ -139,17 +139,19 @@ def _pause_at(method: str, rank: int):
         return None
     try:
         m, r, e, s, folder = os.environ.get("LABKIT_TEST_PAUSE", "").split(":", 4)
-        return (int(e), int(s), folder) if m in (method, "*") and int(r) == rank else None
+        mine = m in (method, "*") and (r == "*" or int(r) == rank)
+        return (int(e), int(s), folder) if mine else None
     except ValueError:
         return None
 
 
-def _pause(folder: str) -> None:
+def _pause(folder: str, rank: int) -> None:
     import time
 
-    with open(os.path.join(folder, "paused.tmp"), "w") as f:
+    held = os.path.join(folder, f"paused-{rank}")
+    with open(held + ".tmp", "w") as f:
         f.write(str(os.getpid()))
-    os.replace(os.path.join(folder, "paused.tmp"), os.path.join(folder, "paused"))  # whole or absent
+    os.replace(held + ".tmp", held)  # whole or absent
     while not os.path.exists(os.path.join(folder, "release")):
         time.sleep(0.02)
 
@@ -177,7 +179,7 @@ def _install() -> None:
             def hold(tr, step: int) -> None:
                 if not held and tr.epoch == pause[0] and tr.step == pause[1]:
                     held.append(step)
-                    _pause(pause[2])
+                    _pause(pause[2], tr.ctx.rank)
             trainer.step_callbacks.append(hold)
         fill = os.environ.get("LABKIT_TEST_FILL")
         if fill and r == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
