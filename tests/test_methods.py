@@ -267,7 +267,7 @@ def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_p
     (tmp_path / "my_methods").mkdir()
     shutil.copy(RING, tmp_path / "my_methods" / "ring.py")
     flags = [*TINY_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3", "--runs-dir", "runs"]
-    p = _labkit(tmp_path, "experiment", "--methods", "ddp,my_methods/ring.py:RingAllReduce", *flags)
+    p = _labkit(tmp_path, "experiment", *flags, "--methods", "ddp,my_methods/ring.py:RingAllReduce")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (tmp_path / "runs" / "latest").resolve()
     doc = load_json(run / "ring_all_reduce" / "results_ring_all_reduce.json")

@@ -58,10 +58,26 @@ def context() -> multiprocessing.context.BaseContext:
     """The fork-server context, the server started now if it is not running. Called from the
     thread that builds the loaders (the rank's main thread): the server's life is tied to the
     thread that starts it."""
+    global _SERVER_READY
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(SERVER_PRELOAD)
     multiprocessing.forkserver.ensure_running()
+    if not _SERVER_READY:
+        # the server imports torch before it forks anything (seconds on a busy machine): one
+        # process started and joined now waits for that here, while the loaders are built,
+        # not in the first step's data wait, where --loader-timeout would count it
+        p = ctx.Process(target=_ready, daemon=True)
+        p.start()
+        p.join()
+        _SERVER_READY = True
     return ctx
+
+
+_SERVER_READY = False
+
+
+def _ready() -> None:
+    """The fork server's first child: nothing to do (see context())."""
 
 
 def worker_init(worker_id: int) -> None:
