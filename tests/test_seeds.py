@@ -150,3 +150,25 @@ def test_a_sweep_over_a_methods_parameter_is_a_study_of_time_to_accuracy_and_byt
     assert main(["report", str(root)]) == 0
     assert (root / "report" / "study.png").stat().st_size > 10_000
     assert "local_steps=8" in (root / "report" / "study.txt").read_text()
+
+
+def test_a_variants_runs_are_read_from_its_folder_or_from_every_repeat(tmp_path):
+    """ddp-bf16 beside DDP (the second baseline): one folder without repeats, repeat-<i>/ with;
+    the variants table (load_variants) takes repeat 1's."""
+    import json
+
+    from labkit.analysis.report.load import load_variants, variant_runs
+
+    def write(folder, seed):
+        folder.mkdir(parents=True)
+        (folder / "results_baseline_ddp.json").write_text(json.dumps(doc(seed, [85.0])))
+
+    write(tmp_path / "one" / "ddp-bf16", 0)
+    for i in (2, 1, 10):  # numeric order, not the folder listing's
+        write(tmp_path / "reps" / f"repeat-{i}" / "ddp-bf16", i - 1)
+    assert [d["config"]["seed"] for d in variant_runs(tmp_path / "one", "ddp-bf16")] == [0]
+    assert [d["config"]["seed"] for d in variant_runs(tmp_path / "reps", "ddp-bf16")] == [0, 1, 9]
+    assert variant_runs(tmp_path / "reps", "ddp") == []  # a method, not a variant
+    assert load_variants(tmp_path / "reps")["ddp-bf16"]["config"]["seed"] == 0
+    res = RunResults(docs={}, repeats={}, run_dir=tmp_path / "reps", target_accuracy=GOAL)
+    assert "ddp-bf16" in seeds.judged(res) and seeds.score(res, "ddp-bf16", GOAL).n == 3

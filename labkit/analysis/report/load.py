@@ -238,13 +238,25 @@ def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
 
 def load_variants(run: Path) -> dict[str, dict]:
     """Results of the variants an experiment ran besides the three methods (``labkit
-    experiment --methods ps,ps-async,...``): {variant: result document}."""
+    experiment --methods ps,ps-async,...``): {variant: result document} (repeat 1's)."""
     out = {}
-    for v, fields in VARIANTS.items():
-        path = Path(run) / v / RESULT_FILES[fields["method"]]
-        if v not in METHOD_ORDER and path.exists():
-            try:
-                out[v] = load_result(path)
-            except ResultError:
-                continue
+    for v in VARIANTS:
+        runs = variant_runs(run, v)
+        if runs:
+            out[v] = runs[0]
+    return out
+
+
+def variant_runs(run: Path, v: str) -> list[dict]:
+    """Every readable result of variant ``v`` in run folder ``run``: its one folder, or one per
+    repeat (repeat-<i>/<v>/) in order; [] for a name that is a method, not a variant."""
+    if v not in VARIANTS or v in METHOD_ORDER:
+        return []
+    name = RESULT_FILES[VARIANTS[v]["method"]]
+    out = []
+    for d in [Path(run)] + layout.repeat_dirs(Path(run)):
+        try:
+            out.append(load_result(d / v / name))
+        except ResultError:  # missing (e.g. no repeats), truncated or not a result file
+            continue
     return out

@@ -64,48 +64,48 @@ def _when(span: Optional[tuple[float, float]]) -> str:
 GRID = (1e-4, 10.0)  # the compute times per step break_even searches (s)
 
 
-def rows(res: RunResults) -> list[dict]:
-    """One row per method: its projected throughput at 1024 GPUs relative to DDP's on each
-    interconnect at this run's compute, and the compute times per step at which it would
-    beat DDP there."""
+def projected(res: RunResults) -> Optional[tuple[float, dict[str, dict[str, tuple]]]]:
+    """(DDP's compute per step, {method: {link: (its throughput at 1024 GPUs relative to DDP's,
+    whether it beats DDP there now, when it would: _when's words)}}), or None where there is
+    nothing to project. Computed once for the table and the lines."""
     inputs = inputs_of(res)
     if inputs is None:
-        return []
+        return None
     serves = {m: _serves(m) for m in inputs}
     proj = project_methods(inputs, serves, gpus=(AT,))
     step = {(r["method"], r["link"]): r["step"] for r in proj}
-    out = []
+    links = list(dict.fromkeys(r["link"] for r in proj))
+    out: dict[str, dict[str, tuple]] = {}
     for m, x in inputs.items():
-        row = {"Method": _name(m)}
-        for key in dict.fromkeys(r["link"] for r in proj):
-            cell = f"{step[('ddp', key)] / step[(m, key)]:.2f}x"
-            if m != "ddp":
-                span = break_even(x, inputs["ddp"], AT, get_link(key), serves=serves[m],
-                                  base_serves=serves["ddp"], low=GRID[0], high=GRID[1])
-                cell += f"; wins: {_when(span)}"
-            row[INTERCONNECTS[key].name] = cell
-        out.append(row)
-    return out
+        now = where_it_wins(proj, m) if m != "ddp" else {}
+        out[m] = {k: (step[("ddp", k)] / step[(m, k)], now.get(k) is not None,
+                      None if m == "ddp" else
+                      _when(break_even(x, inputs["ddp"], AT, get_link(k), serves=serves[m],
+                                       base_serves=serves["ddp"], low=GRID[0], high=GRID[1])))
+                  for k in links}
+    return inputs["ddp"]["compute"], out
 
 
-def win_lines(res: RunResults) -> list[str]:
-    """Per method, where it is projected to beat DDP at 1024 GPUs: at this run's compute, and
-    below which compute time per step on each interconnect."""
-    inputs = inputs_of(res)
-    if inputs is None:
-        return []
-    serves = {m: _serves(m) for m in inputs}
-    proj = project_methods(inputs, serves, gpus=(AT,))
-    here = _ms(inputs["ddp"]["compute"])
-    lines = []
-    for m, x in inputs.items():
+def rows(got) -> list[dict]:
+    """One row per method of ``got`` (projected()): its projected throughput at 1024 GPUs
+    relative to DDP's on each interconnect at this run's compute, and the compute times per
+    step at which it would beat DDP there."""
+    return [{"Method": _name(m),
+             **{INTERCONNECTS[k].name: f"{ratio:.2f}x" + (f"; wins: {when}" if when else "")
+                for k, (ratio, _, when) in cells.items()}}
+            for m, cells in got[1].items()]
+
+
+def win_lines(got) -> list[str]:
+    """Per method of ``got`` (projected()), where it is projected to beat DDP at 1024 GPUs: at
+    this run's compute, and below which compute time per step on each interconnect."""
+    here, lines = _ms(got[0]), []
+    for m, cells in got[1].items():
         if m == "ddp":
             continue
-        now = [INTERCONNECTS[k].name for k, p in where_it_wins(proj, m).items() if p is not None]
-        spans = {k: _when(break_even(x, inputs["ddp"], AT, get_link(k), serves=serves[m],
-                                     base_serves=serves["ddp"], low=GRID[0], high=GRID[1]))
-                 for k in dict.fromkeys(r["link"] for r in proj)}
-        some = [f"{INTERCONNECTS[k].name}: {w}" for k, w in spans.items() if w != "never"]
+        now = [INTERCONNECTS[k].name for k, (_, wins, _) in cells.items() if wins]
+        some = [f"{INTERCONNECTS[k].name}: {when}" for k, (_, _, when) in cells.items()
+                if when != "never"]
         lines.append(f"{_name(m)}: at this run's compute ({here} per step) "
                      + (f"projected to beat DDP at {AT} GPUs on {', '.join(now)}" if now else
                         f"not projected to beat DDP at {AT} GPUs on any interconnect")
@@ -117,21 +117,21 @@ def win_lines(res: RunResults) -> list[str]:
 
 def projection_section(res: RunResults) -> list[Block]:
     """Display blocks (a line saying why where there is nothing to project)."""
-    table = rows(res)
-    if not table:
+    got = projected(res)
+    if got is None:
         return [Markdown("No projection: it needs DDP and another method with a compute-only "
                          "calibration and bytes on the wire in this run.")]
-    return [Markdown(caption("projection_methods", at=AT)), Html(html_table(table)),
-            Markdown("\n".join(f"- {line}" for line in win_lines(res)))]
+    return [Markdown(caption("projection_methods", at=AT)), Html(html_table(rows(got))),
+            Markdown("\n".join(f"- {line}" for line in win_lines(got)))]
 
 
 def projection_text(res: RunResults) -> list[str]:
     """The same for performance_report.txt (empty where there is nothing to project)."""
-    table = rows(res)
-    if not table:
+    got = projected(res)
+    if got is None:
         return []
     from labkit.analysis.texttable import text_table
     from .captions import heading
 
-    return [heading("projection_methods"), "", text_table(table), "",
-            *(f"- {line}" for line in win_lines(res)), ""]
+    return [heading("projection_methods"), "", text_table(rows(got)), "",
+            *(f"- {line}" for line in win_lines(got)), ""]

@@ -24,14 +24,13 @@ import numpy as np
 
 from labkit.analysis import breakdown, stats
 from labkit.core.health import diverged_where
-from labkit.core import layout
 from labkit.core.config import VARIANTS
-from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT, SPECS
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 from labkit.core.status import Status, status_of
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from .load import ResultError, RunResults, _epochs, load_result
+from .load import RunResults, _epochs, variant_runs
 from .tables import html_table, target, target_text, wire_mb
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
@@ -74,12 +73,7 @@ class Seeds:
         return _mean_interval(self.kept(self.steps), f"{self.reached} of {self.n} seeds reached it")
 
     def final_accuracy(self) -> stats.Interval:
-        vals = [v for v in self.final if v is not None]
-        if not vals:
-            return stats.Interval(None, note="no validation accuracy")
-        if len(vals) < 2:
-            return stats.Interval(vals[0], n=1, basis="seeds", note="one seed")
-        return stats.t_interval(np.asarray(vals, dtype=float), stats.CONFIDENCE, lambda x: x, "seeds")
+        return _mean_interval([v for v in self.final if v is not None], "no validation accuracy")
 
 
 def _mean_interval(values: list[float], note: str) -> stats.Interval:
@@ -96,19 +90,7 @@ def _runs(res: RunResults, m: str) -> list[dict]:
     included (they count)."""
     if m in SPECS:
         return list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
-    if m not in VARIANTS or res.run_dir is None:
-        return []
-    name = RESULT_FILES[VARIANTS[m]["method"]]
-    paths = [res.run_dir / m / name] + sorted(
-        res.run_dir.glob(f"{layout.REPEAT_PREFIX}*/{m}/{name}"),
-        key=lambda p: int(p.parent.parent.name.rpartition("-")[2] or 0))
-    out = []
-    for p in paths:
-        try:
-            out.append(load_result(p))
-        except (ResultError, OSError):
-            continue
-    return out
+    return variant_runs(res.run_dir, m) if res.run_dir is not None else []
 
 
 def _name(m: str) -> str:
