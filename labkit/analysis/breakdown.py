@@ -13,9 +13,11 @@ per step:
                         waits, less a parameter server's update the trainers waited through
     optimizer/server  = the optimizer step, plus that server update
     rest              = other (the loop's bookkeeping, step callbacks)
-    hidden comm       = the collectives' running time (the union of their start-to-completion
-                        intervals) less exposed comm, at least 0: communication that ran while
-                        the trainer computed
+    hidden comm       = the communication's running time (the union of the collectives'
+                        start-to-completion intervals; for DDP with --time-comm stats, its
+                        reducer's span from the first bucket's all-reduce to the end of the
+                        last) less exposed comm, at least 0: communication that ran while the
+                        trainer computed (averaged over the steps that have a figure)
     overlap           = hidden / (hidden + exposed)
 
 data + compute + exposed + optimizer/server + rest is the trainers' mean step, because the
@@ -36,6 +38,7 @@ ORDER = ("data", "compute", "exposed", "optimizer", "rest")
 LABELS = {"data": "data wait", "compute": "compute (forward + backward)",
           "exposed": "exposed communication", "optimizer": "optimizer and server update",
           "rest": "the rest", "hidden": "communication hidden behind compute"}
+UNTIMED = "communication not timed (--time-comm off)"
 #: the default target of time to accuracy: this share of the best accuracy any method reached
 TARGET_SHARE = 0.95
 
@@ -43,7 +46,8 @@ TARGET_SHARE = 0.95
 @dataclass(frozen=True)
 class Breakdown:
     parts: dict[str, float]            # ORDER -> seconds per step
-    hidden: Optional[float]            # seconds per step; None when collectives were not timed
+    hidden: Optional[float]            # seconds per step (over the steps with a communication
+    #                                    figure); None when communication was not timed
     measured: Optional[float]          # the step the throughput is measured from (s)
     overlap: stats.Interval = field(default_factory=lambda: stats.Interval(None))
 
@@ -106,14 +110,24 @@ def of_result(doc: dict) -> Optional[Breakdown]:
     steps = sum(len(s["compute"]) for s in per_epoch)
     if not steps:
         return None
-    mean = {k: float(sum(s[k].sum() for s in per_epoch) / steps) for k in (*ORDER, "hidden")}
+    mean = {k: float(sum(s[k].sum() for s in per_epoch) / steps) for k in ORDER}
     timed = all("comm_busy_times" in e for e in epochs)
-    overlap = (ratio_interval([s["hidden"] for s in per_epoch],
-                              [s["hidden"] + s["exposed"] for s in per_epoch])
-               if timed else stats.Interval(None, note="communication not timed (--no-time-comm)"))
+    hidden, overlap = _hidden(per_epoch) if timed else (None, stats.Interval(None, note=UNTIMED))
     measured = [e["avg_batch_time"] for e in epochs if "avg_batch_time" in e]
-    return Breakdown({k: mean[k] for k in ORDER}, mean["hidden"] if timed else None,
-                     float(np.mean(measured)) if measured else None, overlap)
+    return Breakdown(mean, hidden, float(np.mean(measured)) if measured else None, overlap)
+
+
+def _hidden(per_epoch: Sequence[dict[str, np.ndarray]]) -> tuple[Optional[float], stats.Interval]:
+    """Hidden communication per step and the overlap, over the steps whose communication has a
+    figure: all of them, but for DDP's reducer statistics (labkit.training.sync.ddp) an
+    epoch's last step, whose figures the reducer would give only in the next step."""
+    keep = [np.isfinite(s["hidden"]) for s in per_epoch]
+    hidden = [s["hidden"][k] for s, k in zip(per_epoch, keep)]
+    n = sum(len(h) for h in hidden)
+    if not n:
+        return None, stats.Interval(None, note="no step with a communication figure")
+    total = [(s["hidden"] + s["exposed"])[k] for s, k in zip(per_epoch, keep)]
+    return float(sum(h.sum() for h in hidden) / n), ratio_interval(hidden, total)
 
 
 def of_bench(r: dict) -> Optional[Breakdown]:
@@ -123,11 +137,9 @@ def of_bench(r: dict) -> Optional[Breakdown]:
         return None
     s = split(sync["parts"], float(np.mean(alone["parts"]["compute"])),
               sync.get("busy") or None, sync.get("server") or None)
-    timed = bool(sync.get("busy"))
-    overlap = (ratio_interval([s["hidden"]], [s["hidden"] + s["exposed"]]) if timed
-               else stats.Interval(None, note="communication not timed"))
-    return Breakdown({k: float(s[k].mean()) for k in ORDER},
-                     float(s["hidden"].mean()) if timed else None,
+    untimed = (None, stats.Interval(None, note=UNTIMED))
+    hidden, overlap = _hidden([s]) if sync.get("busy") else untimed
+    return Breakdown({k: float(s[k].mean()) for k in ORDER}, hidden,
                      (r.get("step_time") or {}).get("median"), overlap)
 
 

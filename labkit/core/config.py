@@ -29,6 +29,7 @@ Backend = Literal["nccl", "gloo"]
 Device = Literal["cuda", "cpu"]
 Decode = Literal["gpu", "cpu"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
+TimeComm = Literal["stats", "hook", "off"]
 DIGITS_MAX_SIDE = 224  # 1.1 GiB of upsampled digits per process; above, a laptop runs out of memory
 
 #: Named variants of the methods (labkit bench --variants, labkit experiment --methods):
@@ -48,8 +49,9 @@ VARIANTS: dict[str, dict] = {
 DEFAULT_VARIANTS = ("ddp", "allreduce", "ps", "ps-p2p")  # labkit bench
 
 
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    """A field with its help text (and e.g. ``aliases``: {flag: value}, labkit.core.params)."""
+    return field(default=default, metadata={"help": help, **meta})
 
 
 @dataclass
@@ -120,10 +122,14 @@ class TrainConfig:
                                      "applies each worker's gradient as it arrives and a worker "
                                      "runs at most S steps ahead of the slowest (default: "
                                      "synchronous)")
-    time_comm: bool = _f(True, "time every collective from its start to its completion (DDP's "
-                         "through a communication hook that does what its built-in all-reduce "
-                         "does) for the report's breakdown of a step and the per-rank waits "
-                         "(--no-time-comm: DDP's built-in path, no communication timings)")
+    time_comm: TimeComm = _f("stats", "how communication is timed for the report's breakdown of "
+                             "a step: stats (DDP: its reducer's own runtime statistics, read "
+                             "every step, DDP's built-in C++ path untouched; the other methods: "
+                             "every collective from its start to its completion), hook (DDP: a "
+                             "communication hook doing what its built-in all-reduce does, "
+                             "timing each bucket; the others: as stats), off (no communication "
+                             "timings; --no-time-comm is the same)",
+                             aliases={"--no-time-comm": "off"})
     check_replicas: bool = _f(True, "at the end of every epoch, compare every rank's parameters "
                               "and buffers (a checksum per tensor: the integer sum of its 32-bit "
                               "words); a rank whose copy differs stops the run, naming the rank "
@@ -167,6 +173,16 @@ class TrainConfig:
                         "launch's speed (--no-pin-cpus: the OS places them)")
 
     # --- helpers ---
+    def __post_init__(self):
+        # configs recorded before time_comm had modes hold a bool: True was the hook
+        if isinstance(self.time_comm, bool):
+            self.time_comm = "hook" if self.time_comm else "off"
+
+    @property
+    def times_comm(self) -> bool:
+        """Whether communication is timed at all (--time-comm stats or hook)."""
+        return self.time_comm != "off"
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -119,6 +119,9 @@ def add_arguments(p: argparse.ArgumentParser, cls: type, skip: tuple = (),
         else:
             p.add_argument(flag(f.name), dest=f.name, type=_argparse_type(ft), help=help_,
                            default=default, choices=ft.choices)
+        for alias, value in f.metadata.get("aliases", {}).items():  # an older flag's spelling
+            p.add_argument(alias, dest=f.name, action="store_const", const=value,
+                           default=argparse.SUPPRESS, help=f"the same as {flag(f.name)} {value}")
 
 
 def _argparse_type(ft: FieldType):

@@ -39,7 +39,7 @@ from labkit.core.methods import spec
 
 from . import lifecycle
 from .dist import is_distributed
-from .timers import PARTS, Stopwatch
+from .timers import PARTS, Stopwatch, busy_figures
 
 PROG = "labkit.bench"  # how the rank names itself in its one-line errors
 
@@ -270,8 +270,9 @@ def _parts(tr, first: int) -> dict:
     if tr.ctx.distributed:
         dist.all_reduce(vec)
     servers = tr.ctx.world_size - s.trainers
-    per = (vec[:len(PARTS) + 1] / s.trainers).tolist()
-    out = {"parts": dict(zip(PARTS, per)), "busy": per[-1] if tr.cfg.time_comm and any(per[-1]) else []}
+    per = vec[:len(PARTS) + 1] / s.trainers
+    out = {"parts": dict(zip(PARTS, per[:-1].tolist())),
+           "busy": busy_figures(per[-1]) if tr.cfg.times_comm else []}
     if servers:
         out["server"] = (vec[-1] / servers).tolist()
     return out

@@ -19,7 +19,7 @@ import torch
 from labkit.core.methods import comm_key, comm_times_key
 
 from .dist import all_reduce_sum, sync_device
-from .timers import PARTS, MachineLoad, StepClock, StepParts
+from .timers import PARTS, MachineLoad, StepClock, StepParts, busy_figures
 
 
 class EpochMeter:
@@ -144,8 +144,13 @@ class EpochMeter:
         k = len(PARTS)
         per = vec[:k + 1] / s.trainers
         out = {"step_parts": {name: per[i].tolist() for i, name in enumerate(PARTS)}}
-        if s.cfg.time_comm and per[k].sum().item() > 0:
-            out["comm_busy_times"] = per[k].tolist()
+        busy = busy_figures(per[k]) if s.cfg.times_comm else []
+        if busy:  # None: a step without a figure (DDP's reducer: an epoch's last step)
+            out["comm_busy_times"] = busy
+        for channel, xs in got["also"].items():  # DDP's reducer's, beside its hook's
+            v = torch.tensor(xs, dtype=torch.float64, device=self.dev)
+            all_reduce_sum(v)
+            out[f"comm_{channel}_times"] = busy_figures(v / s.trainers)
         if servers:
             out["server_update_times"] = (vec[k + 1] / servers).tolist()
         ranks = list(range(servers, world))  # a parameter server's servers are ranks 0..K-1

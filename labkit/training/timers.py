@@ -5,11 +5,12 @@ Metrics are dicts written by one rank to files the report reads; progress bars a
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -188,15 +189,18 @@ class StepParts:
 
     The loop marks the end of each part of a step (``mark("data")`` once the batch is on the
     device, ``mark("compute")`` after backward, ...); a method reports each collective it
-    starts (``issued``), stamped when it is started and again when its future completes. Marks
-    are CUDA events on a GPU (no host synchronisation inside the step) and perf_counter on a
-    CPU; consecutive marks tile the step, so its parts add up to it.
+    starts (``issued``), stamped when it is started and again when its future completes; or, a
+    method whose communication something else times (DDP's reducer), reports a step's busy
+    seconds itself through ``reporter()``. Marks are CUDA events on a GPU (no host
+    synchronisation inside the step) and perf_counter on a CPU; consecutive marks tile the
+    step, so its parts add up to it.
     """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.steps: list[list[tuple[str, Any]]] = []   # per step: (part, stamp at its end)
         self.comm: list[list[list]] = []               # per step: [issued, completed] stamps
+        self.reported: list[dict] = []                 # per step: {channel: [seconds or None]}
         self.end: Any = None
 
     def stamp(self) -> Any:
@@ -210,6 +214,7 @@ class StepParts:
         """A step begins (it ends where the next begins, or at close())."""
         self.steps.append([("begin", self.stamp())])
         self.comm.append([])
+        self.reported.append({})
 
     def mark(self, part: str) -> None:
         if self.steps:
@@ -228,16 +233,33 @@ class StepParts:
             return f.value()
         return fut.then(done)
 
+    def reporter(self, channel: str = "busy") -> Callable[[float], None]:
+        """The current step's busy communication time, for a method that reports it itself:
+        a function to call with the seconds, now or during a later step (DDP's reducer gives a
+        step's figures during the next one). A step handed a reporter that is never called has
+        no figure (NaN in take()'s "busy"), rather than a zero; once take() has returned the
+        step, a late figure is dropped. Another ``channel`` keeps a second figure apart from
+        "busy" (DDP's reducer's, beside its timing hook's), in take()'s "also"."""
+        if not self.steps:
+            return _drop
+        cell = self.reported[-1].setdefault(channel, [None])
+
+        def report(seconds: float) -> None:
+            cell[0] = float(seconds)
+        return report
+
     def close(self) -> None:
         self.end = self.stamp()
 
     def take(self, first: int = 0) -> dict:
         """Steps ``first``.. as seconds: {"parts": {part: [per step]}, "busy": [per step: the
-        union of its collectives' start-to-completion intervals]}; then forgets everything."""
-        steps, comm, end = self.steps, self.comm, self.end
-        self.steps, self.comm, self.end = [], [], None
+        union of its collectives' start-to-completion intervals, plus the seconds reported for
+        it; NaN where a reporter gave none], "also": {channel: [per step, NaN where none]}};
+        then forgets everything."""
+        steps, comm, reported, end = self.steps, self.comm, self.reported, self.end
+        self.steps, self.comm, self.reported, self.end = [], [], [], None
         if not steps or end is None:
-            return {"parts": {p: [] for p in PARTS}, "busy": []}
+            return {"parts": {p: [] for p in PARTS}, "busy": [], "also": {}}
         if self.cuda:
             end.synchronize()
             ref = steps[0][0][1]
@@ -247,7 +269,7 @@ class StepParts:
         nexts = [s[0][1] for s in steps[1:]] + [end]
         parts: dict[str, list[float]] = {p: [] for p in PARTS}
         busy = []
-        for marks, nxt, calls in list(zip(steps, nexts, comm))[first:]:
+        for marks, nxt, calls, rep in list(zip(steps, nexts, comm, reported))[first:]:
             times = [t(s) for _, s in marks] + [t(nxt)]
             names = [name for name, _ in marks[1:]] + ["other"]
             row = dict.fromkeys(PARTS, 0.0)
@@ -255,8 +277,31 @@ class StepParts:
                 row[name] += b - a
             for p in PARTS:
                 parts[p].append(row[p])
-            busy.append(_union([(t(a), t(b)) for a, b in calls if b is not None]))
-        return {"parts": parts, "busy": busy}
+            own = _figure(rep.get("busy"), 0.0)
+            busy.append(_union([(t(a), t(b)) for a, b in calls if b is not None]) + own)
+        rows = reported[first:]
+        also = {c: [_figure(r.get(c), math.nan) for r in rows]
+                for c in sorted({c for r in rows for c in r} - {"busy"})}
+        return {"parts": parts, "busy": busy, "also": also}
+
+
+def _figure(cell: Optional[list], none: float) -> float:
+    """A reported figure: ``none`` without a reporter, NaN with one never called."""
+    if cell is None:
+        return none
+    return math.nan if cell[0] is None else cell[0]
+
+
+def busy_figures(per_step: torch.Tensor) -> list[Optional[float]]:
+    """take()'s "busy" (reduced over the ranks) as the result files hold it: None for a step
+    without a figure, [] when no step has one (communication not timed)."""
+    if not torch.nansum(per_step).item() > 0:
+        return []
+    return [None if math.isnan(v) else v for v in per_step.tolist()]
+
+
+def _drop(seconds: float) -> None:
+    """A reporter outside any step: the figure belongs to no step."""
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

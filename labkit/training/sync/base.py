@@ -44,7 +44,7 @@ class Strategy(Collectives):
         self.timer = PhaseTimer(ctx.device)
         self.sync = True  # False inside no_sync(): compute-only steps
         #: the loop's record of each step's parts (labkit.training.timers.StepParts); a method
-        #: passes each collective it starts to track(), unless --no-time-comm
+        #: passes each collective it starts to track(), unless --time-comm off
         self.parts: Optional[StepParts] = None
         #: the training steps of each epoch, set by the loop (labkit bench: those of a trial)
         self.steps_per_epoch: Optional[int] = None
@@ -106,7 +106,7 @@ class Strategy(Collectives):
     def track(self, work: dist.Work) -> dist.Work:
         """Note when a collective this step started runs; returns ``work`` unchanged (its
         completion is stamped from its future, so waiting on it is not changed)."""
-        if self.parts is not None and self.cfg.time_comm:
+        if self.parts is not None and self.cfg.times_comm:
             try:
                 self.parts.issued(work.get_future())
             except RuntimeError:  # a backend whose point-to-point Work has no future (gloo)

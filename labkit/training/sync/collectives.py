@@ -125,7 +125,7 @@ class Collectives:
     def _issue(self, call: Callable[[], dist.Work], async_op: bool, sent: float, received: float,
                phase: Optional[str]):
         self.count_bytes(phase or self.count_phase, sent, received)
-        parts = self.parts if self.cfg.time_comm else None
+        parts = self.parts if self.cfg.times_comm else None
         started = parts.stamp() if parts is not None else None
         work = call()
         if parts is not None:

@@ -6,12 +6,15 @@ all-reduce's compression is checked against; ``--compress bf16`` its ``bf16_comp
 same in bfloat16: fp32's range, 8 bits of mantissa). A subclass runs another of PyTorch's hooks
 by overriding :meth:`DDPStrategy.comm_hook` (PowerSGD: labkit.training.sync.powersgd).
 
-DDP's all-reduce runs inside backward, where the loop cannot see it. To time it without
-changing what DDP computes, a communication hook does what DDP's built-in all-reduce does
-(each gradient multiplied by 1/world size as it is copied into its bucket, then a summing
-all-reduce of the bucket) and notes when each bucket's all-reduce started and when its future
-completed. ``--no-time-comm`` leaves DDP's built-in path alone (the tests check that both give
-the same parameters, bit for bit).
+DDP's all-reduce runs inside backward, where the loop cannot see it. ``--time-comm stats``
+(the default) leaves DDP's built-in C++ path alone and reads the reducer's own runtime
+statistics every step (:class:`ReducerStats`: from the first bucket's all-reduce to the end of
+the last one, gradients written back). ``--time-comm hook`` times each bucket instead: a
+communication hook does what DDP's built-in all-reduce does (each gradient multiplied by 1/world
+size as it is copied into its bucket, then a summing all-reduce of the bucket) and notes when
+each bucket's all-reduce started and when its future completed. ``--time-comm off`` times
+nothing. The tests check that the three give the same parameters, bit for bit;
+docs/where-the-time-goes.md says what each counts.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ class DDPStrategy(Strategy):
     def setup(self, model: nn.Module) -> nn.Module:
         if not self.ctx.distributed:
             return model
+        self.stats: Optional[ReducerStats] = None
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # defaults on purpose: 25 MiB buckets, broadcast_buffers=True, no bucket views
         self.ddp = DistributedDataParallel(model, device_ids=ids)
@@ -44,15 +48,18 @@ class DDPStrategy(Strategy):
         self.hooked = hook is not None
         if hook is not None:
             self.ddp.register_comm_hook(state, self._timed(hook))
+        if self.cfg.times_comm:  # with the hook, the reducer's figures too, to compare
+            channel = "busy" if self.cfg.time_comm == "stats" else "reducer"
+            self.stats = ReducerStats(self.ddp, channel)
         return self.ddp
 
     def comm_hook(self) -> tuple[Any, Optional[Callable]]:
         """(state, hook) DDP runs on each gradient bucket: PyTorch's compression hook with
-        --compress, else the timing copy of DDP's built-in all-reduce, else (--no-time-comm)
-        no hook: DDP's built-in path."""
+        --compress, else with --time-comm hook the timing copy of DDP's built-in all-reduce,
+        else no hook: DDP's built-in path."""
         if self.cfg.compress != "none":
             return None, COMPRESS_HOOKS[self.cfg.compress]
-        if self.cfg.time_comm:
+        if self.cfg.time_comm == "hook":
             return None, self._allreduce_mean
         return None, None
 
@@ -69,8 +76,9 @@ class DDPStrategy(Strategy):
         self.count_bytes("comm", b, b)
 
     def after_backward(self) -> None:
-        """DDP's built-in path (--no-time-comm, no hook to see its buckets): one all-reduce of
-        every gradient, counted from the gradients (their bytes summed once, not every step)."""
+        """DDP's built-in path (no hook to see its buckets: --time-comm stats or off): one
+        all-reduce of every gradient, counted from the gradients (their bytes summed once, not
+        every step)."""
         if self.ctx.distributed and self.sync and not self.hooked:
             if self._grad_bytes is None:
                 self._grad_bytes = sum(p.numel() * p.element_size()
@@ -90,11 +98,18 @@ class DDPStrategy(Strategy):
     def _timed(self, hook):
         def timed(state, bucket):
             self.count_bucket(bucket.buffer())
-            if self.parts is None or not self.cfg.time_comm:
+            if self.parts is None or self.cfg.time_comm != "hook":
                 return hook(state, bucket)
             started = self.parts.stamp()
             return self.parts.issued(hook(state, bucket), started)
         return timed
+
+    def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
+        # the reducer's figures are read here, so that the read (tens of microseconds) counts
+        # in the optimizer's part of the step, not as communication
+        if self.stats is not None and self.sync and self.parts is not None:
+            self.stats.read(self.parts)
+        super().step(optimizer, scaler)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -104,3 +119,35 @@ class DDPStrategy(Strategy):
                 return
             with self.ddp.no_sync():  # DDP's own switch: backward fills buckets, no all-reduce
                 yield
+
+
+class ReducerStats:
+    """DDP's reducer's own runtime statistics (``_get_ddp_logging_data``), as each step's busy
+    communication time: ``backward_comm_time``, from the first bucket's all-reduce being
+    launched to the end of the reducer's finalize (every bucket's all-reduce finished and its
+    gradients written back), measured in C++ with the host's clock (CUDA events on a GPU).
+
+    The reducer publishes an iteration's figures only when the next synchronised forward
+    begins (``Logger.set_runtime_stats_and_log``, called from DDP's forward), so figures read
+    during step k are step k-1's: each read hands them to the previous synchronised step's
+    reporter (labkit.training.timers.StepParts.reporter) and takes this step's. The last step
+    before the figures are collected (an epoch's, a bench stretch's) gets none; the breakdown
+    averages over the steps that have them. A reading already handed on (the same forward
+    start: no synchronised step ran since, e.g. after compute-only steps) is not handed on
+    twice. Beside the timing hook (--time-comm hook), its figures go to their own channel
+    (the result file's comm_reducer_times), to compare the two on the same steps."""
+
+    def __init__(self, ddp: DistributedDataParallel, channel: str = "busy"):
+        self.ddp, self.channel = ddp, channel  # StepParts.reporter's
+        # every iteration (by default the first 10, then every 100th)
+        ddp._set_ddp_runtime_logging_sample_rate(1)
+        self.pending: Optional[Callable[[float], None]] = None  # the last synchronised step's
+        self.seen: Optional[int] = None  # forward start (ns) of the figures last handed on
+
+    def read(self, parts) -> None:
+        d = self.ddp._get_ddp_logging_data()
+        start, comm = d.get("forward_compute_time_start"), d.get("backward_comm_time")
+        if self.pending is not None and start and start != self.seen and comm:
+            self.pending(comm / 1e9)
+            self.seen = start
+        self.pending = parts.reporter(self.channel)
