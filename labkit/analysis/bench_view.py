@@ -23,6 +23,7 @@ from . import breakdown, stats
 from labkit.core import layout
 from labkit.core.methods import MethodSpec, find, register
 from labkit.core.files import atomic_path
+from labkit.core.run_folder import read_json
 from .texttable import short_number
 from .texttable import text_table as _table
 
@@ -50,7 +51,7 @@ def load(path: str | os.PathLike, need_results: bool = True) -> dict:
     if p.is_dir():
         p = p / layout.BENCH
     try:
-        doc = json.loads(p.read_text())
+        doc = read_json(p)
     except OSError as e:
         raise BenchError(f"cannot read {str(p)!r}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -1,7 +1,7 @@
 """Compare a run folder with its reproduction, method by method, and the environments they
 ran in.
 
-    rec_a, rec_b = load_run_record("runs/a"), load_run_record("runs/b")
+    rec_a, rec_b = load_run_record("runs/a"), load_run_record("runs/b")  # RunFolder.experiment
     doc = compare_runs(rec_a, rec_b, tolerance=None)   # {"methods": {m: verdict, ...}, ...}
     write_reproduction(rec_b.path, doc)                 # reproduction.json
 
@@ -23,13 +23,17 @@ from typing import Any, Iterable, Optional
 from labkit.core import layout
 from labkit.core.files import atomic_write_json
 from labkit.core.layout import portable
+from labkit.core.run_folder import RunFolder
+from labkit.core.run_folder import RunFolderError as ReproduceError
 from labkit.core.status import Status, status_of
 
 from .environments import environment_diff, fingerprint_reason, load_environment
-from .run_record import ReproduceError, RunRecord, load_run_record, select_methods
 
-__all__ = ["ReproduceError", "RunRecord", "load_run_record", "select_methods", "compare_runs",
+__all__ = ["ReproduceError", "load_run_record", "select_methods", "compare_runs",
            "environment_diff", "load_environment"]
+
+# the run folders compared: written by `labkit experiment`, or one line (a ReproduceError)
+load_run_record = RunFolder.experiment
 
 SCHEMA = "labkit.reproduction/1"
 # per-epoch metrics that must reproduce (timings are compared apart, never for equality)
@@ -122,11 +126,11 @@ def _compare_models(pa: Path, pb: Path, diff: _Diff, reasons: list[str]) -> Opti
     return len(set(ma) & set(mb))
 
 
-def _data_of(rec: RunRecord, method: str) -> Optional[dict]:
+def _data_of(rec: RunFolder, method: str) -> Optional[dict]:
     return (rec.env.get("data") or {}).get(method)
 
 
-def compare_method(a: RunRecord, b: RunRecord, method: str,
+def compare_method(a: RunFolder, b: RunFolder, method: str,
                    tolerance: Optional[float] = None) -> dict:
     """The verdict for one method of ``a`` (recorded) against ``b`` (its reproduction)."""
     reasons: list[str] = []
@@ -215,13 +219,25 @@ def timing_lines(doc: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------ the whole comparison
+def select_methods(rec: RunFolder, methods: Optional[Iterable[str]] = None) -> list[str]:
+    """The methods to compare: all of the run's, or those asked for, each one the run had."""
+    if methods is None:
+        return list(rec.methods)
+    chosen = list(methods)
+    missing = [m for m in chosen if m not in rec.methods]
+    if missing or not chosen:
+        raise ReproduceError(f"run {str(rec.path)!r} has no method {', '.join(missing) or '(none)'}"
+                             f" (it ran: {', '.join(rec.methods)})")
+    return chosen
+
+
 def check_tolerance(tolerance: Optional[float]) -> None:
     """None (bit for bit) or a non-negative largest absolute difference."""
     if tolerance is not None and not tolerance >= 0:
         raise ReproduceError(f"--tolerance must be 0 or more (got {tolerance})")
 
 
-def compare_runs(a: RunRecord, b: RunRecord, methods: Optional[Iterable[str]] = None,
+def compare_runs(a: RunFolder, b: RunFolder, methods: Optional[Iterable[str]] = None,
                  tolerance: Optional[float] = None) -> dict:
     """Every chosen method of ``a`` against ``b``, plus the environments' differences; the
     document reproduction.json holds. ``reproduced``: every method identical (or within

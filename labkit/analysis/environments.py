@@ -6,19 +6,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from labkit.core.layout import resolve_in_run
-from labkit.core.lockfile import PROJECT, parse_lock
-
-from .run_record import RunRecord
+from labkit.core.lockfile import PROJECT
+from labkit.core.run_folder import RunFolder
 
 
-def load_environment(rec: RunRecord) -> dict:
+def load_environment(rec: RunFolder) -> dict:
     """What the comparison of environments reads from a run folder: environment.json, the
     packages of its requirements.lock, and each method's rank-0 determinism facts."""
     env = dict(rec.env)
-    lock = (env.get("packages") or {}).get("file")
-    path = resolve_in_run(rec.path, lock) if lock else None
-    env["package_versions"] = parse_lock(path.read_text()) if path and path.exists() else None
+    env["package_versions"] = rec.package_versions()
     env["rank_determinism"] = {m: d.get("determinism") for m in rec.methods
                                if (d := rec.result(m)) and d.get("determinism")}
     return env

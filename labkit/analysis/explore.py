@@ -15,7 +15,8 @@ from typing import Iterable, Optional
 from . import breakdown, report
 from labkit.core import layout
 from labkit.core.health import diverged_where, replicas_verdict
-from labkit.core.methods import METHOD_NAMES, RESULT_FILES, SHORT
+from labkit.core.methods import METHOD_NAMES, SHORT
+from labkit.core.run_folder import RunFolder
 from labkit.core.status import status_of
 
 # What can be overlaid: (key, axis label with its unit).  Per-epoch keys come first; "all_losses"
@@ -54,11 +55,7 @@ def metric_label(metric: str) -> str:
 
 def has_results(run_dir: str | os.PathLike) -> bool:
     """Whether report.load_run would find a result file: in a method subfolder or directly."""
-    run = Path(run_dir)
-    report.load.discover(run)  # methods of one's own: their result files name them
-    return any((run / m / RESULT_FILES[m]).is_file() or (run / RESULT_FILES[m]).is_file()
-               or (layout.method_dir(run, m, 1, 2) / RESULT_FILES[m]).is_file()
-               for m in report.METHOD_ORDER)
+    return RunFolder(run_dir).has_results()
 
 
 def _started(run: Path) -> float:

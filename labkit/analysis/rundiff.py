@@ -18,8 +18,7 @@ from labkit.core.files import atomic_path
 from labkit.core.methods import SHORT
 
 from . import stats
-from .compare import DIFFERENT, IDENTICAL, compare_runs
-from .run_record import ReproduceError, load_run_record
+from .compare import DIFFERENT, IDENTICAL, ReproduceError, compare_runs, load_run_record
 from .runs_index import NOT_PARAMETERS
 
 

@@ -18,12 +18,12 @@ from typing import Any, Optional
 from labkit.core import layout
 from labkit.core.files import finite
 from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT
+from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status, as_seen, experiment_status, status_of
 
 from .texttable import text_table
 
 _STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
-KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
 # config fields that say where a run went or how it printed, not what it measured
 UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read
 NOT_PARAMETERS = ("out", "progress", "runs_dir", "tag", "cell_timeout", "report", "nodes", "method")
@@ -59,27 +59,12 @@ class Row:
 
 
 
-def _json(path: Path) -> Any:
+def _json(folder: RunFolder, name: str) -> Any:
+    """A document of the folder; a missing one raises OSError, a corrupt one ValueError."""
     try:
-        return json.loads(path.read_text())
+        return folder.read(name)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path.name} is not valid JSON (line {e.lineno}, column {e.colno})") from None
-
-
-def _kind(run: Path) -> str:
-    if (run / layout.SWEEP).exists():
-        return "sweep"
-    if (run / layout.BENCH).exists():
-        return "bench"
-    if (run / layout.REPRODUCTION).exists():
-        return "reproduction"
-    if layout.repeat_dirs(run):
-        return "repeats"
-    if (run / layout.CONFIG).exists() or (run / layout.EXPERIMENT).exists() or any(
-            (run / m / f).exists() for m, f in RESULT_FILES.items()):
-        return "experiment"
-    raise ValueError("not a run folder (no config.json, experiment.json, result file, "
-                     "sweep.json or bench.json)")
+        raise ValueError(f"{Path(name).name} is not valid JSON (line {e.lineno}, column {e.colno})") from None
 
 
 def _params(config: dict) -> dict[str, Any]:
@@ -88,20 +73,20 @@ def _params(config: dict) -> dict[str, Any]:
     return {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in out.items()}
 
 
-def _commit(run: Path) -> str:
+def _commit(folder: RunFolder) -> str:
     try:
-        git = _json(run / layout.ENVIRONMENT).get("git") or {}
+        git = _json(folder, layout.ENVIRONMENT).get("git") or {}
     except (OSError, ValueError):
         return ""
     c = str(git.get("commit") or "")[:10]
     return c + ("+dirty" if c and git.get("dirty") else "")
 
 
-def _results(run: Path, row: Row) -> None:
+def _results(folder: RunFolder, row: Row) -> None:
     """Each method's steady-state throughput with its 95% CI and its verdict against DDP."""
     from . import report
 
-    res = report.load_run(run)
+    res = report.load_run(folder.path)
     ivs = report.intervals(res)
     verdicts = dict(zip([m for m in METHOD_ORDER if m in res.ok and m != "ddp"],
                         report.speed_verdicts(res)))
@@ -113,59 +98,59 @@ def _results(run: Path, row: Row) -> None:
                               "verdict": verdicts[m].label if m in verdicts else None}
 
 
-def _experiment(run: Path, row: Row) -> None:
+def _experiment(folder: RunFolder, row: Row) -> None:
     """An experiment's folder; one holding only result files (the guide's scripts, copied
     method folders) is a row too, its status its result files'."""
-    config = _json(run / layout.CONFIG) if (run / layout.CONFIG).exists() else {}
+    config = _json(folder, layout.CONFIG) if folder.has(layout.CONFIG) else {}
     row.params = _params(config)
-    found = [m for m, f in RESULT_FILES.items() if (run / m / f).exists()]
+    found = folder.found_methods()
     row.methods = list((config.get("experiment") or {}).get("methods") or config.get("resolved") or found)
     row.nproc = (config.get("experiment") or {}).get("nproc")
     rep = None
-    if (run / layout.EXPERIMENT).exists():
-        st = _json(run / layout.EXPERIMENT)
+    if folder.has(layout.EXPERIMENT):
+        st = _json(folder, layout.EXPERIMENT)
         row.status, rep = experiment_status(st).value, st.get("report")
     elif config:
         row.status = Status.STOPPED.value  # config written, nothing ran to the end
     else:
         row.status = experiment_status({"methods": {m: {"status": status_of(
-            as_seen(_json(run / m / RESULT_FILES[m]))).value} for m in found}}).value
-    html_report = run / layout.REPORT_DIR / "report.html"
+            as_seen(_json(folder, f"{m}/{RESULT_FILES[m]}"))).value} for m in found}}).value
+    html_report = folder.path / layout.REPORT_DIR / "report.html"
     row.report = str(html_report) if html_report.exists() else rep
-    _results(run, row)
+    _results(folder, row)
 
 
-def _sweep(run: Path, row: Row) -> None:
-    doc = _json(run / layout.SWEEP)
+def _sweep(folder: RunFolder, row: Row) -> None:
+    doc = _json(folder, layout.SWEEP)
     row.status = status_of(doc, Status.RUNNING).value
     row.params = {"sweep": " ".join(f"{k}={','.join(map(str, v))}"
                                     for k, v in (doc.get("grid") or {}).items())}
     row.methods = sorted({m for p in doc.get("points") or []
                           for m in (p.get("params") or {}).get("methods") or []})
-    rep = run / layout.REPORT_DIR / "sweep.html"
+    rep = folder.path / layout.REPORT_DIR / "sweep.html"
     row.report = str(rep) if rep.exists() else doc.get("report")
     if doc.get("slurm"):
-        row.jobs = ", ".join(f"{p.get('job')} {p.get('name')} {_point_state(run, p)}"
+        row.jobs = ", ".join(f"{p.get('job')} {p.get('name')} {_point_state(folder, p)}"
                              for p in doc.get("points") or [])
 
 
-def _point_state(run: Path, point: dict) -> str:
+def _point_state(sweep: RunFolder, point: dict) -> str:
     """A sweep point's state: sweep.json's once the sweep has gathered it; before, its
     experiment's own (its job writes it as it goes), or pending until that job starts."""
     recorded = status_of(point, Status.PENDING)
-    exp = run / str(point.get("dir")) / layout.EXPERIMENT
-    if not recorded.ended and exp.exists():
-        recorded = experiment_status(_json(exp))
+    exp = RunFolder(sweep.path / str(point.get("dir")))
+    if not recorded.ended and exp.has(layout.EXPERIMENT):
+        recorded = experiment_status(_json(exp, layout.EXPERIMENT))
     slurm = point.get("slurm_state")
     return recorded.label + (f" (Slurm: {slurm})" if slurm else "")
 
 
-def _bench(run: Path, row: Row) -> None:
-    doc = _json(run / layout.BENCH)
+def _bench(folder: RunFolder, row: Row) -> None:
+    doc = _json(folder, layout.BENCH)
     row.status = status_of(doc, Status.RUNNING).value
     row.params = {k: v for k, v in (doc.get("config") or {}).items() if k not in NOT_PARAMETERS}
     row.methods = sorted({r.get("variant") for r in doc.get("results") or []} - {None})
-    rep = run / layout.REPORT_DIR / "report.html"
+    rep = folder.path / layout.REPORT_DIR / "report.html"
     row.report = str(rep) if rep.exists() else None
 
 
@@ -176,13 +161,12 @@ def read_row(run: Path) -> Row:
     if m:
         row.when = f"{m.group(1)} {m.group(2)}:{m.group(3)}:{m.group(4)}"
         row.tag = m.group(5) or ""
+    folder = RunFolder(run)
     try:
-        from .report.load import discover
-
-        discover(run)  # methods of one's own: their result files name them
-        row.kind = _kind(run)
-        row.commit = _commit(run)
-        {"sweep": _sweep, "bench": _bench}.get(row.kind, _experiment)(run, row)
+        folder.discover()  # methods of one's own: their result files name them
+        row.kind = folder.kind
+        row.commit = _commit(folder)
+        {"sweep": _sweep, "bench": _bench}.get(row.kind, _experiment)(folder, row)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         where = f" ({Path(e.filename).name})" if isinstance(e, OSError) and e.filename else ""

@@ -11,7 +11,6 @@ anything: it runs everything again into a new folder.)
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import now_str
 from labkit.core.methods import result_file_of
+from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.status import Status, as_seen, experiment_status, stamp, status_of
 
 from .experiment import Experiment, ExperimentFolder, prepare
@@ -31,13 +31,13 @@ from .record import environment_now
 from .run_folder import write_index
 
 
-def _recorded(run: Path) -> tuple[compare.RunRecord, dict]:
+def _recorded(run: Path) -> tuple[RunFolder, dict]:
     """The run's record and its experiment.json; ConfigError when there is nothing to continue."""
     if not run.exists():
         raise ConfigError(f"--continue {str(run)!r}: no such folder")
     rec = compare.load_run_record(run)
     try:
-        status = as_seen(json.loads((run / layout.EXPERIMENT).read_text()))
+        status = as_seen(rec.read(layout.EXPERIMENT))
     except (OSError, ValueError):
         raise ConfigError(f"--continue {str(run)!r}: no readable experiment.json, so what ran "
                           f"is unknown") from None
@@ -52,7 +52,7 @@ def _recorded(run: Path) -> tuple[compare.RunRecord, dict]:
     return rec, status
 
 
-def _prepared(rec: compare.RunRecord):
+def _prepared(rec: RunFolder):
     exp = dict(rec.config.get("experiment") or {})
     nodes = Nodes(**(exp.pop("nodes", None) or {}))
     names = {f.name for f in dataclasses.fields(Experiment)}
@@ -62,14 +62,14 @@ def _prepared(rec: compare.RunRecord):
     return prepare(train, experiment, resolved)
 
 
-def _environment_changes(rec: compare.RunRecord, p) -> list[str]:
+def _environment_changes(rec: RunFolder, p) -> list[str]:
     return compare.environment_diff(compare.load_environment(rec),
                                     environment_now(p.resolved, p.cfg.seed))
 
 
 def _complete(mdir: Path, method_key: str) -> bool:
     try:
-        doc = json.loads((mdir / result_file_of(method_key)).read_text())
+        doc = read_json(mdir / result_file_of(method_key))
     except (OSError, ValueError):
         return False
     return status_of(as_seen(doc), Status.RUNNING) == Status.COMPLETED

@@ -7,7 +7,6 @@ runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/ (its files: labkit.core.layout).
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name, key_of
+from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.status import Status, stamp
 
 from .kernels import kernel_name
@@ -183,10 +183,7 @@ class ExperimentFolder:
         self = cls.__new__(cls)
         self.run, self.p, self.status = run, p, status
         self.plan = repeat_plan(p.exp.methods, p.exp.repeats, p.cfg.seed)
-        try:
-            self.env = json.loads((run / layout.ENVIRONMENT).read_text())
-        except (OSError, ValueError):
-            self.env = {}
+        self.env = RunFolder(run).get(layout.ENVIRONMENT, {})
         self.env.setdefault("torchrun_commands", {})
         return self
 
@@ -229,7 +226,7 @@ class ExperimentFolder:
         launch_json = mdir / layout.launch_file()
         if launch_json.exists():
             key = m if repeats == 1 else str(mdir.relative_to(self.run))
-            self.env["torchrun_commands"][key] = json.loads(launch_json.read_text())["command_line"]
+            self.env["torchrun_commands"][key] = read_json(launch_json)["command_line"]
             self.write(layout.ENVIRONMENT, self.env)
         self.write(layout.EXPERIMENT, self.status)
 

@@ -9,7 +9,6 @@ Every subprocess gets an argument list, never a shell string.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -27,6 +26,7 @@ from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, server_ranks
 from labkit.core.procs import die_with_parent
 from labkit.core.resources import oom_kills
+from labkit.core.run_folder import read_json
 from labkit.core.status import Status
 
 from labkit.training import budget
@@ -310,8 +310,7 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
     cause ``why`` replaces it; what rank 0 saw is kept as ``rank0_error``."""
     path = os.path.join(out_dir, result_file)
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = read_json(path)
     except (OSError, ValueError):
         return
     was = doc.get("status")

@@ -10,6 +10,7 @@ from typing import Optional
 from labkit.core import layout
 from labkit.core.config import ConfigError
 from labkit.core.files import strict_dumps
+from labkit.core.run_folder import RunFolder
 
 
 def report_command(paths: list[str], out: Optional[str] = None) -> int:
@@ -43,7 +44,7 @@ def report_command(paths: list[str], out: Optional[str] = None) -> int:
     if not res.docs and not res.problems and not has_bench:
         raise ConfigError(f"no result files ({', '.join(report.RESULT_FILES.values())}) or "
                           f"bench.json in {', '.join(paths)}")
-    run_folder = single_run and ((Path(paths[0]) / layout.EXPERIMENT).exists() or has_bench)
+    run_folder = single_run and (RunFolder(paths[0]).has(layout.EXPERIMENT) or has_bench)
     out = out or (str(Path(paths[0]) / layout.REPORT_DIR) if run_folder else ".")
     files = report.write_report(res, out, report.load_env(res.run_dir))
     print(report.text_report(res, report.load_env(res.run_dir)))

@@ -1,6 +1,6 @@
 """`labkit reproduce RUN_DIR`: run a recorded experiment again and say whether it reproduced.
 
-    1. read the run folder (labkit.analysis.compare.load_run_record; bad input is one line, exit 2)
+    1. read the run folder (labkit.core.run_folder.RunFolder.experiment; bad input is one line, exit 2)
     2. print how this machine differs from the recording (commit, diff, packages, data, threads)
     3. run the recorded configs again with labkit.lab.experiment.run_experiment, same process count, into a
        NEW run folder (never the original)
@@ -21,6 +21,7 @@ from labkit.analysis import compare
 from labkit.analysis.compare import ReproduceError
 from labkit.core import layout
 from labkit.core.config import TrainConfig
+from labkit.core.run_folder import RunFolder
 
 TAG = "repro"
 
@@ -28,7 +29,7 @@ TAG = "repro"
 @dataclasses.dataclass
 class Plan:
     """What a reproduction will run, decided before anything runs."""
-    original: compare.RunRecord
+    original: RunFolder
     methods: list[str]
     configs: dict[str, TrainConfig]   # the recorded resolved configs, checked on this machine
     train: TrainConfig                # the recorded experiment-wide config (config.json "train")
@@ -90,7 +91,7 @@ def current_environment(p: Plan) -> dict:
     return environment_now(p.configs, p.train.seed)
 
 
-def _recorded_line(rec: compare.RunRecord) -> str:
+def _recorded_line(rec: RunFolder) -> str:
     env, git = rec.env, rec.env.get("git") or {}
     commit = (git.get("commit") or "unknown")[:10] + (" (dirty)" if git.get("dirty") else "")
     return (f"recorded {env.get('time', '?')} on {env.get('host', '?')}, commit {commit}; "

@@ -20,7 +20,6 @@ slurm/labkit.sbatch needs too.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import shutil
@@ -34,6 +33,7 @@ from typing import IO, Any, Optional
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json
+from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status, experiment_status
 
 from .experiment import Experiment, prepare, run_experiment
@@ -204,7 +204,7 @@ def wait(root: Path, doc: dict, stream: IO[str], poll: float = POLL_S) -> dict:
                      f"{jobs['array_job']} {jobs['gather_job']} stops them), and the sweep "
                      f"report will be in {root / layout.REPORT_DIR}\n")
         raise SystemExit(130) from None
-    done = json.loads((root / layout.SWEEP).read_text())
+    done = RunFolder(root).read(layout.SWEEP)
     if not Status(done["status"]).ended:  # the gather job did not finish its work
         done = gather(root, stream)
     return done
@@ -212,7 +212,7 @@ def wait(root: Path, doc: dict, stream: IO[str], poll: float = POLL_S) -> dict:
 
 # ------------------------------------------------------------------ in the jobs
 def _load_point(root: Path, index: int) -> tuple[Path, TrainConfig, Experiment]:
-    spec = json.loads((root / layout.SLURM_DIR / layout.SLURM_POINTS).read_text())["points"][index]
+    spec = RunFolder(root).read(f"{layout.SLURM_DIR}/{layout.SLURM_POINTS}")["points"][index]
     e = spec["experiment"]
     return root / spec["dir"], TrainConfig(**spec["train"]), Experiment(**{**e, "nodes": Nodes(**e["nodes"])})
 
@@ -239,12 +239,12 @@ def _array_states(array: str) -> dict[int, str]:
 def _outcome(root: Path, entry: dict, state: str) -> dict[str, Any]:
     """A point's status and error from its experiment.json; what Slurm said when the job
     ended before its experiment did."""
-    exp_json = root / entry["dir"] / layout.EXPERIMENT
+    point = RunFolder(root / entry["dir"])
     out: dict[str, Any] = {"slurm_state": state}
-    st = experiment_status(json.loads(exp_json.read_text())) if exp_json.exists() else None
+    st = experiment_status(point.read(layout.EXPERIMENT)) if point.has(layout.EXPERIMENT) else None
     if st is not None and st not in (Status.RUNNING, Status.STOPPED):
         out["status"] = st
-        errors = [f"{m}: {e['error']}" for m, e in json.loads(exp_json.read_text())["methods"].items()
+        errors = [f"{m}: {e['error']}" for m, e in point.read(layout.EXPERIMENT)["methods"].items()
                   if e.get("error")]
         if errors:
             out["error"] = "; ".join(errors)
@@ -260,8 +260,8 @@ def _outcome(root: Path, entry: dict, state: str) -> dict[str, Any]:
 
 def gather(root: Path, stream: IO[str]) -> dict:
     """After every point's job: record each point's outcome, then the sweep report."""
-    doc = json.loads((root / layout.SWEEP).read_text())
-    spec = json.loads((root / layout.SLURM_DIR / layout.SLURM_POINTS).read_text())
+    doc = RunFolder(root).read(layout.SWEEP)
+    spec = RunFolder(root).read(f"{layout.SLURM_DIR}/{layout.SLURM_POINTS}")
     states = _array_states(doc["slurm"]["array_job"])
     for i, entry in enumerate(doc["points"]):
         entry.update(_outcome(root, entry, states.get(i, "UNKNOWN")))

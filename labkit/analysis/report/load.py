@@ -2,7 +2,6 @@
 variants an experiment ran. Result files are only read, never modified."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +10,8 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.config import VARIANTS
-from labkit.core.errors import ConfigError
-from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, MethodSpec, register
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES
+from labkit.core.run_folder import RunFolder, read_json, recorded
 from labkit.core.status import Status, as_seen, status_of
 NAN = float("nan")
 
@@ -35,39 +34,13 @@ def method_key(doc: dict, path: str | os.PathLike = "") -> Optional[str]:
     return by_file.get(os.path.basename(str(path)))
 
 
-def recorded(doc: dict) -> Optional[MethodSpec]:
-    """Register the method spec a result file records (labkit.training.result_file); None for
-    a file without one, or one that names a key another method holds."""
-    d = doc.get("method_spec")
-    if not isinstance(d, dict) or d.get("builtin"):
-        return None
-    ref = (doc.get("config") or {}).get("method") if isinstance(doc.get("config"), dict) else None
-    try:  # known by its key, and by the reference its run was given
-        return register(MethodSpec.from_dict(d), *([ref] if isinstance(ref, str) else []))
-    except (ConfigError, TypeError, ValueError):
-        return None
-
-
-def discover(run: Path) -> None:
-    """Register the methods of one's own whose result files lie in ``run``'s method folders
-    (and its repeats'), before the registry's order is walked."""
-    found = [*run.glob("results_*.json"), *run.glob("*/results_*.json"),
-             *run.glob("repeat-*/*/results_*.json")]
-    for path in sorted(found):
-        try:
-            recorded(json.loads(path.read_text()))
-        except (OSError, ValueError, AttributeError):
-            continue
-
-
 def load_result(path: str | os.PathLike) -> dict:
     """Read one result file: the lab's, or one with only the guide's keys."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = read_json(path)
     except FileNotFoundError:
         raise ResultError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # a JSONDecodeError or a UnicodeDecodeError
         raise ResultError(f"{path}: not valid JSON ({e.__class__.__name__}): truncated or corrupt") from None
     if not isinstance(doc, dict) or "method" not in doc or not isinstance(doc.get("epochs"), list):
         raise ResultError(f"{path}: not a result file (needs 'method' and a list of 'epochs')")
@@ -124,38 +97,21 @@ class RunResults:
 def load_run(run_dir: str | os.PathLike) -> RunResults:
     """A run folder (method subfolders, or repeat-<i>/ folders holding them) or a folder holding
     results_*.json directly."""
-    run = Path(run_dir)
-    res = RunResults(run_dir=run)
+    folder = RunFolder(run_dir)
+    res = RunResults(run_dir=folder.path, target_accuracy=folder.target_accuracy)
     status = {}
-    exp_file = run / layout.EXPERIMENT
-    if exp_file.exists():
+    if folder.has(layout.EXPERIMENT):
         try:
-            status = json.loads(exp_file.read_text()).get("methods", {})
-        except (OSError, json.JSONDecodeError):
-            res.problems[layout.EXPERIMENT] = f"{exp_file}: unreadable"
-    try:
-        res.target_accuracy = json.loads((run / layout.CONFIG).read_text())["experiment"].get(
-            "target_accuracy")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # not an experiment's folder, or one written before the flag: the default
-    reps = layout.repeat_dirs(run)
-    discover(run)
+            status = folder.read(layout.EXPERIMENT).get("methods", {})
+        except (OSError, ValueError):
+            res.problems[layout.EXPERIMENT] = f"{folder.file(layout.EXPERIMENT)}: unreadable"
+    folder.discover()
     for m in METHOD_ORDER:
-        if reps:
-            for i, rdir in enumerate(reps):
-                path = rdir / m / RESULT_FILES[m]
-                if path.exists():
-                    _add(res, path, m, first=i == 0)
-                elif (rdir / m).is_dir() or m in status:
-                    res.problems.setdefault(m, f"{path}: missing")
-        else:
-            candidates = [run / m / RESULT_FILES[m], run / RESULT_FILES[m]]
-            path = next((p for p in candidates if p.exists()), None)
-            if path is None:
-                if (run / m).is_dir() or m in status:
-                    res.problems[m] = f"{candidates[0]}: missing"
-            else:
-                _add(res, path, m)
+        for i, path in enumerate(folder.result_paths(m)):
+            if path.exists():
+                _add(res, path, m, first=i == 0)
+            elif path.parent.is_dir() or m in status:
+                res.problems.setdefault(m, f"{path}: missing")
         st = status.get(m, {})
         if st.get("status") not in (None, Status.COMPLETED):
             res.problems[m] = f"{st['status']}: {st.get('error', '').strip()}".strip(": ")
@@ -219,20 +175,13 @@ def summary_value(doc: dict, key: str) -> float:
 
 
 def load_env(run_dir: Optional[Path]) -> Optional[dict]:
-    if run_dir and (run_dir / layout.ENVIRONMENT).exists():
-        try:
-            return json.loads((run_dir / layout.ENVIRONMENT).read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-    return None
+    """environment.json of a run folder, or None (none, or unreadable)."""
+    return RunFolder(run_dir).get(layout.ENVIRONMENT) if run_dir else None
 
 
 def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
     """reproduction.json of a run made by ``labkit reproduce``, or None (none, or unreadable)."""
-    try:
-        doc = json.loads((Path(run_dir) / layout.REPRODUCTION).read_text()) if run_dir else None
-    except (OSError, json.JSONDecodeError):
-        return None
+    doc = RunFolder(run_dir).get(layout.REPRODUCTION) if run_dir else None
     return doc if isinstance(doc, dict) and isinstance(doc.get("methods"), dict) else None
 
 
@@ -254,7 +203,7 @@ def variant_runs(run: Path, v: str) -> list[dict]:
         return []
     name = RESULT_FILES[VARIANTS[v]["method"]]
     out = []
-    for d in [Path(run)] + layout.repeat_dirs(Path(run)):
+    for d in [Path(run)] + RunFolder(run).repeats:
         try:
             out.append(load_result(d / v / name))
         except ResultError:  # missing (e.g. no repeats), truncated or not a result file

@@ -3,11 +3,11 @@ with its seed and its place in the rotated run order, and each method aggregated
 repeats (throughput: mean with a t-interval over the repeats, labkit.analysis.stats.aggregate)."""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 from labkit.analysis import stats
 from labkit.core import layout
+from labkit.core.run_folder import RunFolder
 from labkit.core.status import status_of
 from .blocks import Block, Html, Markdown
 from .captions import caption
@@ -20,7 +20,7 @@ from .tables import html_table
 def run_order(res: RunResults) -> Optional[list[list[str]]]:
     """experiment.json's ``order``: the methods of each repeat in the order they ran."""
     try:
-        return json.loads((res.run_dir / layout.EXPERIMENT).read_text()).get("order")
+        return RunFolder(res.run_dir).read(layout.EXPERIMENT).get("order")
     except (TypeError, OSError, ValueError):
         return None
 

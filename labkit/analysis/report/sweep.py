@@ -23,6 +23,7 @@ from labkit.core.files import atomic_path
 from labkit.core.status import Status, status_of
 from labkit.analysis.texttable import text_table
 from labkit.core.methods import METHOD_ORDER, SHORT
+from labkit.core.run_folder import RunFolder
 
 from .load import RunResults, load_env, load_run
 from .plots import COLORS
@@ -58,7 +59,7 @@ def is_sweep(path: str | os.PathLike) -> bool:
 def load_sweep(path: str | os.PathLike) -> Sweep:
     root = Path(path)
     try:
-        doc = json.loads((root / layout.SWEEP).read_text())
+        doc = RunFolder(root).read(layout.SWEEP)
     except FileNotFoundError:
         raise SweepError(f"{root}: no {layout.SWEEP} (labkit sweep makes sweep folders)") from None
     except (OSError, json.JSONDecodeError) as e:

@@ -1,0 +1,224 @@
+"""The one reader of a run folder: every command that looks into one (report, runs, diff,
+reproduce, continue, the explorer, a sweep's report) opens it here.
+
+    folder = RunFolder("runs/latest")             # never fails: reads on demand
+    folder.kind, folder.config, folder.env        # "experiment" | "repeats" | ...; {} when absent
+    folder.result_paths("ddp")                     # where the method's result files lie
+    RunFolder.experiment("runs/a")                 # strict: an experiment's folder or one line
+
+It opens any run folder labkit writes (an experiment, its repeats, a sweep, a bench, a
+reproduction, failed or interrupted ones) and the older shapes readers accept: result files
+straight in the folder (the guide's scripts) or in method folders without config.json. Where
+each file lies is labkit.core.layout's; what a result file means is the analysis' (it reads
+them through :func:`read_json`). Nothing here writes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Optional
+
+from . import layout
+from .errors import ConfigError
+from .lockfile import parse_lock
+from .methods import METHOD_ORDER, RESULT_FILES, MethodSpec, is_name, register, result_file_of
+
+KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
+
+
+class RunFolderError(ConfigError):
+    """Not a run folder of the kind asked for, or a corrupt one: one line naming the problem."""
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON document of a run folder (or a loose result file); OSError or ValueError (a
+    JSONDecodeError, a UnicodeDecodeError) when it cannot be read."""
+    return json.loads(Path(path).read_text())
+
+
+def recorded(doc: dict) -> Optional[MethodSpec]:
+    """Register the method spec a result file records (labkit.training.result_file); None for
+    a file without one, or one that names a key another method holds."""
+    d = doc.get("method_spec")
+    if not isinstance(d, dict) or d.get("builtin"):
+        return None
+    ref = (doc.get("config") or {}).get("method") if isinstance(doc.get("config"), dict) else None
+    try:  # known by its key, and by the reference its run was given
+        return register(MethodSpec.from_dict(d), *([ref] if isinstance(ref, str) else []))
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+class RunFolder:
+    """One run folder, read on demand. The documents (``config``, ``env``, ``status``) are
+    {} when absent or unreadable; :meth:`read` and :meth:`strict` say why instead."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    # ---------------------------------------------------------------- files
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    def read(self, name: str) -> Any:
+        """A JSON document of the folder; OSError or ValueError when it cannot be read."""
+        return read_json(self.path / name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A JSON document of the folder, or ``default`` when it is missing or unreadable."""
+        try:
+            return read_json(self.path / name)
+        except (OSError, ValueError):
+            return default
+
+    def strict(self, name: str, what: str) -> Any:
+        """A JSON document of the folder, or a one-line RunFolderError naming the problem."""
+        path = self.path / name
+        try:
+            return read_json(path)
+        except json.JSONDecodeError as e:
+            raise RunFolderError(f"{str(path)!r} is not valid JSON (line {e.lineno}, column "
+                                 f"{e.colno}): the {what} is corrupt") from None
+        except OSError as e:
+            raise RunFolderError(f"cannot read {str(path)!r}: {e.strerror}") from None
+
+    def _dict(self, name: str) -> dict:
+        doc = self.get(name)
+        return doc if isinstance(doc, dict) else {}
+
+    # ---------------------------------------------------------------- documents
+    @cached_property
+    def config(self) -> dict:
+        """config.json: the experiment's parameters and each method's resolved config."""
+        return self._dict(layout.CONFIG)
+
+    @cached_property
+    def env(self) -> dict:
+        """environment.json: what ran where."""
+        return self._dict(layout.ENVIRONMENT)
+
+    @cached_property
+    def status(self) -> dict:
+        """experiment.json: each method's status, the run order."""
+        return self._dict(layout.EXPERIMENT)
+
+    @property
+    def methods(self) -> dict[str, dict]:
+        """Method (or variant) -> its resolved TrainConfig dict, as config.json records them."""
+        resolved = self.config.get("resolved")
+        return resolved if isinstance(resolved, dict) else {}
+
+    @property
+    def target_accuracy(self) -> Optional[float]:
+        """`labkit experiment --target-accuracy`; None for a folder written before the flag."""
+        exp = self.config.get("experiment")
+        return exp.get("target_accuracy") if isinstance(exp, dict) else None
+
+    def package_versions(self) -> Optional[dict[str, str]]:
+        """{package: version} of the requirements.lock environment.json names; None without."""
+        lock = (self.env.get("packages") or {}).get("file")
+        path = layout.resolve_in_run(self.path, lock) if lock else None
+        return parse_lock(path.read_text()) if path and path.exists() else None
+
+    # ---------------------------------------------------------------- what it is
+    @property
+    def kind(self) -> str:
+        """One of KINDS; ValueError when the folder is none of them."""
+        for kind, name in (("sweep", layout.SWEEP), ("bench", layout.BENCH),
+                           ("reproduction", layout.REPRODUCTION)):
+            if self.has(name):
+                return kind
+        if self.repeats:
+            return "repeats"
+        if self.has(layout.CONFIG) or self.has(layout.EXPERIMENT) or self.found_methods():
+            return "experiment"
+        raise ValueError("not a run folder (no config.json, experiment.json, result file, "
+                         "sweep.json or bench.json)")
+
+    @property
+    def repeats(self) -> list[Path]:
+        """repeat-1/, repeat-2/, ... in order; [] without repeats."""
+        return layout.repeat_dirs(self.path)
+
+    # ---------------------------------------------------------------- result files
+    def discover(self) -> None:
+        """Register the methods of one's own whose result files lie here (in the method
+        folders, their repeats', or loose), before the registry's order is walked."""
+        run = self.path
+        found = [*run.glob("results_*.json"), *run.glob("*/results_*.json"),
+                 *run.glob(layout.REPEAT_PREFIX + "*/*/results_*.json")]
+        for path in sorted(found):
+            try:
+                recorded(read_json(path))
+            except (OSError, ValueError, AttributeError):
+                continue
+
+    def found_methods(self) -> list[str]:
+        """The methods with a result file in their own folder (<run>/<method>/), in order."""
+        return [m for m, f in RESULT_FILES.items() if (self.path / m / f).exists()]
+
+    def result_paths(self, method: str) -> list[Path]:
+        """Where ``method``'s result files are expected: one per repeat with repeats, else
+        <run>/<method>/<file>, or the loose <run>/<file> when only that one exists."""
+        name = RESULT_FILES[method]
+        if self.repeats:
+            return [d / method / name for d in self.repeats]
+        inside, loose = self.path / method / name, self.path / name
+        return [loose if not inside.exists() and loose.exists() else inside]
+
+    def has_results(self) -> bool:
+        """Whether any method has a result file where :meth:`result_paths` looks (the methods
+        of one's own discovered first)."""
+        self.discover()
+        return any(p.is_file() for m in METHOD_ORDER for p in self.result_paths(m))
+
+    # ---------------------------------------------------------------- an experiment's folder
+    @classmethod
+    def experiment(cls, path: str | os.PathLike) -> "RunFolder":
+        """A folder written by ``labkit experiment``, with its config and environment read now:
+        RunFolderError (one line) when it is not one, or its config.json is corrupt."""
+        run = Path(path)
+        if not run.exists():
+            raise RunFolderError(f"{str(run)!r} does not exist")
+        if not run.is_dir():
+            raise RunFolderError(f"{str(run)!r} is not a folder (expected a run folder made by "
+                                 f"labkit experiment)")
+        self = cls(run)
+        self.discover()  # methods of one's own: named as their result files record them
+        if not self.has(layout.CONFIG):
+            if self.has(layout.EXPERIMENT) or self.has(layout.ENVIRONMENT):
+                raise RunFolderError(f"{str(run)!r} has no config.json: the run folder is "
+                                     f"incomplete and cannot be reproduced")
+            raise RunFolderError(f"{str(run)!r} is not a run folder (no config.json; labkit "
+                                 f"experiment makes run folders)")
+        config = self.strict(layout.CONFIG, "run's config")
+        resolved = config.get("resolved") if isinstance(config, dict) else None
+        if not isinstance(resolved, dict) or not resolved or not all(
+                isinstance(c, dict) and is_name(c.get("method")) for c in resolved.values()):
+            raise RunFolderError(f"{str(self.file(layout.CONFIG))!r} is not a labkit experiment "
+                                 f"config (no 'resolved' methods)")
+        env = self.strict(layout.ENVIRONMENT, "environment record") if self.has(layout.ENVIRONMENT) else {}
+        self.config, self.env = config, env if isinstance(env, dict) else {}
+        return self
+
+    def method_dir(self, method: str) -> Path:
+        return self.path / method
+
+    def result_path(self, method: str) -> Path:
+        """The result file of one of the experiment's methods (or variants)."""
+        return self.method_dir(method) / result_file_of(self.methods[method]["method"])
+
+    def result(self, method: str) -> Optional[dict]:
+        """The method's result file, or None when it is missing or unreadable."""
+        try:
+            return read_json(self.result_path(method))
+        except (OSError, ValueError):
+            return None
