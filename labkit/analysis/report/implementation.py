@@ -109,7 +109,7 @@ def implementation_markdown() -> str:
         + "\n\n" + code("allreduce-after-backward"),
         "### Baseline DDP, and how the three compare",
         "DDP does the same bucketing and overlap inside PyTorch's C++ reducer (25 MiB buckets, "
-        "gradient hooks, NCCL or gloo all-reduce); a comm hook that only records times gives its "
+        "gradient hooks, NCCL or gloo all-reduce); the reducer's own runtime statistics give its "
         "communication in Table 2, hidden behind backward and exposed. Compared with the parameter server, both "
         "all-reduce methods spread the traffic over all ranks (a ring moves 2(N-1)/N of the gradient "
         "bytes per rank), while the server must receive every worker's gradients and send every "
