@@ -89,9 +89,9 @@ def status_word_modules(root: Path) -> set[str]:
 # what a run folder's JSON documents are called (labkit.core.layout) and how a result file is
 # named: a function that parses JSON and names one of them reads a run folder
 RUN_DOCUMENTS = {"CONFIG", "ENVIRONMENT", "EXPERIMENT", "REPRODUCTION", "SWEEP", "SLURM_POINTS",
-                 "BENCH", "launch_file", "RESULT_FILES", "result_file_of", "result_file",
-                 "config.json", "environment.json", "experiment.json", "reproduction.json",
-                 "sweep.json", "bench.json", "launch.json"}
+                 "BENCH", "BENCH_RESULT", "launch_file", "RESULT_FILES", "result_file_of",
+                 "result_file", "config.json", "environment.json", "experiment.json",
+                 "reproduction.json", "sweep.json", "bench.json", "bench_result.json", "launch.json"}
 RUN_FOLDER_READER = "labkit/core/run_folder.py"
 
 

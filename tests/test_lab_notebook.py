@@ -17,6 +17,7 @@ import torch
 from helpers import (HOOKS, TINY, check_ok, labkit, load_json, make_run, Pause, start_labkit as start,
                      tiny_flags, torchrun)
 from labkit.analysis import compare
+from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status
 
 pytestmark = pytest.mark.xdist_group("labnotebook")
@@ -80,8 +81,8 @@ def runs_dir(tmp_path_factory, ddp_run, ddp_rerun, killed) -> Path:
         check_ok(torchrun(2, TINY + ["--method", "ddp", *flags, "--out", str(base / name)], cwd=base))
         make_run(runs, f"2026-11-20_11-00-00_{name}", base / name, flags)
     repro = make_run(runs, "2026-11-20_12-00-00_repro", ddp_rerun)
-    compare.write_reproduction(repro, compare.compare_runs(compare.load_run_record(a),
-                                                           compare.load_run_record(repro)))
+    compare.write_reproduction(repro, compare.compare_runs(RunFolder.experiment(a),
+                                                           RunFolder.experiment(repro)))
     sweep = runs / "2026-11-20_13-00-00_sweep"
     sweep.mkdir()
     make_run(sweep, "nproc-2", ddp_run)

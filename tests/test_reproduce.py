@@ -17,6 +17,7 @@ from labkit.lab import record
 from labkit.analysis import compare
 from labkit.core import layout, lockfile
 from labkit.core.config import ConfigError
+from labkit.core.run_folder import RunFolder
 from labkit.analysis.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
 
 pytestmark = pytest.mark.xdist_group("reproduce")
@@ -41,7 +42,7 @@ def edit_json(path: Path, change) -> None:
 
 
 def test_same_seed_twice_is_identical(runs, tmp_path):
-    a, b = (compare.load_run_record(r) for r in runs)
+    a, b = (RunFolder.experiment(r) for r in runs)
     doc = compare.compare_runs(a, b)
     v = doc["methods"]["ddp"]
     assert v["verdict"] == IDENTICAL, v
@@ -59,19 +60,19 @@ def test_same_seed_twice_is_identical(runs, tmp_path):
 
 
 def test_an_edited_loss_is_different_at_its_step(runs, tmp_path):
-    a = compare.load_run_record(runs[0])
+    a = RunFolder.experiment(runs[0])
     c = copy_run(runs[1], tmp_path / "c")
     res = c / "ddp" / "results_baseline_ddp.json"
     edit_json(res, lambda d: d["epochs"][0]["all_losses"].__setitem__(
         2, d["epochs"][0]["all_losses"][2] + 1e-3))
-    doc = compare.compare_runs(a, compare.load_run_record(c))
+    doc = compare.compare_runs(a, RunFolder.experiment(c))
     v = doc["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT and doc["reproduced"] is False
     assert v["first_divergence"]["step"] == 3 and v["first_divergence"]["metric"] == "loss"
     assert any("first differs at step 3 (epoch 1, step 3)" in r for r in v["reasons"]), v["reasons"]
     assert v["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
     # with a tolerance above the edit it is equal within tolerance, and says by how much
-    loose = compare.compare_runs(a, compare.load_run_record(c), tolerance=1e-2)
+    loose = compare.compare_runs(a, RunFolder.experiment(c), tolerance=1e-2)
     assert loose["methods"]["ddp"]["verdict"] == WITHIN and loose["reproduced"] is True
     assert "max abs difference 0.001" in compare.summary_lines(loose)[0]
 
@@ -79,23 +80,23 @@ def test_an_edited_loss_is_different_at_its_step(runs, tmp_path):
 def test_a_changed_final_parameter_is_named(runs, tmp_path):
     import torch
 
-    a = compare.load_run_record(runs[0])
+    a = RunFolder.experiment(runs[0])
     c = copy_run(runs[1], tmp_path / "c")
     sd = torch.load(c / "ddp" / "final_model.pt", weights_only=True)
     name = next(k for k, t in sd.items() if t.is_floating_point())
     sd[name].view(-1)[0] += 0.5
     torch.save(sd, c / "ddp" / "final_model.pt")
-    v = compare.compare_runs(a, compare.load_run_record(c))["methods"]["ddp"]
+    v = compare.compare_runs(a, RunFolder.experiment(c))["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT
     assert v["first_divergence"]["metric"] == f"final parameter {name}"
     assert v["max_abs_diff"] == pytest.approx(0.5, rel=1e-3)
 
 
 def test_a_changed_data_fingerprint_is_reported(runs, tmp_path):
-    a = compare.load_run_record(runs[0])
+    a = RunFolder.experiment(runs[0])
     d = copy_run(runs[1], tmp_path / "d")
     edit_json(d / "environment.json", lambda e: e["data"]["ddp"].update(sha256="0" * 64))
-    doc = compare.compare_runs(a, compare.load_run_record(d))
+    doc = compare.compare_runs(a, RunFolder.experiment(d))
     v = doc["methods"]["ddp"]
     assert v["verdict"] == DIFFERENT
     assert v["reasons"][0].startswith("data fingerprint differs (digits: recorded ")
@@ -104,7 +105,7 @@ def test_a_changed_data_fingerprint_is_reported(runs, tmp_path):
 
 
 def test_environment_diff_names_commit_packages_and_threads(runs):
-    env = compare.load_environment(compare.load_run_record(runs[0]))
+    env = compare.load_environment(RunFolder.experiment(runs[0]))
     other = json.loads(json.dumps(env))
     other["git"].update(commit="f" * 40, dirty=True, diff_sha256="ab" * 32)
     other["package_versions"]["torch"] = "0.0.1"
@@ -126,9 +127,9 @@ def test_a_copied_run_folder_still_works(runs, tmp_path):
         assert str(runs[0]) not in text, name  # nothing points back at the original place
     assert json.loads((moved / "experiment.json").read_text())["methods"]["ddp"]["notebook"] == "ddp/x.ipynb"
     assert layout.resolve_in_run(moved, "ddp/x.ipynb") == moved / "ddp" / "x.ipynb"
-    rec = compare.load_run_record(moved)
+    rec = RunFolder.experiment(moved)
     assert compare.load_environment(rec)["package_versions"]  # its lock, found in the copy
-    assert compare.compare_runs(rec, compare.load_run_record(runs[1]))["reproduced"]
+    assert compare.compare_runs(rec, RunFolder.experiment(runs[1]))["reproduced"]
     p = subprocess.run([sys.executable, "-m", "labkit", "report", str(moved)], capture_output=True,
                        text=True, timeout=180, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -159,21 +160,21 @@ def one_line_error(call, *needles) -> str:
 
 def test_bad_run_folders_are_one_clear_error(runs, tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
-    one_line_error(lambda: compare.load_run_record(tmp_path / "nope"), "does not exist")
+    one_line_error(lambda: RunFolder.experiment(tmp_path / "nope"), "does not exist")
     (tmp_path / "file.txt").write_text("x")
-    one_line_error(lambda: compare.load_run_record(tmp_path / "file.txt"), "is not a folder")
+    one_line_error(lambda: RunFolder.experiment(tmp_path / "file.txt"), "is not a folder")
     (tmp_path / "empty").mkdir()
-    one_line_error(lambda: compare.load_run_record(tmp_path / "empty"), "is not a run folder")
+    one_line_error(lambda: RunFolder.experiment(tmp_path / "empty"), "is not a run folder")
     missing = copy_run(runs[0], tmp_path / "missing")
     (missing / "config.json").unlink()
-    one_line_error(lambda: compare.load_run_record(missing), "has no config.json")
+    one_line_error(lambda: RunFolder.experiment(missing), "has no config.json")
     corrupt = copy_run(runs[0], tmp_path / "corrupt")
     text = (corrupt / "config.json").read_text()
     (corrupt / "config.json").write_text(text[: len(text) // 2])
-    one_line_error(lambda: compare.load_run_record(corrupt), "config.json' is not valid JSON (line")
+    one_line_error(lambda: RunFolder.experiment(corrupt), "config.json' is not valid JSON (line")
     (corrupt / "config.json").write_text(json.dumps({"hello": 1}))
-    one_line_error(lambda: compare.load_run_record(corrupt), "is not a labkit experiment config")
-    a = compare.load_run_record(runs[0])
+    one_line_error(lambda: RunFolder.experiment(corrupt), "is not a labkit experiment config")
+    a = RunFolder.experiment(runs[0])
     one_line_error(lambda: compare.compare_runs(a, a, methods=["ps"]), "has no method ps",
                    "(it ran: ddp)")
     one_line_error(lambda: compare.compare_runs(a, a, tolerance=-1.0), "--tolerance")

@@ -70,12 +70,15 @@ def test_documents_are_empty_when_absent_or_corrupt_and_read_says_why(tmp_path):
 def test_an_experiments_config_and_environment(tmp_path):
     _write(tmp_path / "env.lock", "torch==2.5.0\n")
     _write(tmp_path / layout.ENVIRONMENT, {"packages": {"file": "env.lock"}, "host": "h"})
-    _write(tmp_path / layout.CONFIG, {"experiment": {"target_accuracy": 0.9},
+    _write(tmp_path / layout.CONFIG, {"experiment": {"target_accuracy": 0.9, "lr": 0.2, "tag": "t"},
+                                      "train": {"lr": 0.1, "epochs": 2, "out": "x"},
                                       "resolved": {"ddp": {"method": "ddp"}}})
     _write(tmp_path / "ddp" / RESULT_FILES["ddp"], {"method": "DDP"})
     for run in (RunFolder(tmp_path), RunFolder.experiment(tmp_path)):
         assert run.methods == {"ddp": {"method": "ddp"}} and run.target_accuracy == 0.9
         assert run.env["host"] == "h" and run.package_versions() == {"torch": "2.5.0"}
         assert run.result("ddp") == {"method": "DDP"}
+        # the experiment's value wins; where it went (out) and its tag are no parameters
+        assert run.parameters == {"lr": 0.2, "epochs": 2, "target_accuracy": 0.9}
     with pytest.raises(RunFolderError, match="is not a run folder"):
         RunFolder.experiment(tmp_path / "ddp")

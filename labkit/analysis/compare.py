@@ -1,7 +1,7 @@
 """Compare a run folder with its reproduction, method by method, and the environments they
 ran in.
 
-    rec_a, rec_b = load_run_record("runs/a"), load_run_record("runs/b")  # RunFolder.experiment
+    rec_a, rec_b = RunFolder.experiment("runs/a"), RunFolder.experiment("runs/b")
     doc = compare_runs(rec_a, rec_b, tolerance=None)   # {"methods": {m: verdict, ...}, ...}
     write_reproduction(rec_b.path, doc)                 # reproduction.json
 
@@ -29,11 +29,8 @@ from labkit.core.status import Status, status_of
 
 from .environments import environment_diff, fingerprint_reason, load_environment
 
-__all__ = ["ReproduceError", "load_run_record", "select_methods", "compare_runs",
-           "environment_diff", "load_environment"]
-
-# the run folders compared: written by `labkit experiment`, or one line (a ReproduceError)
-load_run_record = RunFolder.experiment
+__all__ = ["ReproduceError", "select_methods", "compare_runs", "environment_diff",
+           "load_environment"]
 
 SCHEMA = "labkit.reproduction/1"
 # per-epoch metrics that must reproduce (timings are compared apart, never for equality)

@@ -16,26 +16,21 @@ from typing import Any, Optional
 
 from labkit.core.files import atomic_path
 from labkit.core.methods import SHORT
+from labkit.core.run_folder import RunFolder
 
 from . import stats
-from .compare import DIFFERENT, IDENTICAL, ReproduceError, compare_runs, load_run_record
-from .runs_index import NOT_PARAMETERS
-
-
-def _flat(config: dict) -> dict[str, Any]:
-    exp, train = config.get("experiment") or {}, config.get("train") or {}
-    return {k: v for k, v in {**train, **exp}.items() if k not in NOT_PARAMETERS}
+from .compare import DIFFERENT, IDENTICAL, ReproduceError, compare_runs
 
 
 def diff_runs(a_dir: str | os.PathLike, b_dir: str | os.PathLike) -> dict:
     """The comparison of two run folders (ReproduceError, one line, when one is not a run)."""
-    a, b = load_run_record(a_dir), load_run_record(b_dir)
+    a, b = RunFolder.experiment(a_dir), RunFolder.experiment(b_dir)
     common = [m for m in a.methods if m in b.methods]
     if not common:
         raise ReproduceError(f"{str(a.path)!r} and {str(b.path)!r} share no method "
                              f"({', '.join(a.methods)} against {', '.join(b.methods)})")
     doc = compare_runs(a, b, common)
-    pa, pb = _flat(a.config), _flat(b.config)
+    pa, pb = a.parameters, b.parameters
     doc["parameters"] = {k: [pa.get(k), pb.get(k)] for k in sorted(set(pa) | set(pb))}
     doc["changed"] = [k for k, (x, y) in doc["parameters"].items()
                       if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True)]
@@ -90,8 +85,8 @@ def plot_losses(doc: dict, path: str | os.PathLike) -> Optional[Path]:
 
     from .report.plots import COLORS
 
-    a = load_run_record(doc["original"])
-    b = load_run_record(doc["reproduction"])
+    a = RunFolder.experiment(doc["original"])
+    b = RunFolder.experiment(doc["reproduction"])
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
     drawn = 0
     for m in doc["methods"]:

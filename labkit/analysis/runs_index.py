@@ -18,15 +18,13 @@ from typing import Any, Optional
 from labkit.core import layout
 from labkit.core.files import finite
 from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT
-from labkit.core.run_folder import RunFolder
+from labkit.core.run_folder import NOT_PARAMETERS, RunFolder, parameters
 from labkit.core.status import Status, as_seen, experiment_status, status_of
 
 from .texttable import text_table
 
 _STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
-# config fields that say where a run went or how it printed, not what it measured
 UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read
-NOT_PARAMETERS = ("out", "progress", "runs_dir", "tag", "cell_timeout", "report", "nodes", "method")
 
 
 @dataclass
@@ -68,8 +66,7 @@ def _json(folder: RunFolder, name: str) -> Any:
 
 
 def _params(config: dict) -> dict[str, Any]:
-    exp, train = config.get("experiment") or {}, config.get("train") or {}
-    out = {k: v for k, v in {**train, **exp}.items() if k not in NOT_PARAMETERS and k != "methods"}
+    out = {k: v for k, v in parameters(config).items() if k != "methods"}
     return {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in out.items()}
 
 

@@ -26,6 +26,8 @@ from .lockfile import parse_lock
 from .methods import METHOD_ORDER, RESULT_FILES, MethodSpec, is_name, register, result_file_of
 
 KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
+# config fields that say where a run went or how it printed, not what it measured
+NOT_PARAMETERS = ("out", "progress", "runs_dir", "tag", "cell_timeout", "report", "nodes", "method")
 
 
 class RunFolderError(ConfigError):
@@ -36,6 +38,13 @@ def read_json(path: str | os.PathLike) -> Any:
     """A JSON document of a run folder (or a loose result file); OSError or ValueError (a
     JSONDecodeError, a UnicodeDecodeError) when it cannot be read."""
     return json.loads(Path(path).read_text())
+
+
+def parameters(config: dict) -> dict[str, Any]:
+    """What a run measured with, from its config.json: the training config and the
+    experiment's parameters in one dict (the experiment's win), without NOT_PARAMETERS."""
+    exp, train = config.get("experiment") or {}, config.get("train") or {}
+    return {k: v for k, v in {**train, **exp}.items() if k not in NOT_PARAMETERS}
 
 
 def recorded(doc: dict) -> Optional[MethodSpec]:
@@ -115,6 +124,11 @@ class RunFolder:
         """Method (or variant) -> its resolved TrainConfig dict, as config.json records them."""
         resolved = self.config.get("resolved")
         return resolved if isinstance(resolved, dict) else {}
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The run's parameters (:func:`parameters` of its config.json)."""
+        return parameters(self.config)
 
     @property
     def target_accuracy(self) -> Optional[float]:

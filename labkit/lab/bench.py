@@ -17,7 +17,6 @@ holds labkit DDP / plain loop with its 95% interval.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import IO, Any, Optional
@@ -28,6 +27,7 @@ from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, is_name, key_of, spec
+from labkit.core.run_folder import read_json
 from labkit.core.status import Status
 
 from .kernels import kernel_name
@@ -173,7 +173,7 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
         doc[Status.FAILED].append({"variant": OVERHEAD, "nproc": n, "error": res.message})
         stream.write(f"{OVERHEAD} x{n} FAILED: {res.message}\n")
         return
-    o = json.loads((out / layout.BENCH_RESULT).read_text())
+    o = read_json(out / layout.BENCH_RESULT)
     o["folder"] = str(out.relative_to(run))
     doc[OVERHEAD].append(derive_overhead(o))
     stream.write(overhead_line(o) + "\n")
@@ -191,7 +191,7 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
         doc[Status.FAILED].append({"variant": v, "nproc": n, "error": res.message})
         stream.write(f"{v} x{n} FAILED: {res.message}\n")
     else:
-        r = json.loads((out / layout.BENCH_RESULT).read_text())
+        r = read_json(out / layout.BENCH_RESULT)
         r.update(variant=v, nproc=n, folder=str(out.relative_to(run)), compress=vcfg.compress,
                  ps_mode=vcfg.ps_mode if spec(vcfg.method).serves else None,
                  method_spec=spec(vcfg.method).to_dict())  # the report names a user's method

@@ -35,7 +35,7 @@ def _recorded(run: Path) -> tuple[RunFolder, dict]:
     """The run's record and its experiment.json; ConfigError when there is nothing to continue."""
     if not run.exists():
         raise ConfigError(f"--continue {str(run)!r}: no such folder")
-    rec = compare.load_run_record(run)
+    rec = RunFolder.experiment(run)
     try:
         status = as_seen(rec.read(layout.EXPERIMENT))
     except (OSError, ValueError):

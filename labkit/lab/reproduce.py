@@ -57,7 +57,7 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
 
     compare.check_tolerance(tolerance)
     # resolved now: runs/latest is a link that the new run folder will move
-    rec = compare.load_run_record(Path(run_dir).resolve())
+    rec = RunFolder.experiment(Path(run_dir).resolve())
     chosen = compare.select_methods(rec, methods)
     exp = rec.config.get("experiment") or {}
     nodes = exp.get("nodes") or {}
@@ -115,7 +115,7 @@ def run(p: Plan, tolerance: Optional[float] = None, stream: Optional[IO[str]] = 
     holder: dict = {}
 
     def write_verdicts(run_dir: Path, status: dict) -> None:
-        doc = compare.compare_runs(rec, compare.load_run_record(run_dir), p.methods, tolerance)
+        doc = compare.compare_runs(rec, RunFolder.experiment(run_dir), p.methods, tolerance)
         doc["environment_before"] = diff
         compare.write_reproduction(run_dir, doc)
         holder["doc"] = doc
