@@ -279,7 +279,7 @@ def test_runs_index_lists_every_run_and_opens_one_in_the_explorer(lab, lab_root,
 def test_the_runs_index_page_has_one_row_per_run_folder(lab_root, page, tmp_path):
     """runs/index.html as a person opens it from the file manager: the lab notebook's page,
     one row per run folder (runs/latest is a link, not a row), each naming its folder."""
-    from labkit.lab.run_folder import write_index
+    from labkit.lab.runs_dir import write_index
 
     runs = lab_root / "runs"
     index = write_index(runs)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from labkit.lab.run_folder import new_run_dir
+from labkit.lab.runs_dir import new_run_dir
 from labkit.core.files import atomic_write_json
 
 

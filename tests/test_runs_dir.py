@@ -103,7 +103,7 @@ def test_experiment_bench_sweep_and_runs_use_the_projects_runs_from_any_folder(t
     from labkit import cli
     from labkit.lab.bench import BenchPlan
     from labkit.lab.experiment import Experiment
-    from labkit.lab.run_folder import new_run_dir
+    from labkit.lab.runs_dir import new_run_dir
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -35,7 +35,7 @@ from .launch import launch, validate
 from .params import with_absolute_paths
 from .record import snapshot, write_record
 from .render import make_report, report_or_why
-from .run_folder import new_run_dir, write_index
+from .runs_dir import new_run_dir, write_index
 
 RANK_MODULE = "labkit.training.bench_rank"  # what torchrun runs on every rank of a bench job
 OVERHEAD_MODULE = "labkit.training.plain_loop"  # the overhead job's ranks

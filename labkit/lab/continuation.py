@@ -28,7 +28,7 @@ from .experiment import Experiment, ExperimentFolder, prepare
 from .kernels import kernel_name
 from .launch import Nodes
 from .record import environment_now
-from .run_folder import write_index
+from .runs_dir import write_index
 
 
 def _recorded(run: Path) -> tuple[RunFolder, dict]:

@@ -29,7 +29,7 @@ from .launch import Nodes, mark_ended, validate, warn
 from .params import nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
-from .run_folder import new_run_dir, write_index
+from .runs_dir import new_run_dir, write_index
 
 
 @dataclass

@@ -29,7 +29,7 @@ from labkit.core.status import Status
 
 from .experiment import Prepared, prepare, run_experiment
 from .render import make_sweep_report, report_or_why
-from .run_folder import write_index
+from .runs_dir import write_index
 
 # what a grid may vary: the process count and the training config; the method is --methods,
 # and the output folder, resuming and the nodes are the sweep's own business
@@ -116,7 +116,7 @@ def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
 def new_sweep(exp, grid: dict[str, list], points: list[tuple[dict, Prepared]]) -> tuple[Path, dict]:
     """The sweep's new folder and its sweep.json document (not written yet): every point
     pending."""
-    from .run_folder import new_run_dir
+    from .runs_dir import new_run_dir
 
     root = new_run_dir(exp.runs_dir, exp.tag or "sweep").resolve()
     doc: dict[str, Any] = {"grid": grid, "started": now_str(), "status": Status.RUNNING,

@@ -1,5 +1,6 @@
-"""New run folders: runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/, never an existing one, and the
-runs/latest link that points at the newest."""
+"""The runs/ folder: each new run folder in it (runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/, never an
+existing one), the runs/latest link that points at the newest, and runs/index.html. (Reading a
+run folder: labkit.core.run_folder.)"""
 from __future__ import annotations
 
 import os
