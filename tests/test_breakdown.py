@@ -63,6 +63,21 @@ def test_a_step_reported_later_and_one_without_a_figure():
     assert b.hidden == pytest.approx(0.375) and b.parts["exposed"] == 0.0
 
 
+def test_ddp_in_one_process_reads_no_statistics():
+    """At world size 1 DDP is not wrapped (no reducer): its step reads nothing and trains."""
+    from labkit.core.config import TrainConfig
+    from labkit.training.dist import DistContext
+    from labkit.training.sync.ddp import DDPStrategy
+
+    s = DDPStrategy(TrainConfig(), DistContext(0, 1, 0, 1, "gloo", torch.device("cpu")))
+    model = s.setup(torch.nn.Linear(2, 2))
+    before = model.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(3, 2)).sum().backward()
+    s.step(opt)
+    assert s.stats is None and not torch.equal(model.weight, before)
+
+
 def test_overlap_interval_and_who_arrived_last():
     rng = np.random.default_rng(0)
     hidden = [rng.normal(3.0, 0.3, 16)]
@@ -165,9 +180,13 @@ def test_timing_ddp_changes_no_parameter(ddp_timed):
         assert min(epochs["off"]["wire"][key]) > 0, key
 
 
-def _mean_and_se(xs) -> tuple[float, float]:
-    xs = np.asarray([x for x in xs if x is not None], dtype=float)
-    return float(xs.mean()), float(xs.std(ddof=1) / np.sqrt(len(xs)))
+def _share(epoch: dict, key: str) -> np.ndarray:
+    """Per step with a figure: ``key``'s communication time over the step's own forward +
+    backward (a shared machine's load slows both, so the share drifts far less between runs
+    than either time)."""
+    busy = np.asarray([np.nan if x is None else x for x in epoch[key]], dtype=float)
+    share = busy / np.asarray(epoch["step_parts"]["compute"], dtype=float)
+    return share[np.isfinite(share)]
 
 
 @pytest.mark.slow
@@ -175,33 +194,32 @@ def test_ddp_stats_and_hook_agree_as_documented(ddp_timed):
     """docs/where-the-time-goes.md, "Two ways to time DDP": the reducer's figure (stats) is the
     span from the first bucket's all-reduce to the end of the last, gaps between buckets and
     the gradients' write-back included; the hook's is the union of the buckets' intervals,
-    inside that span. On the same steps (the hook run also reads the reducer) the reducer's is
-    never below the hook's; run against run, exposed communication (one definition for both:
-    the step less the compute-only step) agrees within 3 standard errors of the difference,
-    from the spread of the steady-state steps and of the compute-only steps."""
+    inside that span. The hook run also reads the reducer, so on the same steps the reducer's
+    figure is never below the hook's, nor the hidden time taken from it. Run against run, the
+    stats run's figure and the hook run's reducer figure agree, as a share of each step's
+    forward + backward, within 3 standard errors of their difference (the steps' own spread).
+    (Exposed communication is not compared run against run: it is taken against compute-only
+    steps run after the epoch, and a shared machine's load moved it by up to 64 ms.)"""
     docs = {m: load_json(ddp_timed[m] / "results_baseline_ddp.json") for m in ("stats", "hook")}
-    exposed, se = {}, {}
-    for mode, doc in docs.items():
-        e = doc["epochs"][0]
-        b = breakdown.of_result(doc)
-        s = breakdown.split(e["step_parts"], float(np.mean(doc["calibration"]["parts"]["compute"])),
-                            e["comm_busy_times"])
-        assert b.parts["exposed"] == pytest.approx(float(s["exposed"].mean()))
-        assert b.comm == pytest.approx(b.parts["exposed"] + b.hidden) and b.hidden >= 0
-        _, cal = _mean_and_se(doc["calibration"]["parts"]["compute"])  # shifts every step's exposed
-        exposed[mode], se[mode] = b.parts["exposed"], np.hypot(_mean_and_se(s["exposed"])[1], cal)
+    epochs = {m: d["epochs"][0] for m, d in docs.items()}
+    for mode, e in epochs.items():
         # either figure lies inside the step's own forward + backward (the reducer's finalize
         # runs in backward's last callback): the reducer's, read a step late, lands on its step
-        for busy, fb, sync in zip(e["comm_busy_times"], e["step_parts"]["compute"],
-                                  e["step_parts"]["sync"]):
-            assert busy is None or busy <= fb + sync, (mode, busy, fb)
-    tol = 3 * np.hypot(se["stats"], se["hook"])
-    assert abs(exposed["stats"] - exposed["hook"]) <= tol, (exposed, tol)
-    e = docs["hook"]["epochs"][0]
+        for busy, fb in zip(e["comm_busy_times"], e["step_parts"]["compute"]):
+            assert busy is None or busy <= fb + 1e-4, (mode, busy, fb)
+    e = epochs["hook"]
     pairs = [(r, h) for r, h in zip(e["comm_reducer_times"], e["comm_busy_times"]) if r is not None]
     assert len(pairs) == len(e["comm_busy_times"]) - 1  # all but the epoch's last step
     for reducer, hook in pairs:  # 0.1 ms: two clocks (the reducer's and perf_counter)
         assert reducer >= hook - 1e-4, (reducer, hook)
+    compute_only = float(np.mean(docs["hook"]["calibration"]["parts"]["compute"]))
+    hidden = {k: breakdown.split(e["step_parts"], compute_only, e[k])["hidden"][:-1]
+              for k in ("comm_reducer_times", "comm_busy_times")}
+    assert (hidden["comm_reducer_times"] >= hidden["comm_busy_times"] - 1e-4).all()
+    stats, reducer = _share(epochs["stats"], "comm_busy_times"), _share(e, "comm_reducer_times")
+    se = np.hypot(stats.std(ddof=1) / np.sqrt(len(stats)),
+                  reducer.std(ddof=1) / np.sqrt(len(reducer)))
+    assert abs(stats.mean() - reducer.mean()) <= 3 * se, (stats.mean(), reducer.mean(), se)
 
 
 def test_table_1_says_not_reached(tmp_path, ddp_run):
