@@ -197,9 +197,11 @@ def test_ddp_stats_and_hook_agree_as_documented(ddp_timed):
     inside that span. The hook run also reads the reducer, so on the same steps the reducer's
     figure is never below the hook's, nor the hidden time taken from it. Run against run, the
     stats run's figure and the hook run's reducer figure agree, as a share of each step's
-    forward + backward, within 3 standard errors of their difference (the steps' own spread).
-    (Exposed communication is not compared run against run: it is taken against compute-only
-    steps run after the epoch, and a shared machine's load moved it by up to 64 ms.)"""
+    forward + backward, within issue 41's 10% (or 3 standard errors of their difference from
+    the steps' spread, if that is wider: between runs on a shared machine the share moved by
+    up to 3.6 of them, 7%). Exposed communication is not compared run against run: it is
+    taken against compute-only steps run after the epoch, which a shared machine's load moved
+    by up to 60 ms between runs."""
     docs = {m: load_json(ddp_timed[m] / "results_baseline_ddp.json") for m in ("stats", "hook")}
     epochs = {m: d["epochs"][0] for m, d in docs.items()}
     for mode, e in epochs.items():
@@ -219,7 +221,8 @@ def test_ddp_stats_and_hook_agree_as_documented(ddp_timed):
     stats, reducer = _share(epochs["stats"], "comm_busy_times"), _share(e, "comm_reducer_times")
     se = np.hypot(stats.std(ddof=1) / np.sqrt(len(stats)),
                   reducer.std(ddof=1) / np.sqrt(len(reducer)))
-    assert abs(stats.mean() - reducer.mean()) <= 3 * se, (stats.mean(), reducer.mean(), se)
+    tol = max(0.10 * (stats.mean() + reducer.mean()) / 2, 3 * se)
+    assert abs(stats.mean() - reducer.mean()) <= tol, (stats.mean(), reducer.mean(), se)
 
 
 def test_table_1_says_not_reached(tmp_path, ddp_run):
