@@ -158,6 +158,7 @@ def ddp_timed(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp_timed")  # its three runs, built once on one worker
 def test_timing_ddp_changes_no_parameter(ddp_timed):
     """DDP's built-in path with its reducer's statistics read (stats, the default), the timing
     hook (hook) and nothing timed (off) end with the same parameters, bit for bit."""
@@ -190,6 +191,7 @@ def _share(epoch: dict, key: str) -> np.ndarray:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp_timed")  # its three runs, built once on one worker
 def test_ddp_stats_and_hook_agree_as_documented(ddp_timed):
     """docs/where-the-time-goes.md, "Two ways to time DDP": the reducer's figure (stats) is the
     span from the first bucket's all-reduce to the end of the last, gaps between buckets and
