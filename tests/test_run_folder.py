@@ -77,6 +77,7 @@ def test_an_experiments_config_and_environment(tmp_path):
     for run in (RunFolder(tmp_path), RunFolder.experiment(tmp_path)):
         assert run.methods == {"ddp": {"method": "ddp"}} and run.target_accuracy == 0.9
         assert run.env["host"] == "h" and run.package_versions() == {"torch": "2.5.0"}
+        assert run.lock_file() == tmp_path / "env.lock" and run.lock_file({}) is None
         assert run.result("ddp") == {"method": "DDP"}
         # the experiment's value wins; where it went (out) and its tag are no parameters
         assert run.parameters == {"lr": 0.2, "epochs": 2, "target_accuracy": 0.9}

@@ -136,11 +136,17 @@ class RunFolder:
         exp = self.config.get("experiment")
         return exp.get("target_accuracy") if isinstance(exp, dict) else None
 
-    def package_versions(self) -> Optional[dict[str, str]]:
-        """{package: version} of the requirements.lock environment.json names; None without."""
-        lock = (self.env.get("packages") or {}).get("file")
+    def lock_file(self, env: Optional[dict] = None) -> Optional[Path]:
+        """The requirements.lock that environment.json (or ``env``) names, where it lies now;
+        None without one."""
+        lock = ((self.env if env is None else env).get("packages") or {}).get("file")
         path = layout.resolve_in_run(self.path, lock) if lock else None
-        return parse_lock(path.read_text()) if path and path.exists() else None
+        return path if path and path.exists() else None
+
+    def package_versions(self, env: Optional[dict] = None) -> Optional[dict[str, str]]:
+        """{package: version} of :meth:`lock_file`; None without one."""
+        path = self.lock_file(env)
+        return parse_lock(path.read_text()) if path else None
 
     # ---------------------------------------------------------------- what it is
     @property

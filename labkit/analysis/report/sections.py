@@ -11,8 +11,7 @@ from labkit.analysis import costmodel
 from labkit.core.config import VARIANTS
 from labkit.core.files import atomic_path
 from labkit.core import layout
-from labkit.core.layout import resolve_in_run
-from labkit.core.lockfile import parse_lock
+from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status
 from .blocks import Block, Html, Markdown
 from .captions import caption, figure_caption
@@ -133,10 +132,11 @@ def reproduction_section(run: Path) -> list[Block]:
 def packages_html(env: dict, run: Optional[Path]) -> str:
     """Every installed package of the run's requirements.lock as a collapsed <details> table
     (the HTML report opens it on a click); "" when the run has no lock file."""
-    lock = resolve_in_run(run, (env.get("packages") or {}).get("file")) if run else None
-    if lock is None or not lock.exists():
+    folder = RunFolder(run) if run else None
+    lock = folder.lock_file(env) if folder else None
+    if lock is None:
         return ""
-    pkgs = sorted(parse_lock(lock.read_text()).items())
+    pkgs = sorted(folder.package_versions(env).items())
     per_column = -(-len(pkgs) // 4)  # 4 name/version columns: ~150 packages in ~40 short rows
     rows = [pkgs[i::per_column] for i in range(per_column)]  # read down each column
     body = "".join("<tr>" + "".join(f"<td>{html.escape(n)}</td><td>{html.escape(v)}</td>" for n, v in r)
