@@ -144,6 +144,19 @@ def test_one_module_reads_run_folders():
     assert (ROOT / RUN_FOLDER_READER).is_file()
 
 
+# the commands that read run folders: diff, reproduce, runs, the report's loader, the
+# explorer, continue and the sweep report each open theirs with RunFolder
+RUN_FOLDER_USERS = ("analysis/rundiff.py", "lab/reproduce.py", "analysis/runs_index.py",
+                    "analysis/report/load.py", "analysis/explore.py", "lab/continuation.py",
+                    "analysis/report/sweep.py")
+
+
+@pytest.mark.parametrize("user", RUN_FOLDER_USERS)
+def test_each_command_reads_through_run_folder(user):
+    root = ROOT / "labkit"
+    assert "labkit.core.run_folder.RunFolder" in {t for _, t in _imports(root / user, root)}
+
+
 def test_the_top_level_holds_only_the_entry():
     assert sorted(p.name for p in (ROOT / "labkit").glob("*.py")) == [
         "__init__.py", "__main__.py", "cli.py", "train.py"]
