@@ -78,6 +78,22 @@ def test_ddp_in_one_process_reads_no_statistics():
     assert s.stats is None and not torch.equal(model.weight, before)
 
 
+def test_time_comm_modes_and_the_older_spellings():
+    """--time-comm stats|hook|off; --no-time-comm (the flag before the modes) is off, and a
+    config recorded then (a bool: True was the hook) reads as the mode it ran."""
+    from labkit.core import params
+    from labkit.core.config import TrainConfig, build_parser, from_args
+
+    p = build_parser()
+    got = {tuple(a): from_args(p.parse_args(a)).time_comm
+           for a in ([], ["--time-comm", "hook"], ["--no-time-comm"], ["--time-comm", "off"])}
+    assert list(got.values()) == ["stats", "hook", "off", "off"]
+    assert params.to_flags(TrainConfig(time_comm="off")) == ["--time-comm", "off"]
+    assert TrainConfig(time_comm=True).time_comm == "hook"
+    old = TrainConfig(time_comm=False)
+    assert old.time_comm == "off" and not old.times_comm
+
+
 def test_overlap_interval_and_who_arrived_last():
     rng = np.random.default_rng(0)
     hidden = [rng.normal(3.0, 0.3, 16)]
