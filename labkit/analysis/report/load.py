@@ -1,5 +1,7 @@
 """Reading result files: one run folder, loose files from the original scripts, and the
-variants an experiment ran. Result files are only read, never modified."""
+variants an experiment ran. Result files are only read, never modified. Where they lie, and
+the folder's other documents, come from labkit.core.run_folder.RunFolder; what they must hold
+(the guide's keys) is checked here."""
 from __future__ import annotations
 
 import os
