@@ -1,6 +1,7 @@
-"""Where the time goes: the breakdown of a step for every method (DDP's communication timed
-through its hook), overlap with its interval, the rank the others waited for, and time to
-accuracy (labkit.analysis.breakdown and the report that shows them)."""
+"""Where the time goes: the breakdown of a step for every method (DDP's communication from its
+reducer's statistics or its timing hook, and the two compared), overlap with its interval,
+the rank the others waited for, and time to accuracy (labkit.analysis.breakdown and the
+report that shows them)."""
 import shutil
 
 import numpy as np
