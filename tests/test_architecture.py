@@ -86,42 +86,23 @@ def status_word_modules(root: Path) -> set[str]:
             if STATUS_WORDS.search(p.read_text())}
 
 
-# what a run folder's JSON documents are called (labkit.core.layout) and how a result file is
-# named: a function that parses JSON and names one of them reads a run folder
-RUN_DOCUMENTS = {"CONFIG", "ENVIRONMENT", "EXPERIMENT", "REPRODUCTION", "SWEEP", "SLURM_POINTS",
-                 "BENCH", "BENCH_RESULT", "launch_file", "RESULT_FILES", "result_file_of",
-                 "result_file", "config.json", "environment.json", "experiment.json",
-                 "reproduction.json", "sweep.json", "bench.json", "bench_result.json", "launch.json"}
-RUN_FOLDER_READER = "labkit/core/run_folder.py"
+# the modules that parse JSON: labkit.core.run_folder, every document of a run folder (and a
+# loose result file), and labkit.core.lockfile, pip's report read from a pipe; any other
+# reader of a run folder goes through RunFolder or its read_json
+JSON_PARSERS = {"labkit/core/run_folder.py", "labkit/core/lockfile.py"}
 
 
-def _parses_json(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("load", "loads") and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "json")
-
-
-def _names_a_document(nodes: list[ast.AST]) -> bool:
-    for n in (m for node in nodes for m in ast.walk(node)):
-        name = (n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
-                else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else "")
-        if name in RUN_DOCUMENTS or re.fullmatch(r"results_\w*\.json", name):
-            return True
-    return False
-
-
-def run_folder_readers(root: Path) -> set[str]:
-    """The modules where one function (or the module's own statements) parses JSON and names
-    a run-folder document: only labkit.core.run_folder may; every other reader goes through it."""
+def json_parsers(root: Path) -> set[str]:
+    """The modules that call json.load or json.loads, or import either by name."""
     found = set()
-    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
     for path in root.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        scopes = [[n for n in tree.body if not isinstance(n, (*defs, ast.ClassDef))]]
-        scopes += [[n] for n in ast.walk(tree) if isinstance(n, defs)]
-        for nodes in scopes:
-            if _names_a_document(nodes) and any(
-                    _parses_json(m) for node in nodes for m in ast.walk(node)):
+        for n in ast.walk(ast.parse(path.read_text())):
+            called = (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                      and n.func.attr in ("load", "loads") and isinstance(n.func.value, ast.Name)
+                      and n.func.value.id == "json")
+            imported = (isinstance(n, ast.ImportFrom) and n.module == "json"
+                        and {a.name for a in n.names} & {"load", "loads"})
+            if called or imported:
                 found.add(str(path.relative_to(root.parent)))
     return found
 
@@ -139,9 +120,7 @@ def test_the_status_words_are_spelled_in_one_module():
 
 
 def test_one_module_reads_run_folders():
-    # labkit.core.run_folder parses them (read_json) and names them; no other module does both
-    assert run_folder_readers(ROOT / "labkit") - {RUN_FOLDER_READER} == set()
-    assert (ROOT / RUN_FOLDER_READER).is_file()
+    assert json_parsers(ROOT / "labkit") == JSON_PARSERS
 
 
 # the commands that read run folders: diff, reproduce, runs, the report's loader, the
@@ -188,8 +167,8 @@ def broken_tree(tmp_path) -> Path:
         "    path = run / layout.ENVIRONMENT\n    with open(path) as f:\n"
         "        return json.load(f)\n\ndef other(p):\n    return json.loads(p.read_text())\n")
     (root / "lab" / "results.py").write_text(
-        "import json\n\nclass R:\n    def doc(self, out):\n"
-        "        return json.loads((out / 'results_ddp.json').read_text())\n")
+        "from json import loads\n\nclass R:\n    def doc(self, out):\n"
+        "        return loads((out / 'results_ddp.json').read_text())\n")
     return root
 
 
@@ -204,5 +183,5 @@ def test_the_checks_fail_when_a_rule_is_broken(broken_tree):
     assert any("lab/long.py:1 long: 61 lines" in v for v in sizes), sizes
     assert any("lab/long.py: " in v and "(at most 400)" in v for v in sizes), sizes
     assert status_word_modules(broken_tree) == {"labkit/lab/words.py"}
-    assert run_folder_readers(broken_tree) == {
-        RUN_FOLDER_READER, "labkit/analysis/second_reader.py", "labkit/lab/results.py"}
+    assert json_parsers(broken_tree) - JSON_PARSERS == {
+        "labkit/analysis/second_reader.py", "labkit/lab/results.py"}

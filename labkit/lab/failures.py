@@ -16,7 +16,6 @@ consequence, and the first failure that is not one is blamed.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import signal
@@ -25,6 +24,7 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.errors import RUN_FAILED_LINE
+from labkit.core.run_folder import read_json
 
 ERROR_FILE = "error.json"  # torchrun's name (TORCHELASTIC_ERROR_FILE)
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -99,8 +99,7 @@ def read_error_files(log_dir: str) -> dict[int, tuple[str, str, float]]:
     paths = glob.glob(os.path.join(log_dir, "**", "attempt_*", "*", ERROR_FILE), recursive=True)
     for path in sorted(paths, key=os.path.getmtime):
         try:
-            with open(path) as f:
-                msg = json.load(f)["message"]
+            msg = read_json(path)["message"]
             text = msg["message"] if isinstance(msg, dict) else str(msg)
             when = float((msg.get("extraInfo") or {}).get("timestamp") or "inf")
             local = int(os.path.basename(os.path.dirname(path)))
