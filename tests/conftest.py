@@ -122,6 +122,8 @@ LONGEST_FIRST = {
     "test_data_checks.py::test_torchrun_with_skip_bad_images_warns_once": 14,
     "test_launch.py::test_failed_rank_is_named_with_its_log": 13,
     "test_launch.py::test_launch_streams_the_reporting_rank": 12,
+    # its group's first test builds three DDP runs (--time-comm stats, hook, off)
+    "test_breakdown.py::test_timing_ddp_changes_no_parameter": 30,
     # the lab notebook's group builds its run folders in its first test's fixtures
     "test_lab_notebook.py::test_runs_lists_every_kind_with_its_status": 95,
     "test_resources.py::test_a_disk_that_fills_at_the_first_checkpoint_is_one_line": 24,
