@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-# helpers first: it puts tests/hooks on PYTHONPATH for every process the tests start. Its
-# names are re-exported here for test files written before helpers.py (`from conftest import`)
-from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, HOOKS, ROOT, TINY, Experiment,  # noqa: F401
-                     check_ok, expect_error, labkit, load_json, make_image_tree, make_run, torchrun)
+# helpers first: it puts tests/hooks on PYTHONPATH for every process the tests start. Test
+# modules import from helpers, never from here (tests/test_architecture.py checks it)
+from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, TINY, Experiment,
+                     check_ok, labkit, make_image_tree, torchrun)
 
 
 @pytest.fixture(scope="session")

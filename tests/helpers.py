@@ -70,6 +70,11 @@ def tiny_flags(**over) -> list[str]:
 # the torchrun form most tests start from (conftest's ddp_run trains with exactly these)
 TINY = tiny_flags()
 
+# `labkit bench`'s form: the tiny settings without the training loop's (bench times steps, not
+# epochs)
+BENCH_FLAGS = [*tiny_flags(lr=0.05, epochs=None, max_steps_per_epoch=None, max_val_steps=None,
+                           pin_cpus=None), "--steps", "2", "--trials", "2", "--warmup", "1"]
+
 
 # Every method once, from one seed, 5 steps (PS with 3 processes = 2 trainers, like the others).
 # Shared by the equivalence tests and the result-file tests: one run each for the whole session
@@ -256,6 +261,21 @@ def leftovers(marker: str, deadline: float = 20.0) -> list[str]:
         if not left or time.monotonic() >= end:
             return left
         time.sleep(0.2)
+
+
+def running_in(folder) -> list[str]:
+    """Command lines of the processes (not exited ones waiting to be reaped) whose working
+    directory is ``folder`` or inside it."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and (p.cwd() + os.sep).startswith(str(folder) + os.sep):
+                found.append(" ".join(p.cmdline()))
+        except psutil.Error:
+            pass
+    return found
 
 
 # ------------------------------------------------------------------ ports

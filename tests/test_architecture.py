@@ -185,3 +185,24 @@ def test_the_checks_fail_when_a_rule_is_broken(broken_tree):
     assert status_word_modules(broken_tree) == {"labkit/lab/words.py"}
     assert json_parsers(broken_tree) - JSON_PARSERS == {
         "labkit/analysis/second_reader.py", "labkit/lab/results.py"}
+
+
+# ------------------------------------------------------------------ the suite's own rule
+def _test_module_imports(tests: Path) -> list[str]:
+    """'file:line name' for each import of conftest or another test module by a test module
+    (docs/testing.md: test modules import from helpers, never from each other)."""
+    bad = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}:{node.lineno} {n}" for n in names
+                    if n == "conftest" or n.startswith("test_")]
+    return bad
+
+
+def test_test_modules_import_from_helpers_never_from_each_other(tmp_path):
+    assert _test_module_imports(ROOT / "tests") == []
+    (tmp_path / "test_a.py").write_text("def f():\n    from test_b import X\nimport conftest\n")
+    (tmp_path / "test_b.py").write_text("from helpers import X\n")
+    assert sorted(_test_module_imports(tmp_path)) == ["test_a.py:2 test_b", "test_a.py:3 conftest"]

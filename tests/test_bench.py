@@ -6,15 +6,11 @@ import json
 
 import pytest
 
-from helpers import labkit, strict_json, tiny_flags
+from helpers import BENCH_FLAGS as BENCH, labkit, strict_json
 
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("bench")
-
-# the tiny settings without the training loop's (bench times steps, not epochs)
-BENCH = [*tiny_flags(lr=0.05, epochs=None, max_steps_per_epoch=None, max_val_steps=None, pin_cpus=None),
-         "--steps", "2", "--trials", "2", "--warmup", "1"]
 
 
 @pytest.fixture(scope="module")

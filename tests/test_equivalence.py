@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
-from helpers import ATOL, RTOL, STEPS, TINY, check_ok, load_json, reference_state, torchrun  # noqa: F401 (test_ps_variants, test_methods import the reference from here)
+from helpers import ATOL, RTOL, STEPS, TINY, check_ok, load_json, reference_state, torchrun
 from labkit.training.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker

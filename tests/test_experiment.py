@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from helpers import (EXPERIMENT_FLAGS, EXPERIMENT_METHODS, EXPERIMENT_REPEATS, HTML_ONLY, Pause, labkit,
-                     leftovers, load_json, strict_json, strict_loads, wait_for)
+                     leftovers, load_json, running_in, strict_json, strict_loads, wait_for)
 
 TINY_FLAGS = EXPERIMENT_FLAGS
 FILES = {"ddp": "results_baseline_ddp.json", "allreduce": "results_all_reduce.json",
@@ -264,21 +264,6 @@ def test_bad_yaml_and_unknown_parameters(tmp_path, monkeypatch, capsys):
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "runs").exists()
-
-
-def running_in(folder) -> list[str]:
-    """Command lines of the processes (not exited ones waiting to be reaped) whose working
-    directory is ``folder`` or inside it."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and (p.cwd() + os.sep).startswith(str(folder) + os.sep):
-                found.append(" ".join(p.cmdline()))
-        except psutil.Error:
-            pass
-    return found
 
 
 def test_ctrl_c_on_the_experiment_stops_everything(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, check_ok, load_json, torchrun
+from helpers import ROOT, TINY, check_ok, load_json, torchrun
 from labkit.core import methods
 from labkit.core.errors import ConfigError
 from labkit.training.sync import Strategy, load_method
@@ -57,7 +57,7 @@ def test_a_users_key_and_result_file_come_from_its_class_name():
 def test_a_users_method_trains_to_the_reference_parameters(ring_run):
     """A ring written from send/recv is exact: the final parameters equal the single-process
     reference of the equivalence tests, up to summation order."""
-    from test_equivalence import ATOL, RTOL, reference_state
+    from helpers import ATOL, RTOL, reference_state
 
     doc = load_json(ring_run / "results_ring_all_reduce.json")
     assert doc["status"] == "completed" and doc["method"] == "Ring All-Reduce"
@@ -184,7 +184,7 @@ BROKEN = {
 
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_a_method_that_does_not_load_is_one_line_on_each_entry(name, tmp_path, capsys):
-    from conftest import expect_error
+    from helpers import expect_error
 
     cls, text, *needles = BROKEN[name]
     (tmp_path / name).write_text(text)
@@ -195,7 +195,7 @@ def test_a_method_that_does_not_load_is_one_line_on_each_entry(name, tmp_path, c
 
 
 def test_no_such_file_or_module_is_one_line(tmp_path, capsys):
-    from conftest import expect_error
+    from helpers import expect_error
 
     expect_error(TINY + ["--method", "gone/ring.py:Ring"], capsys, "method gone/ring.py:Ring: no file ",
                  "gone/ring.py")
@@ -238,7 +238,7 @@ def test_a_method_raising_in_its_first_step_fails_in_one_line(tmp_path):
     """The rank that raised names the method, the user's file and line and the step; the run is
     failed with that reason, and no process is left. (Claiming exactness, it meets the error in
     its check, before any run: the same line, exit 2.)"""
-    from test_experiment import running_in
+    from helpers import running_in
 
     (tmp_path / "exact.py").write_text(FAILS.replace("exact = False", "exact = True"))
     p = _labkit(tmp_path, "run", "exact.py:FailsFirstStep", "--nproc", "2", *TINY, "--out", "o")
@@ -262,7 +262,7 @@ def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_p
     """The issue's path: a ring in the user's folder, run by `labkit experiment` beside ddp;
     the report's Tables 1-2 have its row, `labkit runs` its throughput, and `labkit reproduce`
     runs it again from the record (then `labkit diff` compares the two)."""
-    from test_experiment import TINY_FLAGS
+    from helpers import EXPERIMENT_FLAGS as TINY_FLAGS
 
     (tmp_path / "my_methods").mkdir()
     shutil.copy(RING, tmp_path / "my_methods" / "ring.py")
@@ -392,7 +392,7 @@ def test_a_method_that_is_not_exact_fails_its_check_and_nothing_else_runs(tmp_pa
 def test_the_bench_measures_a_users_method_beside_ddp(tmp_path):
     """`labkit bench --variants ddp,file.py:Class`: the method's job is named by its key, and
     the bench's tables read it from the spec its row records."""
-    from test_bench import BENCH
+    from helpers import BENCH_FLAGS as BENCH
 
     shutil.copy(RING, tmp_path / "ring.py")
     p = _labkit(tmp_path, "bench", *BENCH, "--nproc", "2", "--variants", "ddp,ring.py:RingAllReduce",
@@ -415,7 +415,7 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
     1/n of the momentum DDP's SGD holds: against DDP's state as the lab counted it in a DDP run,
     and against the parameter count; Table 2 of their report shows both."""
     from labkit.analysis import report
-    from test_equivalence import ATOL, RTOL, reference_state
+    from helpers import ATOL, RTOL, reference_state
 
     check_ok(torchrun(2, TINY + ["--method", f"{ZERO1}:ShardedOptimizer", "--out", str(tmp_path / "z")],
                       cwd=tmp_path))

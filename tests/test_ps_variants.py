@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from conftest import TINY, check_ok, load_json, torchrun
+from helpers import TINY, check_ok, load_json, torchrun
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.training.models import build_model
 from labkit.training.sync.ps_sharded import shard_bounds
-from test_equivalence import ATOL, RTOL, STEPS, reference_state  # the single-process reference
+from helpers import ATOL, RTOL, STEPS, reference_state  # the single-process reference
 
 
 def _assert_matches(final: dict, reference: dict) -> None:

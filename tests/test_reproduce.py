@@ -225,7 +225,7 @@ def test_requirements_lock_comments_out_what_no_index_has():
 
 
 def test_data_fingerprints(tmp_path):
-    from conftest import make_image_tree
+    from helpers import make_image_tree
     from labkit.core.config import TrainConfig, resolve
 
     tree = make_image_tree(tmp_path / "img", n_train=2, n_val=1)
