@@ -71,8 +71,9 @@ def bound_lines(res: RunResults) -> list[str]:
     if bound is None or "ddp" not in docs:
         return []
     iv = stats.speedup(method_runs(res, "ddp"), method_runs(res, bound))
-    why = (f"{SHORT[bound]} never communicates: its ranks' parameters drift apart, so it bounds "
-           f"speed only and is left out of the accuracy verdicts")
+    why = (f"{SHORT[bound]} never communicates in a step: its ranks' parameters drift apart "
+           f"within an epoch (rank 0's are copied to every rank at each epoch's end, outside the "
+           f"timed steps), so it bounds speed only and is left out of the accuracy verdicts")
     if iv.value is None:
         return [f"No-communication bound: not available ({iv.note or 'no throughput'}). {why}."]
     if iv.value >= 1:  # a bound measured slower than DDP: the noise of the machine
