@@ -12,14 +12,12 @@ launcher or the training loop.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from . import breakdown, stats
+from .instrument_cost import instrument_text, paired_line, paired_ratio
 from labkit.core import layout
 from labkit.core.methods import MethodSpec, find, register
 from labkit.core.files import atomic_path
@@ -152,18 +150,6 @@ def overhead_interval(o: dict) -> stats.Interval:
                         o["labkit_ddp"]["step_time"]["trials"])
 
 
-def paired_ratio(num, den, confidence: float = stats.CONFIDENCE) -> stats.Interval:
-    """exp(mean(log(num_k / den_k))) over the pairs k, with the t-interval of that mean."""
-    n = min(len(num), len(den))
-    if n == 0:
-        return stats.Interval(None, note="no trials")
-    d = np.log(np.asarray(num[:n], dtype=float) / np.asarray(den[:n], dtype=float))
-    if n < 2:
-        return stats.Interval(math.exp(d.mean()), n=n,
-                              note="one trial: no interval (run more --trials)")
-    return stats.t_interval(d, confidence, math.exp, basis="trials")
-
-
 def derive_overhead(o: dict) -> dict:
     """Adds the ratio and its interval to an overhead job's result (``ratio``, ``ratio_ci``:
     [low, high], None without an interval)."""
@@ -177,19 +163,8 @@ def derive_overhead(o: dict) -> dict:
 def overhead_line(o: dict) -> str:
     """One sentence: the ratio, its interval, and labkit slower or faster only when the
     interval excludes 1.00 (stats.speedup_verdict's rule)."""
-    iv = overhead_interval(o)
-    name = f"{OVERHEAD_NAME} x{o['nproc']}"
-    if iv.value is None:
-        return f"{name}: n/a ({iv.note})"
-    head = f"{name}: {iv.value:.3f}"
-    if not iv.available:
-        text = f"{head} (no confidence interval: {iv.note})"
-    else:
-        label = stats.speedup_verdict(name, iv).label
-        why = {"faster": "labkit faster than the plain loop",
-               "slower": "labkit slower than the plain loop"}.get(
-            label, f"within the trial-to-trial noise of {iv.n} trials")
-        text = f"{head}, {100 * iv.confidence:.0f}% CI {iv.ci_text(digits=3, ref=1.0)}: {why}"
+    text = paired_line(f"{OVERHEAD_NAME} x{o['nproc']}", overhead_interval(o),
+                       "labkit faster than the plain loop", "labkit slower than the plain loop")
     if not o.get("params_equal", True):
         text += f"; WARNING: the two loops' parameters differ ({o.get('params_differing')} tensors)"
     return text
@@ -279,7 +254,7 @@ def text_table(doc: dict) -> str:
             f"{doc['trials']} trials x {doc['steps']} steps after {doc['warmup']} warm-up steps\n"
             f"{CI_NOTE}")
     return "\n".join([head, _table(rs, short_number, right=True), "", *verdicts(doc),
-                      *_overhead_text(doc)]).rstrip()
+                      *_overhead_text(doc), *instrument_text(doc)]).rstrip()
 
 
 def _overhead_text(doc: dict) -> list[str]:

@@ -13,6 +13,12 @@ Then, for every process count, one more job: labkit's own overhead (``overhead_x
 plain PyTorch DDP loop and labkit's DDP training loop alternating in the same processes, both
 loading their data (labkit.training.plain_loop says why one job); the document's ``overhead``
 holds labkit DDP / plain loop with its 95% interval.
+
+Each method's job also prices the lab's instruments (its result's ``instruments``, see
+labkit.training.bench_rank): its synchronised trials run in rotated rounds with those of
+Trainers that differ by one instrument, and the table gives each instrument's paired ratio
+on / off with its interval over the rounds (labkit.analysis.instrument_cost),
+and the loop's per-step work without a switch, timed directly.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import IO, Any, Optional
 
 from labkit.analysis.bench_view import (KIND, compare_to_ddp, derive, derive_overhead, overhead_line,
                                         summary_line, write_outputs)
+from labkit.analysis.instrument_cost import instrument_lines
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
@@ -196,7 +203,8 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
                  ps_mode=vcfg.ps_mode if spec(vcfg.method).serves else None,
                  method_spec=spec(vcfg.method).to_dict())  # the report names a user's method
         doc["results"].append(derive(r))
-        stream.write(summary_line(doc["results"][-1]) + "\n")
+        stream.write("\n".join([summary_line(doc["results"][-1]),
+                                 *instrument_lines(doc["results"][-1])]) + "\n")
     compare_to_ddp(doc["results"])
 
 

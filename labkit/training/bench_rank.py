@@ -10,6 +10,11 @@ process group:
    group: one all-reduce, one reduce, one broadcast, and an all-reduce size sweep (the cost
    model fits latency and bandwidth to it, see labkit.analysis.costmodel).
 
+Step 1's trials run in rotated rounds with those of Trainers that differ from the job's by one
+instrument, in the same processes, from the same weights, on the same batches: the bench's
+``instruments``, what each instrument costs (labkit.training.instrument_cost says which loops,
+and times the loop's work that has no switch; labkit.analysis.instrument_cost, the figures).
+
 A trial's time is the slowest rank's: a step is over when its last rank is. Steps cycle over
 a few batches already on the device, so data loading is not in these figures (training
 reports its data wait per epoch). Rank 0 writes ``bench_result.json`` in ``--out``; the
@@ -39,6 +44,8 @@ from labkit.core.methods import spec
 
 from . import lifecycle
 from .dist import is_distributed
+from .instrument_cost import AS_RUN, instrument_loops, instrument_pairs, per_step_work
+from .plain_loop import _differing, rounds
 from .timers import PARTS, Stopwatch, busy_figures
 
 PROG = "labkit.bench"  # how the rank names itself in its one-line errors
@@ -135,19 +142,20 @@ class StepTimer:
     Steps cycle over a few real batches already on the device, so data loading is not in
     these figures. A trial's time is the slowest rank's: a step is over when its last rank is."""
 
-    def __init__(self, tr, steps: int, show_bar: bool, total: int):
+    def __init__(self, tr, steps: int, show_bar: bool, total: int, batches: Optional[list] = None):
         from tqdm import tqdm
 
         from .timers import Lines
 
         self.tr, self.steps, self.dev = tr, steps, tr.ctx.device
-        self.batches = []
-        if tr.strategy.is_trainer:  # a few real batches, on the device, cycled
+        self.batches = [] if batches is None else batches  # another timer's: the same batches
+        if batches is None and tr.strategy.is_trainer:  # a few real batches, on the device, cycled
             it = iter(tr.train_loader)
             for _ in range(min(4, len(tr.train_loader))):
                 self.batches.append(tr.to_device(*next(it)))
+        # position 0: several timers' bars (the instrument rounds') as lines, no cursor moves
         self.bar = (tqdm(total=total, desc=f"bench {tr.cfg.method}", unit="batch", ncols=100,
-                         mininterval=5.0, file=Lines(sys.stderr)) if show_bar else None)
+                         mininterval=5.0, file=Lines(sys.stderr), position=0) if show_bar else None)
         self.clock = Stopwatch(self.dev)
 
     def run(self, n: int, sync: bool) -> None:
@@ -168,6 +176,14 @@ class StepTimer:
         self.run(self.steps, sync)
         return _slowest(self.clock.stop(), self.dev) / self.steps
 
+    def trial_parts(self) -> dict:
+        """One synchronised trial: {"time": seconds per step (the slowest rank's), "got": its
+        steps' parts on this rank (StepParts.take), closed where the trial ends, before another
+        loop's trial runs}."""
+        t = self.trial(True)
+        self.tr.parts.close()
+        return {"time": t, "got": self.tr.parts.take()}
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -183,15 +199,25 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
 
     rank = env_world()[0]
     data = build_datasets(cfg)
-    torch.manual_seed(cfg.seed)
-    model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
+    loops = instrument_loops(cfg)
+    models = []
+    for _ in loops:  # the same initial weights for every loop, the job's built first
+        torch.manual_seed(cfg.seed)
+        models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
-        tr = Trainer(cfg, ctx, None, data, model, steps)
+        tr = Trainer(cfg, ctx, None, data, models[0], steps)
         s = tr.strategy
         timer = StepTimer(tr, steps, rank == s.first_trainer and cfg.progress,
                           2 * (warmup + trials * steps))
-        doc = _time_steps(timer, trials, warmup)
+        others = {}
+        for (name, c), m in list(zip(loops.items(), models))[1:]:
+            o = Trainer(c, ctx, None, data, m, steps)
+            others[name] = StepTimer(o, steps, rank == s.first_trainer and c.progress,
+                                     warmup + trials * steps, batches=timer.batches)
+        doc = _time_steps(timer, trials, warmup, others)
+        del others, models[1:]
+        doc["instruments"]["work"] = per_step_work(tr, data, doc["step_time"]["median"])
         params = [p for p in tr.model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         push, pull = moved_bytes(cfg, grad_bytes)
@@ -213,20 +239,30 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
         teardown()
 
 
-def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
-    """Synchronised trials, then compute-only ones; each method's timed phases per trial."""
+def _time_steps(timer: StepTimer, trials: int, warmup: int,
+                others: Optional[dict[str, StepTimer]] = None) -> dict:
+    """Synchronised trials in rounds with the ``others``' (the instrument loops: the same
+    trials, one instrument off), then compute-only ones; each method's timed phases per
+    trial."""
     tr, s, dev = timer.tr, timer.tr.strategy, timer.dev
-    timer.run(warmup, True)
+    others = others or {}
+    for t in (timer, *others.values()):
+        t.run(warmup, True)
     s.timer.pop()
-    step_times, trial_phases = [], []
     _parts(tr, warmup)
     s.wire.take()  # the warm-up's bytes: no trial's
-    for _ in range(trials):  # the phases per trial, for the interval of sync / raw
-        step_times.append(timer.trial(True))
-        trial_phases.append(s.timer.pop())
+    loops = {AS_RUN: timer, **others}
+    order = rounds(trials, tuple(loops))
+    times, pieces, trial_phases = _rounds(loops, order)
+    step_times = times[AS_RUN]
     sent = sum(v[0] for d in s.wire.take().values() for v in d.values()) if s.is_trainer else 0.0
-    step_parts = _parts(tr, 0)
+    step_parts = _parts(tr, 0, _joined(pieces))
     s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
+    differing = {}
+    for name, o in others.items():  # an instrument must not change what training computes
+        o.tr.strategy.finish_epoch(o.tr.model)
+        differing[name] = _differing(tr.model, o.tr.model, dev)
+        o.close()
     spread_sync = param_spread(tr.model, dev)
     timer.run(warmup, False)
     _parts(tr, warmup)
@@ -253,15 +289,52 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int) -> dict:
         "sync_trials": per_trial.sum(dim=1).tolist() if len(s.phases) else [],
         "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
         "step_parts": step_parts, "compute_parts": compute_parts,
+        "instruments": {"order": [n for pair in order for n in pair],
+                        "loops": {k: {"step_time": _stats(v)} for k, v in times.items()},
+                        "pairs": instrument_pairs(tr.cfg, list(loops)),
+                        "params_differing": differing,
+                        # an asynchronous PS applies what has arrived: its parameters depend on
+                        # timing, so they are not expected to match
+                        "timing_dependent": tr.cfg.ps_staleness is not None},
     }
 
 
-def _parts(tr, first: int) -> dict:
-    """The parts of the steps run since the last call (from step ``first``), each the mean
-    over the trainers, and the collectives' running time; a server's update time."""
+def _rounds(loops: dict[str, StepTimer], order: list[tuple[str, ...]]) -> tuple[dict, list, list]:
+    """One synchronised trial of each loop per round, in ``order``: (each loop's seconds per
+    step per trial, the job's own ("as run") parts per trial, its timed phases per trial)."""
+    for t in loops.values():  # the warm-up's parts: the job's were taken, the others' never are
+        t.tr.parts.close()
+        t.tr.parts.take()
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    pieces, phases = [], []
+    for pair in order:
+        for name in pair:
+            got = loops[name].trial_parts()
+            times[name].append(got["time"])
+            if name == AS_RUN:  # the phases per trial, for the interval of sync / raw
+                pieces.append(got["got"])
+                phases.append(loops[name].tr.strategy.timer.pop())
+    return times, pieces, phases
+
+
+def _joined(gots: list[dict]) -> dict:
+    """StepParts.take()'s dicts of consecutive stretches as one."""
+    if not gots:
+        return {"parts": {p: [] for p in PARTS}, "busy": [], "also": {}}
+    return {"parts": {p: [x for g in gots for x in g["parts"][p]] for p in PARTS},
+            "busy": [x for g in gots for x in g["busy"]],
+            "also": {c: [x for g in gots for x in g["also"].get(c, [])]
+                     for c in sorted({c for g in gots for c in g["also"]})}}
+
+
+def _parts(tr, first: int, got: Optional[dict] = None) -> dict:
+    """The parts of the steps run since the last call (from step ``first``), or of ``got``
+    (taken already), each the mean over the trainers, and the collectives' running time; a
+    server's update time."""
     s, dev = tr.strategy, tr.ctx.device
-    tr.parts.close()
-    got = tr.parts.take(first)
+    if got is None:
+        tr.parts.close()
+        got = tr.parts.take(first)
     zeros = [0.0] * len(got["busy"])  # every rank, a server too, ran as many steps
     rows = [got["parts"][p] if s.is_trainer else zeros for p in PARTS]
     rows += [got["busy"] if s.is_trainer else zeros,

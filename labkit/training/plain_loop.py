@@ -146,10 +146,12 @@ def trial_steps(epoch_steps: int, warmup: int, steps: int) -> tuple[int, int]:
     return warmup, steps
 
 
-def rounds(trials: int) -> list[tuple[str, ...]]:
-    """The loops' order in each round: plain first, then labkit, then the other way round
-    (ABBA), so a machine that speeds up or slows down within a round favours neither loop."""
-    return [LOOPS if t % 2 == 0 else LOOPS[::-1] for t in range(trials)]
+def rounds(trials: int, loops: tuple[str, ...] = LOOPS) -> list[tuple[str, ...]]:
+    """The loops' order in each round, rotated by one each round: for two loops plain first,
+    then labkit, then the other way round (ABBA); for three ABC, BCA, CAB (the bench's
+    instrument rounds); so a machine that speeds up or slows down within a round favours no
+    loop."""
+    return [loops[t % len(loops):] + loops[:t % len(loops)] for t in range(trials)]
 
 
 def unsupported(cfg: TrainConfig) -> Optional[str]:
