@@ -26,8 +26,10 @@ from labkit.core import layout
 from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.run_folder import read_json
 
+from .torchrun_output import failures as torchrun_failures
+from .torchrun_output import rendezvous_failed
+
 ERROR_FILE = "error.json"  # torchrun's name (TORCHELASTIC_ERROR_FILE)
-_SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 # errors a rank gets because another rank is gone: not the cause
 _SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
                         r"NCCL communicator was aborted", re.I)
@@ -112,8 +114,7 @@ def read_error_files(log_dir: str) -> dict[int, tuple[str, str, float]]:
 def collect(output: str, log_dir: str) -> list[Failure]:
     """Every failed rank this node saw: from the console's summary and the error files."""
     seen: dict[int, Failure] = {}
-    for m in _SUMMARY.finditer(output):
-        rank, local, code = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    for rank, local, code in torchrun_failures(output):
         seen.setdefault(local, Failure(rank, local, code))
     for local, (path, text, when) in read_error_files(log_dir).items():
         f = seen.setdefault(local, Failure(local, local, None))
@@ -229,7 +230,7 @@ def killed(oom: Optional[bool]) -> str:
 def _no_failed_rank(method: str, returncode: int, output: str, multi_node: bool) -> Explanation:
     last = [l for l in output.replace("\r", "\n").splitlines() if l.strip()][-10:]
     why = ""
-    if multi_node and re.search(r"Rendezvous\w*Error", output):
+    if multi_node and rendezvous_failed(output):
         why = (" (the rendezvous failed: is --rdzv-endpoint reachable from this node, and did "
                "every node start within torchrun's join timeout, 600 s?)")
     return Explanation(f"{method} failed: torchrun exited with code {returncode}{why}\n"

@@ -9,8 +9,8 @@ Every subprocess gets an argument list, never a shell string.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -21,8 +21,8 @@ from typing import IO, Optional
 
 from labkit.core import layout, params
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.files import atomic_write_json, now_str
+from labkit.core.log import transcript
 from labkit.core.methods import absolute, server_ranks
 from labkit.core.procs import die_with_parent
 from labkit.core.resources import oom_kills
@@ -32,6 +32,11 @@ from labkit.core.status import Status
 from labkit.training import budget
 
 from .failures import explain_failure, is_consequence
+from .torchrun_output import PREFIX_TEMPLATE, TorchrunOutput
+from .torchrun_output import knows as torchrun_knows
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Nodes:
@@ -132,20 +137,10 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
         cmd.append(f"--max-restarts={nodes.max_restarts}")
     cmd += [f"--log-dir={log_dir}", "--tee=3"]
     if torchrun_knows("--log-line-prefix-template"):
-        cmd.append("--log-line-prefix-template=[rank${rank}]: ")
+        cmd.append(f"--log-line-prefix-template={PREFIX_TEMPLATE}")
     cmd += [f"--local-ranks-filter={','.join(map(str, show_ranks))}",
             "-m", module, *params.to_flags(cfg), *extra]
     return cmd
-
-
-def torchrun_knows(flag: str) -> bool:
-    """Whether this torch's torchrun has ``flag``. An older torchrun (torch 2.11's, for one)
-    takes an unknown option for the script to run, and
-    every rank then dies in ``python --log-line-prefix-template=...``; without the prefix its
-    lines read ``[default0]:`` instead of ``[rank0]:``."""
-    from torch.distributed.run import get_args_parser
-
-    return any(flag in a.option_strings for a in get_args_parser()._actions)
 
 
 class Throttle:
@@ -174,7 +169,7 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     Raises ConfigError (in seconds, before spawning) for bad input; returns a LaunchResult
     whose ``message`` explains a failed rank.
     """
-    stream = stream or sys.stdout
+    stream = stream or transcript(__name__)  # the reporting ranks' lines, at INFO
     # a method of one's own by its absolute file: the ranks and the record name it from anywhere
     cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method)), nproc, nodes)
     if module == "labkit.train":  # disk, /dev/shm, memory: refused before anything is created
@@ -225,7 +220,7 @@ def _record(res: LaunchResult, cfg: TrainConfig, nproc: int, nodes: Nodes, text:
 def warn(lines: list[str]) -> None:
     """Say each warning once, on stderr (the terminal, a notebook's cell output)."""
     for line in lines:
-        print(f"labkit: warning: {line}", file=sys.stderr, flush=True)
+        log.warning("labkit: warning: %s", line)
 
 
 def _log_dir(out_dir: str, nodes: Nodes) -> str:
@@ -253,11 +248,12 @@ def _environment(nproc: int, env: Optional[dict], restarts: int = 0) -> dict:
 
 
 def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
-    """Run torchrun, streaming what the shown ranks print; (exit code, all it printed). Any
-    exception here (Ctrl-C included) stops torchrun and every rank first."""
+    """Run torchrun, streaming what the shown ranks print (labkit.lab.torchrun_output decides
+    which lines; the others are debug lines); (exit code, all it printed). Any exception here
+    (Ctrl-C included) stops torchrun and every rank first."""
     captured: list[str] = []
-    dump = False  # torchrun's own traceback and failure summary have begun (kept in torchrun.log)
-    crashed = RankTracebacks()
+    reader = TorchrunOutput()
+    log.debug("torchrun: %s", shlex.join(cmd))
     # start_new_session: Ctrl-C in a notebook reaches us, and we stop the whole group
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             text=True, bufsize=1, errors="replace", start_new_session=True,
@@ -265,41 +261,16 @@ def _run(cmd: list[str], env: dict, out: "Throttle") -> tuple[int, str]:
     try:
         for raw in proc.stdout:
             captured.append(raw)
-            for piece in raw.rstrip("\n").split("\r"):
-                rank_line = _RANK.match(piece) is not None
-                dump = dump or (not rank_line and piece.startswith("Traceback (most recent call last)"))
-                # a failed run's one line (RunFailed) is the launcher's message: said once
-                if (not _RANK.sub("", piece).strip() or _torchrun_noise(piece) or crashed.hides(piece)
-                        or (dump and not rank_line) or RUN_FAILED_LINE.search(piece)):
-                    continue
-                out.line(piece, is_progress="batch/s" in piece or "s/batch" in piece)
+            for line in reader.feed(raw):
+                if line.shown:
+                    out.line(line.text, is_progress=line.progress)
+                elif line.text.strip():
+                    log.debug("%s", line.text)
         proc.wait()
     except BaseException:
         _stop(proc)
         raise
     return proc.returncode, "".join(captured)
-
-
-class RankTracebacks:
-    """A rank's traceback stays in its log: from its "Traceback" line the rank's lines are not
-    streamed until its one-line error (labkit.training.lifecycle.run_rank) or its next epoch."""
-
-    def __init__(self):
-        self.inside: set[str] = set()
-
-    def hides(self, line: str) -> bool:
-        m = _RANK.match(line)
-        if m is None:
-            return False
-        rank, text = m.group(0), line[m.end():].strip()
-        # a traceback's header can reach us glued to another line (a progress bar's \r, a
-        # second stream): its "File" lines open it as well
-        if _TRACE_START.match(text) or "Traceback (most recent call last)" in text:
-            self.inside.add(rank)
-        elif rank in self.inside and (_OWN_LINE.match(text) or text.startswith("epoch ")):
-            self.inside.discard(rank)
-            return False
-        return rank in self.inside
 
 
 def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None:
@@ -322,19 +293,6 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
         doc.setdefault("error", why)
         doc["end_time"] = doc.get("end_time") or now_str()
         atomic_write_json(path, doc)
-
-
-_RANK = re.compile(r"^\[(?:rank|default)\d+\]:")  # a rank's line, as torchrun prefixes it
-_OWN_LINE = re.compile(r"labkit\.(train|bench): error:")  # a rank's one-line error
-_TRACE_START = re.compile(r'(File "|During handling of the above|The above exception)')
-# the profiler library's (kineto's) log, e.g. "USDT:2026-11-22 04:49:54 11098:11098 X.cpp:39] ..."
-_KINETO = re.compile(r"^(\[(?:rank|default)\d+\]:\s*)?[A-Z]+:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\]")
-
-
-def _torchrun_noise(line: str) -> bool:
-    """torchrun's own warnings and failure dump, and the profiler's log: kept in torchrun.log
-    and the rank logs, not streamed."""
-    return bool(_KINETO.match(line)) or bool(re.match(r"^\[?(W|I|E)\d{4} |^frame #\d+: |^Exception raised from |^<omitting python frames>|^\*{5,}|^Setting OMP_NUM_THREADS|^\s*(Traceback|File \"|raise |torch\.distributed\.elastic)", line)) or line.startswith(("=====", "-----"))
 
 
 def _die_with_parent() -> None:
