@@ -1,8 +1,11 @@
-"""`labkit run | experiment | sweep | bench | model | report | reproduce | runs | diff | check` (also
-`python -m labkit ...`)."""
+"""`labkit [-v | -q] run | experiment | sweep | bench | model | report | reproduce | runs | diff |
+check` (also `python -m labkit ...`). Progress goes through each module's logger
+(labkit.core.log: -q hides it, -v adds debug lines); what a command produces (its summary, a
+table, JSON) is printed to stdout, and shows with -q too."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -11,8 +14,11 @@ from typing import Optional
 from .core import params
 from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
+from .core.log import setup as setup_logging, transcript
 from .lab.check import add_check_parser, checked_launch, cmd_check, method_help
 from .core.status import Status
+
+log = logging.getLogger(__name__)
 
 
 def _nproc(text: str) -> Optional[int]:
@@ -79,6 +85,10 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     # errors in one line and a hint, like every other labkit error (not argparse's usage block)
     p = OneLineParser(prog="labkit", description="Measure what data-parallel training costs.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more detail: the torchrun "
+                   "command, torchrun's own lines (kept in torchrun.log otherwise)")
+    p.add_argument("-q", "--quiet", action="count", default=0, help="only the summary, warnings "
+                   "and errors (-qq: the summary and errors)")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_run_parser, _experiment_parser, _sweep_parser, _bench_parser, _model_parser,
                 _report_parser, _reproduce_parser, _runs_parser, _diff_parser, add_check_parser):
@@ -237,7 +247,7 @@ def cmd_run(values: dict) -> int:
     out = method_out(cfg, lp.runs_dir)
     res = checked_launch(cfg, nproc_or_default(lp.nproc), out, Nodes.of(lp))  # exact? then run
     if not res.ok:
-        print(f"labkit: {res.message}", file=sys.stderr)
+        log.error("labkit: %s", res.message)
         return 1
     if os.path.exists(os.path.join(out, cfg.result_file)):
         print(f"labkit: {cfg.method} finished in {res.wall_time:.0f}s; results in {out}")
@@ -328,17 +338,12 @@ def cmd_bench(args: dict) -> int:
     kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpus else "2,4"),
                               "--nproc", int)
     cfg, _ = _split(args)
-    run, doc = bench(cfg, BenchPlan(**kw))
+    run, doc = bench(cfg, BenchPlan(**kw), transcript("labkit.lab.bench"))
     print("\n" + text_table(doc))
     print(f"\nrun folder: {run}\nbench.json, bench.txt, bench.png"
           + ("" if not doc[Status.FAILED] else "\nfailed: " + ", ".join(
               f"{f['variant']} x{f['nproc']}" for f in doc[Status.FAILED])))
     return 0 if doc["status"] == Status.COMPLETED else 1
-
-
-def cmd_report(args: dict) -> int:
-    from .lab.readers import report_command
-    return report_command(args["paths"], args.get("out"))
 
 
 def cmd_reproduce(args: dict) -> int:
@@ -353,16 +358,6 @@ def cmd_reproduce(args: dict) -> int:
     return 0 if doc["reproduced"] and status["status"] == Status.COMPLETED else 1
 
 
-def cmd_runs(args: dict) -> int:
-    from .lab.readers import runs_command
-    return runs_command(**args)
-
-
-def cmd_diff(args: dict) -> int:
-    from .lab.readers import diff_command
-    return diff_command(**args)
-
-
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
@@ -370,20 +365,23 @@ def _sigterm(signum, frame):
 def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["model"]:  # its own parser and messages (labkit.analysis.costmodel.cli)
-        from .analysis.costmodel.cli import main as model_main
-        return model_main(argv[1:])
     args = vars(build_parser().parse_args(argv))
+    setup_logging(args.pop("verbose") - args.pop("quiet"))
     command = args.pop("command")
+    if command == "model":  # its own parser and messages (labkit.analysis.costmodel.cli)
+        from .analysis.costmodel.cli import main as model_main
+        return model_main(args["argv"])
+    from .lab import readers  # report, runs, diff: the commands that only read run folders
     try:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
-                "report": cmd_report, "reproduce": cmd_reproduce, "runs": cmd_runs,
-                "diff": cmd_diff, "check": cmd_check}[command](args)
+                "report": lambda a: readers.report_command(a["paths"], a.get("out")),
+                "reproduce": cmd_reproduce, "runs": lambda a: readers.runs_command(**a),
+                "diff": lambda a: readers.diff_command(**a), "check": cmd_check}[command](args)
     except ConfigError as e:
-        print(f"labkit {command}: error: {e}", file=sys.stderr)
+        log.error("labkit %s: error: %s", command, e)
         return 2
     except KeyboardInterrupt:
-        print(f"labkit {command}: interrupted; every child process was stopped", file=sys.stderr)
+        log.error("labkit %s: interrupted; every child process was stopped", command)
         return 130
     except OSError as e:
         import errno
@@ -391,8 +389,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         # a full disk under labkit itself (experiment.json, a notebook): what, where; what ran
         # before is kept, every file being written atomically
-        print(f"labkit {command}: error: the disk is full: {e.strerror} writing "
-              f"{e.filename or 'a file'}; every file written before is kept", file=sys.stderr)
+        log.error("labkit %s: error: the disk is full: %s writing %s; every file written before "
+                  "is kept", command, e.strerror, e.filename or "a file")
         return 1
 
 

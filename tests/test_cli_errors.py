@@ -74,3 +74,30 @@ def test_other_argument_errors_are_one_line_too(args, expected, capsys):
         cli.main(args)
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith(expected), err
+
+
+@pytest.fixture
+def console_level(monkeypatch):
+    """cli.main sets labkit's console level (labkit.core.log): back to the default after."""
+    from labkit.core import log
+
+    monkeypatch.delenv(log.ENV, raising=False)
+    yield
+    log.setup(0)
+
+
+@pytest.mark.parametrize("flag", ["-q", "-qq", "-v", "--quiet", "--verbose"])
+def test_quiet_or_verbose_the_errors_are_the_same_one_line(flag, tmp_path, capsys, console_level):
+    """-q and -v go before the subcommand (labkit model's own parser included); an error is the
+    one line it always was, whatever the level."""
+    missing = str(tmp_path / "nope")
+    assert cli.main([flag, "report", missing]) == 2
+    assert cli.main([flag, "model", missing]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"labkit report: error: {missing!r} does not exist",
+        f"labkit model: error: cannot read {missing!r}: No such file or directory"], err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", flag, missing])  # a global flag, not the subcommand's
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(f"labkit report: error: unknown flag {flag}")

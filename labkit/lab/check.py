@@ -7,6 +7,7 @@ one line naming the parameter that differs and by how much, and nothing else run
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tempfile
 from typing import Optional
@@ -15,6 +16,7 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.methods import METHOD_ORDER, absolute, find
 
 CHECK_STEPS, CHECK_NPROC = 3, 2
+log = logging.getLogger(__name__)
 
 
 def method_help() -> str:
@@ -33,7 +35,7 @@ def add_check_parser(sub) -> None:
 def cmd_check(args: dict) -> int:
     exact, line = check_method(args["method"], args.get("nproc", CHECK_NPROC),
                                args.get("steps", CHECK_STEPS))
-    print(f"labkit check: {line}")
+    print(f"labkit check: {line}")  # the command's verdict: printed, with -q too
     return 0 if exact else 1
 
 
@@ -93,6 +95,6 @@ def checked_launch(cfg: TrainConfig, nproc: int, out: str, nodes, **kw):
 
     line = check_before_measuring(cfg.method, nproc)
     if line:
-        print(line, flush=True)
+        log.info("%s", line)
     return launch(cfg, nproc, out, nodes, **kw)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import sys
 from pathlib import Path
 from typing import IO, Optional
 
@@ -20,6 +19,7 @@ from labkit.analysis import compare
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import now_str
+from labkit.core.log import transcript
 from labkit.core.methods import result_file_of
 from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.status import Status, as_seen, experiment_status, stamp, status_of
@@ -102,7 +102,7 @@ def _forget(folder: ExperimentFolder, m: str, i: int) -> None:
 def continue_experiment(run_dir: str, allow_changed_env: bool = False,
                         stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Continue ``run_dir``; return (run folder, status) as run_experiment does."""
-    stream = stream or sys.stdout
+    stream = stream or transcript(__name__)
     run = Path(run_dir).resolve()
     rec, status = _recorded(run)
     p = _prepared(rec)

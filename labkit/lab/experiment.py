@@ -7,7 +7,7 @@ runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/ (its files: labkit.core.layout).
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from labkit.analysis.stats import rotated_order
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
+from labkit.core.log import transcript
 from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name, key_of
 from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.status import Status, stamp
@@ -30,6 +31,8 @@ from .params import nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
 from .runs_dir import new_run_dir, write_index
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -132,7 +135,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     made from the recorded configs. ``before_report(run, status)`` is called after the methods
     ran, before the report is made (reproduce writes its comparison there, so the report
     shows it)."""
-    stream = stream or sys.stdout
+    stream = stream or transcript(__name__)
     p = prepared or prepare(cfg, exp)
     if run is None:
         run = new_run_dir(p.exp.runs_dir, p.exp.tag).resolve()
@@ -280,10 +283,10 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
         entry["status"] = Status.COMPLETED
     except pm.PapermillExecutionError as e:
         entry.update(status=Status.FAILED, error=f"{e.ename}: {e.evalue}".strip())
-        stream.write(f"\n{label} FAILED: {entry['error']}\n")
+        log.error("\n%s FAILED: %s", label, entry["error"])
     except OSError as e:  # papermill could not write the executed notebook: a full disk
         entry.update(status=Status.FAILED, error=f"cannot write {e.filename or mdir}: {e.strerror}")
-        stream.write(f"\n{label} FAILED: {entry['error']}\n")
+        log.error("\n%s FAILED: %s", label, entry["error"])
     except KeyboardInterrupt:
         # the kernel, and with it the launcher, is gone: mark the method's result file here
         mark_ended(str(mdir), cfg.result_file, Status.INTERRUPTED, "interrupted by the user")

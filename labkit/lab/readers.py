@@ -1,6 +1,7 @@
 """The commands that only read run folders: `labkit report` (a report from result files),
 `labkit runs` (the lab notebook of every run folder) and `labkit diff` (two runs compared).
-Bad input is a ConfigError: one line, exit 2 (labkit.cli)."""
+Bad input is a ConfigError: one line, exit 2 (labkit.cli). What they print is the command's
+product (tables, JSON, diff lines): print to stdout, shown with -q too, so pipes keep working."""
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ so an installed labkit runs experiments from any folder.
 """
 from __future__ import annotations
 
+import logging
 import traceback
 from importlib import resources
 from pathlib import Path
@@ -15,6 +16,7 @@ from labkit.core import layout
 
 from .kernels import kernel_options
 
+log = logging.getLogger(__name__)
 NOTEBOOKS = Path(str(resources.files("labkit") / "notebooks"))
 
 
@@ -62,8 +64,8 @@ def report_or_why(make: Callable[[], Path], folder: Path, stream: IO[str],
             (rdir / "error.log").write_text(traceback.format_exc())
         except OSError:  # a full disk: the one line below still says what broke
             pass
-        stream.write(f"\n{label} FAILED: {why} (the results are kept; details: "
-                     f"{rdir / 'error.log'})\n")
+        log.error("\n%s FAILED: %s (the results are kept; details: %s)", label, why,
+                  rdir / "error.log")
         return None, why
 
 

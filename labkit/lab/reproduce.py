@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import IO, Iterable, Optional
 
@@ -21,6 +20,7 @@ from labkit.analysis import compare
 from labkit.analysis.compare import ReproduceError
 from labkit.core import layout
 from labkit.core.config import TrainConfig
+from labkit.core.log import transcript
 from labkit.core.run_folder import RunFolder
 
 TAG = "repro"
@@ -103,7 +103,7 @@ def run(p: Plan, tolerance: Optional[float] = None, stream: Optional[IO[str]] = 
     reproduction document, experiment status)."""
     from .experiment import Experiment, prepare, run_experiment
 
-    stream = stream or sys.stdout
+    stream = stream or transcript(__name__)
     rec = p.original
     stream.write(f"reproducing {rec.path}\n  {_recorded_line(rec)}\n")
     diff = compare.environment_diff(compare.load_environment(rec), current_environment(p))

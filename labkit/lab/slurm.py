@@ -20,6 +20,7 @@ slurm/labkit.sbatch needs too.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shlex
 import shutil
@@ -33,12 +34,15 @@ from typing import IO, Any, Optional
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json
+from labkit.core.log import transcript
 from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status, experiment_status
 
 from .experiment import Experiment, prepare, run_experiment
 from .launch import Nodes
 from .sweep import finish, new_sweep, prepare_points, sweep
+
+log = logging.getLogger(__name__)
 
 POLL_S = 2.0  # seconds between two looks at the queue while waiting
 # Slurm's job states that mean the job has ended (squeue --states=all, scontrol show job)
@@ -85,7 +89,7 @@ def sweep_on_slurm(cfg: TrainConfig, exp: Experiment, grid: dict[str, list],
                    sbatch_args: Optional[str] = None,
                    stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Check every point, submit them as one job array and the gather job, wait for it."""
-    stream = stream or sys.stdout
+    stream = stream or transcript(__name__)
     require_sbatch()
     if exp.nodes.multi:
         raise ConfigError("--slurm runs each grid point on one node; drop --nnodes and "
@@ -281,18 +285,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         if argv[:1] == ["point"] and len(argv) == 3:
-            return run_point(Path(argv[1]), int(argv[2]), sys.stdout)
+            return run_point(Path(argv[1]), int(argv[2]), transcript(__name__))
         if argv[:1] == ["gather"] and len(argv) == 2:
             # the job did its work when the report exists, even of a sweep with failed points
-            doc = gather(Path(argv[1]), sys.stdout)
+            doc = gather(Path(argv[1]), transcript(__name__))
             return 1 if str(doc.get("report", "")).startswith("report failed") else 0
     except ConfigError as e:
-        print(f"labkit sweep --slurm: error: {e}", file=sys.stderr)
+        log.error("labkit sweep --slurm: error: %s", e)
         return 2
     except KeyboardInterrupt:
-        print("labkit sweep --slurm: interrupted; every child process was stopped", file=sys.stderr)
+        log.error("labkit sweep --slurm: interrupted; every child process was stopped")
         return 130
-    print("usage: python -m labkit.lab.slurm point SWEEP_DIR INDEX | gather SWEEP_DIR", file=sys.stderr)
+    log.error("usage: python -m labkit.lab.slurm point SWEEP_DIR INDEX | gather SWEEP_DIR")
     return 2
 
 

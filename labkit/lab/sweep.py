@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import sys
 from pathlib import Path
 from typing import IO, Any, Optional
 
 from labkit.core import layout, params
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
+from labkit.core.log import transcript
 from labkit.core.params import FieldType
 from labkit.core.status import Status
 
@@ -87,7 +87,7 @@ def point_name(params: dict) -> str:
 def sweep(cfg: TrainConfig, exp, grid: dict[str, list],
           stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Check every point, then run them one after another; write the sweep report."""
-    stream = stream or sys.stdout
+    stream = stream or transcript(__name__)
     points = prepare_points(cfg, exp, grid)
     root, doc = new_sweep(exp, grid, points)
 

@@ -1,8 +1,10 @@
 """`labkit model BENCH_JSON`: calibrate on a bench file, compare, project; print and write
-projection.png and projection.json."""
+projection.png and projection.json. The tables are the command's product (print, stdout, shown
+with -q too); its note and errors go through its logger."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Optional
@@ -15,6 +17,8 @@ from labkit.analysis.texttable import text_table
 from .alphabeta import BACKWARD_FRACTION, ERROR_TARGET_PCT, GPUS_PER_NODE, INTERCONNECTS, MiB
 from .calibrate import median_of, calibrate, compare_with_bench
 from .project import plot_projection, project, projection_table, validation_table
+
+log = logging.getLogger(__name__)
 
 
 def _table(rows: list[dict]) -> str:
@@ -53,20 +57,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name in ("compute_ms", "grad_mb", "batch"):
         value = getattr(args, name)
         if value is not None and not value > 0:
-            print(f"labkit model: error: --{name.replace('_', '-')} must be positive (got {value})",
-                  file=sys.stderr)
+            log.error("labkit model: error: --%s must be positive (got %s)", name.replace("_", "-"),
+                      value)
             return 2
     try:
         doc = load_bench(args.bench)
         compute, grad, batch = _projection_inputs(doc, args)
     except BenchError as e:
-        print(f"labkit model: error: {e}", file=sys.stderr)
+        log.error("labkit model: error: %s", e)
         return 2
 
     cal = calibrate(doc)
     if doc.get("device") == "cpu" and not args.compute_ms:
-        print("note: the projection uses the compute time measured on this CPU; "
-              "give --compute-ms for a GPU's\n")
+        log.info("note: the projection uses the compute time measured on this CPU; "
+                 "give --compute-ms for a GPU's\n")
     print("Calibration (ring all-reduce fitted to the measured sweep):")
     print(_table([{"nproc": c["nproc"],
                          "alpha us": None if c["alpha"] is None else round(1e6 * c["alpha"], 1),
@@ -101,9 +105,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                       for k, v in INTERCONNECTS.items()},
             "calibration": list(cal.values()), "validation": checks, "projection": rows})
     except OSError as e:
-        print(f"labkit model: error: cannot write to {out!r}: {e.strerror}", file=sys.stderr)
+        log.error("labkit model: error: cannot write to %r: %s", out, e.strerror)
         return 2
-    print(f"\nwrote {png} and {path}")
+    log.info("\nwrote %s and %s", png, path)
     return 0
 
 
