@@ -140,8 +140,12 @@ def test_messages_print_bare_info_on_stdout_warnings_on_stderr_at_each_level(lev
     assert said[0].err == said[-1].err == "labkit: warning: w\nlabkit run: error: e\n"
     assert said[-1].out == said[-2].out == ""
     assert said[-2].err == "labkit run: error: e\n"
+    # what a kernel or a Slurm job inherits: -v, never -q (an executed notebook and a job's log
+    # are records, the same with -q or without; the command hides their lines itself)
     import os
-    assert os.environ[console.ENV] == "ERROR"  # what a kernel or a Slurm job inherits
+    assert os.environ[console.ENV] == "INFO"
+    levels(1)
+    assert os.environ[console.ENV] == "DEBUG"
 
 
 def test_a_transcript_logs_whole_lines_and_lets_labkits_warnings_through_quiet(levels, capsys):
@@ -241,3 +245,5 @@ def test_quiet_experiment_prints_only_the_summary_and_errors(tmp_path):
                                                          "allreduce failed: rank 1 exited"), p.stderr
     assert all(l.startswith("  | ") for l in err[2:]) and "injected fault" in p.stderr, p.stderr
     assert "[rank" not in p.stdout and "===" not in p.stdout and "experiment:" not in p.stdout
+    # the kernels logged as ever: the executed notebook is the same record with -q or without
+    assert "[rank0]: labkit 0.1.0 | ddp | world 2" in (run / "ddp" / "run_method.ipynb").read_text()

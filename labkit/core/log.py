@@ -9,8 +9,10 @@ it did when these were prints.
 ``setup(verbosity)`` is called once, by the command line (``labkit -q ...``, ``labkit -v ...``):
 -q shows only warnings, errors and what a command prints as its product (a table, JSON, the
 experiment's summary, printed to stdout); -qq errors only; -v adds debug lines (the torchrun
-command, torchrun's own lines that are otherwise only kept in torchrun.log). The level is
-passed on to what the command starts (papermill kernels, Slurm jobs) in ``LABKIT_LOG_LEVEL``.
+command, torchrun's own lines that are otherwise only kept in torchrun.log). -v is passed on to
+what the command starts (papermill kernels, Slurm jobs) in ``LABKIT_LOG_LEVEL``; -q is not:
+they keep logging at INFO, so an executed notebook and a job's log are the same record with -q
+or without, and the command hides their lines from its own console.
 
 Without ``setup`` (a notebook run by hand, labkit imported as a library) the handler is there
 all the same, at INFO, so a notebook's cell output is what the command line shows.
@@ -27,7 +29,7 @@ import re
 import sys
 
 ROOT = "labkit"
-ENV = "LABKIT_LOG_LEVEL"  # the level a command passes on to the processes it starts
+ENV = "LABKIT_LOG_LEVEL"  # the level a command passes on to the processes it starts (INFO or DEBUG)
 LEVELS = {-2: logging.ERROR, -1: logging.WARNING, 0: logging.INFO, 1: logging.DEBUG}
 # labkit's one-line warnings and errors in a transcript pass -q: "labkit: warning: ..." (a
 # kernel's launcher), "[rank1]: labkit.train: warning: ..." (a rank), "labkit sweep: error: ...".
@@ -57,9 +59,9 @@ def level_of(verbosity: int) -> int:
 
 
 def setup(verbosity: int = 0) -> int:
-    """Set labkit's console level for this process and those it starts; the level."""
+    """Set labkit's console level for this process (and, for -v, those it starts); the level."""
     level = level_of(verbosity)
-    os.environ[ENV] = logging.getLevelName(level)
+    os.environ[ENV] = logging.getLevelName(min(level, logging.INFO))
     _install(level)
     return level
 
