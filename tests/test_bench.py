@@ -112,7 +112,7 @@ def test_bench_holds_labkits_overhead_against_the_plain_loop(bench_run):
 
 
 def test_bench_prices_each_instrument_in_paired_rounds(bench_run):
-    """Every method's job runs its synchronised trials in rotated rounds with Trainers that
+    """Every method's job runs its synchronised trials in rounds with Trainers that
     differ by one instrument (--time-comm off; for DDP also its hook): the job's own trials are
     the 'on' side, each instrument's figure is the geometric mean of the rounds' paired ratios,
     timing changes no parameter, and the loop's work without a switch is timed call by call."""
@@ -122,8 +122,8 @@ def test_bench_prices_each_instrument_in_paired_rounds(bench_run):
         ddp = v == "ddp"  # TINY has no progress bar: no --no-progress loop
         loops = ["as run", "--time-comm off"] + (["--time-comm hook"] if ddp else [])
         assert list(ins["loops"]) == loops, v
-        # rotated rounds (ABC, BCA ...), the job's own first
-        assert ins["order"] == loops + loops[1:] + loops[:1], v
+        # rounds: the loops in order, then backwards (each pair both ways round), the job's first
+        assert ins["order"] == loops + loops[::-1], v
         assert ins["loops"]["as run"]["step_time"]["trials"] == r["step_time"]["trials"]
         assert [(x["instrument"], x["on"], x["off"]) for x in ins["pairs"]] == [
             ("--time-comm stats", "as run", "--time-comm off")] + (

@@ -49,8 +49,8 @@ def paired_line(name: str, iv: stats.Interval, faster: str, slower: str) -> str:
 
 
 INSTRUMENT_NOTE = ("what the lab's instruments cost: in each method's job its synchronised trials "
-                   "ran in rotated rounds with the same trials of Trainers that differ from it by "
-                   "one instrument (same processes, initial weights and batches); on / off is the "
+                   "ran in rounds, each pair of loops both ways round, with the same trials of "
+                   "Trainers that differ from it by one instrument (same processes, initial weights and batches); on / off is the "
                    "throughput with the instrument over that without it (below 1.00 it costs), the "
                    "geometric mean of the rounds' paired ratios with its t-interval over the rounds")
 WORK_NOTE = ("the loop's other work, timed call by call (the slowest rank's median): a per-epoch "
@@ -97,7 +97,7 @@ def instrument_rows(doc: dict) -> list[dict]:
             out.append({
                 "variant": r["variant"], "procs": r["nproc"], "instrument": p["instrument"],
                 "on / off": iv.value, "95% CI": iv.ci_text(digits=3, ref=1.0),
-                "% per step": 100 * (1 / iv.value - 1) if iv.value else None,
+                "step time +%": 100 * (1 / iv.value - 1) if iv.value else None,
                 "rounds": iv.n, "same parameters": (
                     "n/a (asynchronous)" if differing is None else
                     "NO" if differing.get(p["off"]) or differing.get(p["on"]) else "yes"),

@@ -15,7 +15,7 @@ loading their data (labkit.training.plain_loop says why one job); the document's
 holds labkit DDP / plain loop with its 95% interval.
 
 Each method's job also prices the lab's instruments (its result's ``instruments``, see
-labkit.training.bench_rank): its synchronised trials run in rotated rounds with those of
+labkit.training.bench_rank): its synchronised trials run in rounds with those of
 Trainers that differ by one instrument, and the table gives each instrument's paired ratio
 on / off with its interval over the rounds (labkit.analysis.instrument_cost),
 and the loop's per-step work without a switch, timed directly.

@@ -10,9 +10,9 @@ process group:
    group: one all-reduce, one reduce, one broadcast, and an all-reduce size sweep (the cost
    model fits latency and bandwidth to it, see labkit.analysis.costmodel).
 
-Step 1's trials run in rotated rounds with those of Trainers that differ from the job's by one
-instrument, in the same processes, from the same weights, on the same batches: the bench's
-``instruments``, what each instrument costs (labkit.training.instrument_cost says which loops,
+Step 1's trials run in rounds (plain_loop.rounds) with those of Trainers that differ from the
+job's by one instrument, in the same processes, from the same weights, on the same batches: the
+bench's ``instruments``, what each instrument costs (labkit.training.instrument_cost says which loops,
 and times the loop's work that has no switch; labkit.analysis.instrument_cost, the figures).
 
 A trial's time is the slowest rank's: a step is over when its last rank is. Steps cycle over

@@ -147,11 +147,17 @@ def trial_steps(epoch_steps: int, warmup: int, steps: int) -> tuple[int, int]:
 
 
 def rounds(trials: int, loops: tuple[str, ...] = LOOPS) -> list[tuple[str, ...]]:
-    """The loops' order in each round, rotated by one each round: for two loops plain first,
-    then labkit, then the other way round (ABBA); for three ABC, BCA, CAB (the bench's
-    instrument rounds); so a machine that speeds up or slows down within a round favours no
-    loop."""
-    return [loops[t % len(loops):] + loops[:t % len(loops)] for t in range(trials)]
+    """The loops' order in each round: a rotation of ``loops``, then the same backwards, then
+    the rotation by two, backwards, ... For two loops plain first, then labkit, then the other
+    way round (ABBA); for three ABC, CBA, CAB, BAC, BCA, ACB (the bench's instrument rounds).
+    Every two rounds each loop runs before each other as often as after, so a machine that
+    speeds up or slows down within a round favours no loop of a pair."""
+    n, out = len(loops), []
+    for t in range(trials):
+        k = (t - t % 2) % n
+        turn = loops[k:] + loops[:k]
+        out.append(turn if t % 2 == 0 else turn[::-1])
+    return out
 
 
 def unsupported(cfg: TrainConfig) -> Optional[str]:
