@@ -226,24 +226,24 @@ def test_the_structure_check_fails_on_a_console_that_changed():
 
 def test_quiet_experiment_prints_only_the_summary_and_errors(tmp_path):
     """`labkit -q experiment`: stdout is the summary alone, stderr the failed method's one
-    error (allreduce's rank 1 fails at its first step), nothing of the kernels or the ranks."""
+    error (allreduce's one rank fails at its first step), nothing of the kernels or the ranks."""
     from labkit.analysis.report import load_run, terminal_summary
 
-    p = labkit(["-q", "experiment", "--methods", "ddp,allreduce", "--nproc", "2", "--no-report",
+    p = labkit(["-q", "experiment", "--methods", "ddp,allreduce", "--nproc", "1", "--no-report",
                 *tiny_flags(max_steps_per_epoch=2, max_val_steps=1), "--runs-dir", "runs"],
-               cwd=tmp_path, env={"LABKIT_TEST_FAULT": "allreduce:1:1:raise"})
+               cwd=tmp_path, env={"LABKIT_TEST_FAULT": "allreduce:0:1:raise"})
     run = (tmp_path / "runs" / "latest").resolve()
     assert p.returncode == 1, p.stdout + p.stderr
     summary = terminal_summary(load_run(run))
     assert p.stdout.endswith("\n" + summary + "\n")
     head = p.stdout[:-len(summary) - 1].splitlines()
     assert head[:3] == ["", f"run folder: {run}", "  ddp        completed"], p.stdout
-    assert head[3].startswith("  allreduce  failed  (LaunchError: allreduce failed: rank 1 exited ")
+    assert head[3].startswith("  allreduce  failed  (LaunchError: allreduce failed: rank 0 exited ")
     assert head[-2:] == ["report: not made (--no-report)", ""], p.stdout
     err = p.stderr.splitlines()
     assert err[:2] == ["", err[1]] and err[1].startswith("allreduce FAILED: LaunchError: "
-                                                         "allreduce failed: rank 1 exited"), p.stderr
+                                                         "allreduce failed: rank 0 exited"), p.stderr
     assert all(l.startswith("  | ") for l in err[2:]) and "injected fault" in p.stderr, p.stderr
     assert "[rank" not in p.stdout and "===" not in p.stdout and "experiment:" not in p.stdout
     # the kernels logged as ever: the executed notebook is the same record with -q or without
-    assert "[rank0]: labkit 0.1.0 | ddp | world 2" in (run / "ddp" / "run_method.ipynb").read_text()
+    assert "[rank0]: labkit 0.1.0 | ddp | world 1" in (run / "ddp" / "run_method.ipynb").read_text()
