@@ -11,7 +11,6 @@ anything: it runs everything again into a new folder.)
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import IO, Optional
 
@@ -23,6 +22,7 @@ from labkit.core.log import transcript
 from labkit.core.methods import result_file_of
 from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.status import Status, as_seen, experiment_status, stamp, status_of
+from labkit.training import checkpoint
 
 from .experiment import Experiment, ExperimentFolder, prepare
 from .kernels import kernel_name
@@ -85,11 +85,7 @@ def _set_aside(mdir: Path) -> bool:
         k += 1
     old = mdir.with_name(f"{mdir.name}.interrupted-{k}")
     mdir.rename(old)
-    if not (old / layout.CHECKPOINT).exists():
-        return False
-    mdir.mkdir()
-    shutil.copy2(old / layout.CHECKPOINT, mdir / layout.CHECKPOINT)
-    return True
+    return checkpoint.carry_over(old, mdir)
 
 
 def _forget(folder: ExperimentFolder, m: str, i: int) -> None:

@@ -91,7 +91,8 @@ class LaunchResult:
 
 def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
     """Check the inputs in this process, in seconds, before any rank is spawned."""
-    from labkit.training.checks import find_checkpoint, preflight, refuse_overwrite
+    from labkit.training.checkpoint import find, refuse_overwrite
+    from labkit.training.checks import preflight
     from labkit.training.data import build_datasets, check_image_folder, steps_per_epoch
 
     if nproc < 1:
@@ -111,7 +112,7 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
         from labkit.training.models import build_model
         build_model(cfg.model, num_classes, cfg.weights)
     if cfg.resume:
-        if find_checkpoint(cfg) is None:  # --resume without --out raised inside already
+        if find(cfg) is None:  # --resume without --out raised inside already
             raise ConfigError(f"nothing to resume in {cfg.out!r}")
     elif cfg.out:
         refuse_overwrite(cfg.out, cfg)

@@ -115,7 +115,7 @@ def train(cfg: TrainConfig) -> None:
     from .data import build_datasets, steps_per_epoch
     from .dist import env_world, init, teardown
     from .models import build_model
-    from .timers import atomic_torch_save
+    from .checkpoint import atomic_torch_save
 
     data = build_datasets(cfg)
     world = env_world()[1]

@@ -19,7 +19,8 @@ from labkit.core.errors import RunFailed
 from labkit.core.status import Status
 
 from . import budget, exhaustion, lifecycle
-from .checks import find_checkpoint, preflight, prepare_out
+from . import checkpoint
+from .checks import preflight
 from .data import build_datasets, steps_per_epoch
 from .dist import env_world, init, teardown
 from .models import build_model
@@ -41,11 +42,11 @@ def run(cfg: TrainConfig) -> Optional[str]:
     steps = steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, note = build_model(cfg.model, data.num_classes, cfg.weights)
-    ckpt = find_checkpoint(cfg)
+    ckpt = checkpoint.find(cfg)
     # the disk and /dev/shm, checked on every rank alike (the launcher checked them, and host
     # memory, before it spawned; this is for the bare torchrun path)
     budget.machine(cfg, local_world, cfg.out or ".", only=("disk space", "shared memory"))
-    out = prepare_out(cfg, resuming=ckpt is not None) if rank == 0 else None
+    out = checkpoint.prepare_out(cfg, resuming=ckpt is not None) if rank == 0 else None
     if note and rank == 0:
         print(note, flush=True)
 
@@ -53,7 +54,8 @@ def run(cfg: TrainConfig) -> Optional[str]:
     results = trainer = None
     try:
         trainer = Trainer(cfg, ctx, out, data, model, steps)
-        start = trainer.load_checkpoint(ckpt) if ckpt else 1
+        start = (checkpoint.restore(ckpt, trainer.model, trainer.optimizer, trainer.scaler)
+                 if ckpt else 1)
         if ctx.is_main:
             results = ResultFile(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
                                  previous=ckpt["results"] if ckpt else None)

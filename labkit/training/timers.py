@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from .dist import sync_device
-from labkit.core.files import atomic_path
 
 
 class PhaseTimer:
@@ -152,14 +151,6 @@ class MachineLoad:
                 "background": round(max(0.0, busy - ours) / total, 4),
                 "steal": round(d.get("steal", 0.0) / total, 4),
                 "cpus": self.psutil.cpu_count()}
-
-
-def atomic_torch_save(obj: Any, path: str) -> None:
-    """torch.save, never half-written. Through a Python file object: torch's own writer, given a
-    path, reports a full disk as an "enforce fail" about a file position; Python's write says
-    ENOSPC (errno 28), which labkit.training.exhaustion names."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(obj, f)
 
 
 class Lines:

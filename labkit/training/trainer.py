@@ -31,7 +31,9 @@ from .gpu_data import make_loaders
 from .meter import EpochMeter
 from .result_file import ResultFile
 from .sync import make_strategy
-from .timers import PARTS, Lines, StepParts, atomic_torch_save
+from . import checkpoint
+from .checkpoint import atomic_torch_save
+from .timers import PARTS, Lines, StepParts
 from .workers import LoaderWatch, batches
 
 
@@ -298,24 +300,6 @@ class Trainer:
                 "val_samples": int(tot[2].item())}
 
     # -------------------------------------------------------------- the run
-    def load_checkpoint(self, ckpt: dict) -> int:
-        """Restore model, optimizer and scaler; return the epoch to start from."""
-        self.model.load_state_dict(ckpt["model"])  # in place: PS/allreduce views stay views
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        if self.scaler is not None and ckpt.get("scaler"):
-            self.scaler.load_state_dict(ckpt["scaler"])
-        return ckpt["epoch"] + 1
-
-    def save_checkpoint(self, epoch: int, results: ResultFile) -> None:
-        """Rank 0, after every epoch: everything needed to continue (rank 0 holds the optimizer
-        for every method: it is a trainer for ddp/allreduce and the server for ps)."""
-        atomic_torch_save({"epoch": epoch, "model": self.model.state_dict(),
-                           "optimizer": self.optimizer.state_dict(),
-                           "scaler": self.scaler.state_dict() if self.scaler else None,
-                           "results": results.doc},
-                          os.path.join(self.out, layout.CHECKPOINT))
-
     # -------------------------------------------------------------- training gone wrong
     def check_epoch(self, epoch: int, m: dict, results: Optional[ResultFile]) -> None:
         """After validation (``finish_epoch`` done): stop the run, on every rank alike, if this
@@ -365,7 +349,7 @@ class Trainer:
                 results.add_epoch(epoch, m)
                 results.set("efficiency", self.efficiency.summary(results.doc["epochs"]))
                 if cfg.checkpoint:
-                    self.save_checkpoint(epoch, results)
+                    checkpoint.save(self.out, epoch, self.model, self.optimizer, self.scaler, results.doc)
         self.doing = "calibration"
         if cfg.calibrate_steps and start_epoch <= cfg.epochs:
             calibration = self.calibrate(cfg.calibrate_steps)
