@@ -1,6 +1,6 @@
 """A run's checkpoint, in one place: the folder it goes to, finding it to continue from, writing
 it atomically after every epoch, restoring a trainer from it, and carrying an unfinished
-attempt's checkpoint into the folder that continues it (`labkit continue`).
+attempt's checkpoint into the folder that continues it (`labkit experiment --continue`).
 
 After every epoch rank 0 writes ``checkpoint.pt`` (labkit.core.layout.CHECKPOINT): the epoch,
 the model's and optimizer's state (rank 0 holds the optimizer for every method: a trainer for
