@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def _nproc(text: str) -> Optional[int]:
-    """--nproc N, or --nproc auto (labkit.lab.params.machine_defaults; N < 1 is rejected by validate)."""
+    """--nproc N, or --nproc auto (labkit.lab.launch_params.machine_defaults; N < 1 is rejected by validate)."""
     if text == "auto":
         return None
     try:
@@ -233,7 +233,7 @@ def _load_yaml(path: str) -> dict:
 def _split(values: dict):
     """Flags and file values -> (TrainConfig with the machine's defaults, LaunchParams), checked
     like the notebook's parameters."""
-    from .lab.params import split_params, with_machine_defaults
+    from .lab.launch_params import split_params, with_machine_defaults
 
     train, launch_params = split_params(values)
     return TrainConfig(**with_machine_defaults(train, launch_params.nproc)), launch_params
@@ -241,7 +241,7 @@ def _split(values: dict):
 
 def cmd_run(values: dict) -> int:
     from .lab.launch import Nodes
-    from .lab.params import method_out, nproc_or_default
+    from .lab.launch_params import method_out, nproc_or_default
 
     cfg, lp = _split(values)
     out = method_out(cfg, lp.runs_dir)
@@ -327,7 +327,7 @@ def cmd_bench(args: dict) -> int:
     import torch
 
     from .lab.bench import BenchPlan, bench, parse_list
-    from .lab.params import nproc_or_default
+    from .lab.launch_params import nproc_or_default
     from .analysis.bench_view import text_table
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",

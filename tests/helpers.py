@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 ROOT = Path(__file__).resolve().parents[1]
 
 # every process the tests start imports tests/hooks/sitecustomize.py, which installs the
-# LABKIT_TEST_* fault, pause and tracing hooks from outside the package (labkit.training.hooks)
+# LABKIT_TEST_* fault, pause and tracing hooks from outside the package (labkit.training.extensions)
 HOOKS = str(Path(__file__).resolve().parent / "hooks")
 if HOOKS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HOOKS, os.environ.get("PYTHONPATH")) if p)
@@ -459,7 +459,7 @@ def make_run(root: Path, name: str, trained: Path, extra: tuple[str, ...] = ()) 
     from labkit.core.files import atomic_write_json
     from labkit.core.status import Status
     from labkit.lab import record
-    from labkit.training.checks import preflight
+    from labkit.training.preflight import preflight
 
     run = root / name
     run.mkdir()

@@ -107,12 +107,33 @@ def json_parsers(root: Path) -> set[str]:
     return found
 
 
+# module names that may appear twice, each for a reason (docs/glossary.md: one name, one meaning)
+SHARED_NAMES = {
+    "__init__.py": "a package's own", "__main__.py": "python -m of labkit and of its cost model",
+    "cli.py": "labkit's command line, and labkit model's (analysis/costmodel/cli.py)",
+    "sweep.py": "running a sweep (lab) and its report (analysis/report)",
+}
+
+
+def twice_named(root: Path) -> list[str]:
+    """'name: path, path' for each module name that more than one module of ``root`` has."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        seen.setdefault(path.name, []).append(path.relative_to(root.parent).as_posix())
+    return [f"{n}: {', '.join(ps)}" for n, ps in seen.items() if len(ps) > 1 and n not in SHARED_NAMES]
+
+
 def test_imports_run_only_downward():
     assert layer_violations(ROOT / "labkit") == []
 
 
 def test_functions_and_modules_stay_small():
     assert size_violations(ROOT / "labkit") == []
+
+
+def test_no_module_name_means_two_things():
+    """health, params, hooks and checks each named two modules once (issue 39)."""
+    assert twice_named(ROOT / "labkit") == []
 
 
 def test_the_status_words_are_spelled_in_one_module():
@@ -155,6 +176,7 @@ def broken_tree(tmp_path) -> Path:
     (root / "core" / "up.py").write_text("def f():\n    from labkit.lab import experiment\n")
     (root / "analysis" / "side.py").write_text("from ..training.trainer import Trainer\n")
     (root / "training" / "entry.py").write_text("import labkit.cli\n")
+    (root / "lab" / "ok.py").write_text("")
     (root / "lab" / "fine.py").write_text("from labkit.training import rank\nfrom ..core import x\n")
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION))
     (root / "lab" / "long.py").write_text(f"def long():\n{body}\n" + "\n" * MAX_MODULE)
@@ -183,6 +205,7 @@ def test_the_checks_fail_when_a_rule_is_broken(broken_tree):
     assert any("lab/long.py:1 long: 61 lines" in v for v in sizes), sizes
     assert any("lab/long.py: " in v and "(at most 400)" in v for v in sizes), sizes
     assert status_word_modules(broken_tree) == {"labkit/lab/words.py"}
+    assert twice_named(broken_tree) == ["ok.py: labkit/core/ok.py, labkit/lab/ok.py"]
     assert json_parsers(broken_tree) - JSON_PARSERS == {
         "labkit/analysis/second_reader.py", "labkit/lab/results.py"}
 

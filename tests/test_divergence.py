@@ -129,27 +129,27 @@ def test_no_check_replicas_turns_the_check_off(tmp_path):
 def test_compare_names_the_odd_rank_and_the_first_tensor():
     import torch
 
-    from labkit.training import health
+    from labkit.training import guards
 
     ts = [torch.arange(6, dtype=torch.float32), torch.ones(3), torch.tensor(7),
           torch.tensor([True, False, True]), torch.ones(2, dtype=torch.bfloat16)]
     names = ["a", "b", "c", "d", "e"]
-    rows = [health.fingerprint(ts) for _ in range(3)]
-    assert health.compare(names, torch.stack(rows), 1) is None
+    rows = [guards.fingerprint(ts) for _ in range(3)]
+    assert guards.compare(names, torch.stack(rows), 1) is None
     odd = [t.clone() for t in ts]
     odd[1][2] = torch.nextafter(odd[1][2], torch.tensor(2.0))  # one ulp
     odd[2] += 1
-    table = torch.stack([rows[0], health.fingerprint(odd), rows[1]])  # rank 1 is the odd one
-    bad = health.compare(names, table, 3)
+    table = torch.stack([rows[0], guards.fingerprint(odd), rows[1]])  # rank 1 is the odd one
+    bad = guards.compare(names, table, 3)
     assert (bad["rank"], bad["tensor"], bad["reference_rank"], bad["tensors_differing"]) == (1, "b", 0, 2)
-    text = health.mismatch_text({**bad, "sum": 3.0000001, "reference_sum": 3.0})
+    text = guards.mismatch_text({**bad, "sum": 3.0000001, "reference_sum": 3.0})
     assert text.startswith("replicas diverged at the end of epoch 3: rank 1 holds another b and 1 "
                            "more tensor than rank 0 (float64 sums")
     # three ranks, rank 0 the odd one: the copy most ranks hold is the reference
-    bad = health.compare(names, torch.stack([health.fingerprint(odd), rows[0], rows[1]]), 1)
+    bad = guards.compare(names, torch.stack([guards.fingerprint(odd), rows[0], rows[1]]), 1)
     assert (bad["rank"], bad["reference_rank"], bad["ranks_differing"]) == (0, 1, 1)
     # the checksum is exact integer arithmetic: independent of the order of summation
-    assert health.fingerprint([ts[0].flip(0)])[0] == health.fingerprint([ts[0]])[0]
+    assert guards.fingerprint([ts[0].flip(0)])[0] == guards.fingerprint([ts[0]])[0]
 
 
 def test_every_json_labkit_writes_is_strict(tmp_path):

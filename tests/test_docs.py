@@ -234,7 +234,7 @@ def test_notebook_parameters_are_the_experiments_defaults(monkeypatch):
 
     from labkit import cli
     from labkit.core.config import resolve
-    from labkit.lab.params import notebook_params, nproc_or_default
+    from labkit.lab.launch_params import notebook_params, nproc_or_default
 
     nb = nbformat.read(ROOT / "notebooks" / "run_method.ipynb", as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))

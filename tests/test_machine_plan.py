@@ -9,7 +9,7 @@ import torch
 
 from labkit import cli
 from labkit.lab import experiment
-from labkit.lab.params import SHARED_GPU_RANKS, machine_defaults
+from labkit.lab.launch_params import SHARED_GPU_RANKS, machine_defaults
 
 
 def fake_gpus(monkeypatch, n: int) -> None:

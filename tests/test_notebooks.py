@@ -12,7 +12,7 @@ import pytest
 from helpers import ROOT, tiny_cfg
 from labkit.core.config import TrainConfig
 from labkit.lab.kernels import kernel_name
-from labkit.lab.params import LAUNCH_PARAMS
+from labkit.lab.launch_params import LAUNCH_PARAMS
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 

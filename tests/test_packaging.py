@@ -242,7 +242,7 @@ def test_a_plain_install_runs_the_experiment_and_the_guides_command(wheel, tmp_p
 def test_notebook_imports_leave_torch_and_scipy_out():
     """Every notebook kernel starts by importing labkit; torch + torchvision (which pulls in
     torch._dynamo) and scipy.stats cost ~7 s of CPU per process on 2 cores. The report kernels
-    never need them, a method's kernel needs torch only for its input checks (labkit.training.checks),
+    never need them, a method's kernel needs torch only for its input checks (labkit.training.preflight),
     and scipy.stats is imported when an interval is computed: the notebooks' import lines
     alone must load none of them."""
     import json

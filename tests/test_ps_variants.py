@@ -123,7 +123,7 @@ def test_shards_cover_the_parameters_once():
 ])
 def test_variant_flags_that_do_not_combine(kw, needle):
     """Refused before any process starts (the strategy classes' rules, checked in preflight)."""
-    from labkit.training.checks import preflight
+    from labkit.training.preflight import preflight
 
     with pytest.raises(ConfigError, match=needle):
         preflight(TrainConfig(method="ps", backend="gloo", **kw), world=4, local_world=4)

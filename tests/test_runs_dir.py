@@ -54,7 +54,7 @@ def test_an_installed_labkit_has_no_project_and_uses_the_current_folder(tmp_path
 
 
 def test_the_notebooks_runs_dir_is_a_checked_parameter():
-    from labkit.lab.params import notebook_params
+    from labkit.lab.launch_params import notebook_params
 
     with pytest.raises(ConfigError, match="runs_dir"):
         notebook_params({"method": "ddp", "runs_dir": 3})

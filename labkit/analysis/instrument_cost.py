@@ -1,6 +1,6 @@
 """What the lab's instruments cost, as `labkit bench` reports it: each instrument with a switch
 priced in paired rounds, and the loop's work without one, timed call by call (the measurements:
-labkit.training.instrument_cost, in every method's bench job; the document: the row's
+labkit.training.pricing, in every method's bench job; the document: the row's
 ``instruments``).
 
 A round ran one trial of the job's own loop and one of each loop that differs from it by one

@@ -217,7 +217,7 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
 
     Raises ConfigError with one line naming the problem. The rules that depend on the method
     (how many processes a parameter server needs, which PS options combine) are the strategy
-    classes' (labkit.training.sync), checked by labkit.training.checks.preflight.
+    classes' (labkit.training.sync), checked by labkit.training.preflight.preflight.
     """
     c = dataclasses.replace(cfg)
     check_name(c.method)

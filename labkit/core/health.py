@@ -1,5 +1,5 @@
 """What a result file says about training that went wrong without crashing, for its writer
-(labkit.training.health) and its readers (the report, the explorer) alike.
+(labkit.training.guards) and its readers (the report, the explorer) alike.
 
 - ``"diverged"`` (top level): the first non-finite loss, where it was (epoch, step of steps,
   global step), the learning rate, and the losses of that epoch (null where not a number,

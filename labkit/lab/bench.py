@@ -39,7 +39,7 @@ from labkit.core.status import Status
 
 from .kernels import kernel_name
 from .launch import launch, validate
-from .params import with_absolute_paths
+from .launch_params import with_absolute_paths
 from .record import snapshot, write_record
 from .render import make_report, report_or_why
 from .runs_dir import new_run_dir, write_index

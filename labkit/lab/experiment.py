@@ -27,7 +27,7 @@ from labkit.training import budget
 
 from .check import check_before_measuring
 from .launch import Nodes, mark_ended, validate, warn
-from .params import nproc_or_default, plan_lines, with_absolute_paths
+from .launch_params import nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
 from .runs_dir import new_run_dir, write_index

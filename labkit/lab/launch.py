@@ -53,7 +53,7 @@ class Nodes:
 
     @classmethod
     def of(cls, lp) -> "Nodes":
-        """From the launcher's parameters (labkit.lab.params.LaunchParams)."""
+        """From the launcher's parameters (labkit.lab.launch_params.LaunchParams)."""
         return cls(lp.nnodes or 1, lp.node_rank or 0, lp.rdzv_endpoint,
                    max_restarts=lp.max_restarts or 0)
 
@@ -92,7 +92,7 @@ class LaunchResult:
 def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
     """Check the inputs in this process, in seconds, before any rank is spawned."""
     from labkit.training.checkpoint import find, refuse_overwrite
-    from labkit.training.checks import preflight
+    from labkit.training.preflight import preflight
     from labkit.training.data import build_datasets, check_image_folder, steps_per_epoch
 
     if nproc < 1:

@@ -12,7 +12,7 @@ process group:
 
 Step 1's trials run in rounds (plain_loop.rounds) with those of Trainers that differ from the
 job's by one instrument, in the same processes, from the same weights, on the same batches: the
-bench's ``instruments``, what each instrument costs (labkit.training.instrument_cost says which loops,
+bench's ``instruments``, what each instrument costs (labkit.training.pricing says which loops,
 and times the loop's work that has no switch; labkit.analysis.instrument_cost, the figures).
 
 A trial's time is the slowest rank's: a step is over when its last rank is. Steps cycle over
@@ -44,7 +44,7 @@ from labkit.core.methods import spec
 
 from . import lifecycle
 from .dist import is_distributed
-from .instrument_cost import AS_RUN, instrument_loops, instrument_pairs, per_step_work
+from .pricing import AS_RUN, instrument_loops, instrument_pairs, per_step_work
 from .plain_loop import _differing, rounds
 from .timers import PARTS, Stopwatch, busy_figures
 
@@ -381,7 +381,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
 
     def work() -> None:
-        from .checks import preflight
+        from .preflight import preflight
         from .dist import env_world
 
         cfg = preflight(from_args(a))

@@ -6,7 +6,7 @@ synchronisation per step), rank 0's step boundaries (labkit.training.timers.Step
 time spent waiting for data, each communication phase's time per steady-state step, and how
 busy the rest of the machine was; then reduces it all over the ranks in one collective per
 kind and returns the epoch's entry of the result file. The per-step losses are also where a
-diverged run shows (labkit.training.health reads the reduced ones for the first that is not
+diverged run shows (labkit.training.guards reads the reduced ones for the first that is not
 finite), so detecting it adds nothing to a step.
 """
 from __future__ import annotations

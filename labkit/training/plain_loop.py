@@ -245,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
 
     def work() -> None:
-        from .checks import preflight
+        from .preflight import preflight
         from .dist import env_world
 
         cfg = preflight(from_args(a))

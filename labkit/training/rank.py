@@ -20,7 +20,7 @@ from labkit.core.status import Status
 
 from . import budget, exhaustion, lifecycle
 from . import checkpoint
-from .checks import preflight
+from .preflight import preflight
 from .data import build_datasets, steps_per_epoch
 from .dist import env_world, init, teardown
 from .models import build_model

@@ -23,7 +23,7 @@ from labkit.core.errors import RunFailed
 from labkit.core.health import DIVERGED, REPLICAS, REPLICAS_DIFFER
 from labkit.core.methods import comm_key
 
-from . import health, hooks
+from . import extensions, guards
 from .data import Datasets, ShardSampler, default_workers, train_sampler
 from .dist import DistContext, all_reduce_sum
 from .flops import Efficiency
@@ -79,9 +79,9 @@ class Trainer:
         # where the run is, for a one-line failure (labkit.training.exhaustion): see position()
         self.epoch, self.step, self.doing = 0, 0, "start"
         self._local_opt: Optional[torch.optim.Optimizer] = None
-        # called as fn(trainer, global_step) before each training step (labkit.training.hooks)
+        # called as fn(trainer, global_step) before each training step (labkit.training.extensions)
         self.step_callbacks: list[Callable[["Trainer", int], None]] = []
-        hooks.trainer_built(self)
+        extensions.trainer_built(self)
 
     def position(self) -> str:
         """Where the run is, as a failure's line says it: "at epoch 2, step 5 of 11"."""
@@ -303,16 +303,16 @@ class Trainer:
     # -------------------------------------------------------------- training gone wrong
     def check_epoch(self, epoch: int, m: dict, results: Optional[ResultFile]) -> None:
         """After validation (``finish_epoch`` done): stop the run, on every rank alike, if this
-        epoch's loss diverged or the replicas drifted apart (labkit.training.health); else
+        epoch's loss diverged or the replicas drifted apart (labkit.training.guards); else
         note the replica check in the epoch's figures ``m``."""
         cfg = self.cfg
-        d = health.divergence(cfg, epoch, self.steps, (epoch - 1) * self.steps, m)
+        d = guards.divergence(cfg, epoch, self.steps, (epoch - 1) * self.steps, m)
         if d is not None:
-            self._stop(results, DIVERGED, d, health.divergence_text(d, cfg, self.strategy.trainers))
+            self._stop(results, DIVERGED, d, guards.divergence_text(d, cfg, self.strategy.trainers))
         if cfg.check_replicas and self.ctx.distributed:  # one process: nothing to compare
-            m[REPLICAS], bad = health.check_replicas(self.model, epoch)
+            m[REPLICAS], bad = guards.check_replicas(self.model, epoch)
             if bad is not None:
-                self._stop(results, REPLICAS_DIFFER, bad, health.mismatch_text(bad))
+                self._stop(results, REPLICAS_DIFFER, bad, guards.mismatch_text(bad))
 
     def _stop(self, results: Optional[ResultFile], key: str, record: dict, text: str) -> None:
         """Record why in the result file (the epoch itself is not added) and raise RunFailed:

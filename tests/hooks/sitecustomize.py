@@ -3,7 +3,7 @@
 conftest.py puts this folder first on PYTHONPATH, so every Python process the tests start
 (torchrun's agents and ranks, papermill's kernels, `labkit` commands) imports this module at
 start-up. With none of the variables below set it does nothing (and imports nothing heavy);
-with one set it registers a labkit.training.hooks trainer hook, which the rank's Trainer calls:
+with one set it registers a labkit.training.extensions trainer hook, which the rank's Trainer calls:
 
   LABKIT_TEST_FAULT=<method>:<rank>:<step>[:raise|kill|hang]  that rank fails at that step
       (counted from 0 in this process), so tests can check what a real crashed, killed or hung
@@ -159,7 +159,7 @@ def _pause(folder: str, rank: int) -> None:
 def _install() -> None:
     import json
 
-    from labkit.training import hooks
+    from labkit.training import extensions
 
     def on_trainer(trainer) -> None:
         fault = _fault(trainer.cfg.method, trainer.ctx.rank)
@@ -205,7 +205,7 @@ def _install() -> None:
                     f.write(json.dumps(event) + "\n")
             s.tracer = trace
 
-    hooks.on_trainer(on_trainer)
+    extensions.on_trainer(on_trainer)
 
 
 if any(os.environ.get(n) for n in _NAMES):

@@ -213,7 +213,7 @@ def ran_on_gpu(res: RunResults) -> bool:
 
 def shared_device_line(res: RunResults) -> Optional[str]:
     """A sentence when a method's ranks shared GPUs (more local ranks than GPUs on cuda: one
-    GPU's default, labkit.lab.params.machine_defaults), else None."""
+    GPU's default, labkit.lab.launch_params.machine_defaults), else None."""
     for d in res.ok.values():
         w = d.get("world", {})
         ranks, gpus = int(w.get("local_world_size") or 1), int(w.get("gpus") or 0)

@@ -41,7 +41,7 @@ epoch's largest as ``max_staleness_observed`` (and the count per gap as
 ``staleness_histogram``) into the result file.
 
 Hooks for tests and experiments (public attributes, set from outside, e.g. by a
-labkit.training.hooks trainer hook): ``step_delay`` (seconds a worker sleeps after each backward, so
+labkit.training.extensions trainer hook): ``step_delay`` (seconds a worker sleeps after each backward, so
 the others run ahead and the bound has to hold them back) and ``tracer`` (called by the server
 with one dict per grant {"event": "grant", "rank", "step", "slowest"} and per applied gradient
 {"event": "apply", "rank", "step"}).

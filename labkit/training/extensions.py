@@ -2,9 +2,9 @@
 a profiler or a logger in an experiment. Nothing in labkit installs a hook; the training loop
 only calls what was installed.
 
-    from . import hooks
+    from . import extensions
 
-    @hooks.on_trainer
+    @extensions.on_trainer
     def slow_down(trainer):                  # called once per Trainer, after it is built
         trainer.step_callbacks.append(lambda tr, step: ...)   # before each training step
         trainer.strategy.step_delay = 0.5    # a strategy's own hooks (e.g. AsyncParameterServer)

@@ -20,7 +20,7 @@ import torch
 
 from labkit.core.config import TrainConfig
 
-from . import health
+from . import guards
 from .dist import sync_device
 from .timers import StepClock, StepParts
 
@@ -141,11 +141,11 @@ def _epoch_checks(tr, epoch: int, per_call: _PerCall) -> list[tuple]:
     """(work, "epoch", seconds per call, ``epoch``) of the checks made once an epoch."""
     cfg = tr.cfg
     m = {"all_losses": [1.0] * epoch, "val_loss": 1.0}
-    tensors = [t for _, t in health.tensors(tr.model)]
-    out = [("divergence check", "epoch", per_call(lambda: health.divergence(cfg, 1, epoch, 0, m), 20), epoch),
+    tensors = [t for _, t in guards.tensors(tr.model)]
+    out = [("divergence check", "epoch", per_call(lambda: guards.divergence(cfg, 1, epoch, 0, m), 20), epoch),
            ("replica fingerprint (one rank's tensors)", "epoch",
-            per_call(lambda: health.fingerprint(tensors), 1), epoch)]
+            per_call(lambda: guards.fingerprint(tensors), 1), epoch)]
     if cfg.check_replicas and tr.ctx.distributed:  # one process: nothing to compare
         out.append(("replica check (fingerprint, all-gather, compare)", "epoch",
-                    per_call(lambda: health.check_replicas(tr.model, 1), 1), epoch))
+                    per_call(lambda: guards.check_replicas(tr.model, 1), 1), epoch))
     return out
