@@ -154,6 +154,8 @@ def _bench_parser(sub) -> None:
     b.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: the "
                    "project's runs/, from any folder)")
     b.add_argument("--tag", help="suffix of the run folder name (default: bench)")
+    b.add_argument("--no-pricing", dest="pricing", action="store_false", help="time each method's own "
+                   "loop only, not the rounds that price its instruments (a shorter bench)")
     b.add_argument("--no-report", dest="report", action="store_false",
                    help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
     params.add_arguments(b, TrainConfig, skip=("method", "out"), defaults=False)
@@ -331,7 +333,7 @@ def cmd_bench(args: dict) -> int:
     from .analysis.bench_view import text_table
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
-            "report")
+            "report", "pricing")
     kw = {k: args.pop(k) for k in keys if k in args}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")

@@ -391,16 +391,19 @@ def test_a_method_that_is_not_exact_fails_its_check_and_nothing_else_runs(tmp_pa
 
 def test_the_bench_measures_a_users_method_beside_ddp(tmp_path):
     """`labkit bench --variants ddp,file.py:Class`: the method's job is named by its key, and
-    the bench's tables read it from the spec its row records."""
+    the bench's tables read it from the spec its row records. With --no-pricing each job times
+    its own loop only: no instrument rounds (test_bench prices them)."""
     from helpers import BENCH_FLAGS as BENCH
 
     shutil.copy(RING, tmp_path / "ring.py")
     p = _labkit(tmp_path, "bench", *BENCH, "--nproc", "2", "--variants", "ddp,ring.py:RingAllReduce",
-                "--runs-dir", "runs", "--no-report")
+                "--runs-dir", "runs", "--no-report", "--no-pricing")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (tmp_path / "runs" / "latest").resolve()
     doc = load_json(run / "bench.json")
     assert [r["variant"] for r in doc["results"]] == ["ddp", "ring_all_reduce"]
+    for r in doc["results"]:
+        assert list(r["instruments"]["loops"]) == ["as run"] and r["instruments"]["pairs"] == [], r["variant"]
     assert doc["results"][1]["method_spec"]["key"] == "ring_all_reduce"
     shown = _labkit(tmp_path, "report", str(run))
     assert shown.returncode == 0 and "ring_all_reduce" in shown.stdout, shown.stdout + shown.stderr

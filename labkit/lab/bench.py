@@ -60,6 +60,7 @@ class BenchPlan:
     runs_dir: Optional[str] = None  # None: the project's runs/ (layout.runs_root)
     tag: Optional[str] = None
     report: bool = True
+    pricing: bool = True  # the instrument rounds beside each job's own loop (labkit.training.pricing)
 
 
 def parse_list(text: str, what: str, conv=str) -> list:
@@ -192,7 +193,8 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
     stream.write(f"\n=== {v}: {n} processes ===\n")
     stream.flush()
     extra = ("--steps", str(plan.steps), "--trials", str(plan.trials),
-             "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps))
+             "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps),
+             *(() if plan.pricing else ("--no-pricing",)))
     res = launch(vcfg, n, str(out), stream=stream, module=RANK_MODULE, extra=extra)
     if not res.ok:
         doc[Status.FAILED].append({"variant": v, "nproc": n, "error": res.message})

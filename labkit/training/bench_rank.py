@@ -190,8 +190,9 @@ class StepTimer:
 
 
 def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_steps: int,
-            out: str) -> dict:
-    """This rank's part of one bench job; rank 0 returns the measurements (others: {})."""
+            out: str, pricing: bool = True) -> dict:
+    """This rank's part of one bench job; rank 0 returns the measurements (others: {}).
+    ``pricing``: the instrument rounds too (labkit.training.pricing), else the job's loop alone."""
     from .data import build_datasets
     from .dist import env_world, init, teardown
     from .models import build_model
@@ -199,7 +200,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
 
     rank = env_world()[0]
     data = build_datasets(cfg)
-    loops = instrument_loops(cfg)
+    loops = instrument_loops(cfg) if pricing else {AS_RUN: cfg}
     models = []
     for _ in loops:  # the same initial weights for every loop, the job's built first
         torch.manual_seed(cfg.seed)
@@ -378,6 +379,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
     p.add_argument("--profile-steps", dest="profile_steps", type=int, default=0)
+    p.add_argument("--no-pricing", dest="pricing", action="store_false")
     a = p.parse_args(argv)
 
     def work() -> None:
@@ -388,7 +390,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not cfg.out:
             raise ConfigError("--out is required (the folder for bench_result.json)")
         os.makedirs(cfg.out, exist_ok=True)
-        doc = measure(cfg, a.steps, a.trials, a.bench_warmup, a.profile_steps, cfg.out)
+        doc = measure(cfg, a.steps, a.trials, a.bench_warmup, a.profile_steps, cfg.out, a.pricing)
         if env_world()[0] == 0:
             atomic_write_json(os.path.join(cfg.out, layout.BENCH_RESULT), doc)
 
