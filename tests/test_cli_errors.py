@@ -101,3 +101,23 @@ def test_quiet_or_verbose_the_errors_are_the_same_one_line(flag, tmp_path, capsy
         cli.main(["report", flag, missing])  # a global flag, not the subcommand's
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith(f"labkit report: error: unknown flag {flag}")
+
+
+def test_help_lists_each_flag_under_its_concern():
+    """TrainConfig is grouped by concern (issue 39): every field belongs to one of GROUPS, every
+    group holds fields, and --help lists each flag under its group's heading; the flags stay flat."""
+    import dataclasses
+
+    from labkit.core.config import GROUPS, TrainConfig, build_parser
+    from labkit.core.params import flag
+
+    fields = dataclasses.fields(TrainConfig)
+    assert {f.metadata["group"] for f in fields} == set(GROUPS)
+    under, heading = {}, None
+    for line in build_parser().format_help().splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line[:-1]
+        elif line.startswith("  --"):
+            under[line.split()[0].split("/")[0].rstrip(",")] = heading
+    for f in fields:
+        assert under.get(flag(f.name)) == GROUPS[f.metadata["group"]], (f.name, under.get(flag(f.name)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from . import params
 from .errors import ConfigError
@@ -49,80 +49,99 @@ VARIANTS: dict[str, dict] = {
 DEFAULT_VARIANTS = ("ddp", "allreduce", "ps", "ps-p2p")  # labkit bench
 
 
-def _f(default: Any, help: str, **meta: Any) -> Any:
-    """A field with its help text (and e.g. ``aliases``: {flag: value}, labkit.core.params)."""
-    return field(default=default, metadata={"help": help, **meta})
+#: the concerns TrainConfig's fields are grouped by (each field's ``group``), in the order
+#: ``--help`` lists them; the flags themselves are flat (``--batch-size``, not ``--data.batch-size``)
+GROUPS = {
+    "method": "the method: how the ranks synchronise, and its own options",
+    "data": "the data: which set, where, how it is read and decoded",
+    "model": "the model and its numerics",
+    "optimisation": "optimisation: epochs, batch and SGD",
+    "measurement": "measurement: what is timed and checked, and how",
+    "run": "the run: where results go, how long it may take, continuing",
+}
+
+
+def _f(group: str, default: Any, help: str, **meta: Any) -> Any:
+    """A field of concern ``group`` (GROUPS) with its help text (and e.g. ``aliases``:
+    {flag: value}, labkit.core.params)."""
+    assert group in GROUPS, group
+    return field(default=default, metadata={"help": help, "group": group, **meta})
 
 
 @dataclass
 class TrainConfig:
-    method: str = _f("ddp", "synchronisation method: ddp (DistributedDataParallel), allreduce "
+    """One run's settings, flat as the flags are; each field belongs to one concern of GROUPS
+    (its metadata's ``group``), under which ``--help`` lists it, and its help text says what it
+    holds."""
+    GROUPS: ClassVar[dict[str, str]] = GROUPS
+
+    method: str = _f("method", "ddp", "synchronisation method: ddp (DistributedDataParallel), allreduce "
                      "(hand-written bucketed all-reduce), ps (parameter server on rank 0), an "
                      "installed package's method, or your own class as path/to/file.py:Class or "
                      "package.module:Class (docs/methods.md)")
     # --- the original guide's flags, unchanged ---
-    epochs: int = _f(3, "epochs to train")
-    batch_size: Optional[int] = _f(None, "batch size per training process (for PS: per worker; "
+    epochs: int = _f("optimisation", 3, "epochs to train")
+    batch_size: Optional[int] = _f("optimisation", None, "batch size per training process (for PS: per worker; "
                                    "default: 64 with GPUs, 32 on a CPU)")
-    workers: Optional[int] = _f(None, "DataLoader worker processes per rank (default: for the "
+    workers: Optional[int] = _f("data", None, "DataLoader worker processes per rank (default: for the "
                                 "in-memory digits/synthetic sets 0, or up to 4 on GPUs with nccl; "
                                 "else min(8, CPUs per local rank))")
-    data_dir: Optional[str] = _f(None, "dataset root holding train/ and val/ with one folder per "
+    data_dir: Optional[str] = _f("data", None, "dataset root holding train/ and val/ with one folder per "
                                  "class (imagefolder; default ./)")
-    backend: Optional[Backend] = _f(None, "process-group backend (default: nccl with GPUs, gloo "
+    backend: Optional[Backend] = _f("method", None, "process-group backend (default: nccl with GPUs, gloo "
                                     "without)")
     # --- the lab's own flags ---
-    device: Optional[Device] = _f(None, "where each rank computes: cuda (GPU local_rank) or cpu "
+    device: Optional[Device] = _f("method", None, "where each rank computes: cuda (GPU local_rank) or cpu "
                                   "(default: cuda with nccl, cpu with gloo); --backend gloo "
                                   "--device cuda runs several ranks on one GPU, gloo moving CUDA "
                                   "tensors (tests of the CUDA code paths without one GPU per rank)")
-    dataset: Optional[Dataset] = _f(None, "imagefolder | digits | synthetic (default: imagefolder "
+    dataset: Optional[Dataset] = _f("data", None, "imagefolder | digits | synthetic (default: imagefolder "
                                     "when --data-dir is given, else digits without GPUs, "
                                     "synthetic with GPUs)")
-    model: Optional[Model] = _f(None, "resnet50 | resnet18 | resnet10, plain or with a _small "
+    model: Optional[Model] = _f("model", None, "resnet50 | resnet18 | resnet10, plain or with a _small "
                                 "suffix (3x3 stem, no max-pool, for small images); default: "
                                 "resnet10_small on digits, else resnet50")
-    weights: Optional[str] = _f(None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
+    weights: Optional[str] = _f("model", None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
                                 "loaded with weights_only; a classifier head of another size is "
                                 "re-initialised")
-    num_classes: int = _f(1000, "classes of the synthetic dataset")
-    image_size: Optional[int] = _f(None, "image side the model sees: digits are upsampled to it "
+    num_classes: int = _f("data", 1000, "classes of the synthetic dataset")
+    image_size: Optional[int] = _f("data", None, "image side the model sees: digits are upsampled to it "
                                    "(default 16, twice the scans' 8x8; at most 224), synthetic "
                                    "images drawn at it and imagefolder images cropped to it "
                                    "(default 32 for _small models, else 224)")
-    synthetic_samples: int = _f(2048, "training samples in the synthetic dataset (val: a quarter)")
-    skip_bad_images: bool = _f(False, "imagefolder: leave out images PIL cannot open or verify "
+    synthetic_samples: int = _f("data", 2048, "training samples in the synthetic dataset (val: a quarter)")
+    skip_bad_images: bool = _f("data", False, "imagefolder: leave out images PIL cannot open or verify "
                                "(truncated, not images, unreadable) with a warning, instead of "
                                "stopping with an error naming them")
-    decode: Optional[Decode] = _f(None, "imagefolder: where JPEGs are decoded and augmented: gpu "
+    decode: Optional[Decode] = _f("data", None, "imagefolder: where JPEGs are decoded and augmented: gpu "
                                   "(loader workers read the files, torchvision's nvJPEG decoder "
                                   "and the transforms run on the GPU) or cpu (PIL in the loader "
                                   "workers); default: gpu on a GPU, else cpu")
-    lr: Optional[float] = _f(None, "SGD learning rate (default: 0.1 x global batch / 256, the "
+    lr: Optional[float] = _f("optimisation", None, "SGD learning rate (default: 0.1 x global batch / 256, the "
                              "linear scaling rule of Goyal et al.)")
-    momentum: float = _f(0.9, "SGD momentum")
-    weight_decay: float = _f(1e-4, "SGD weight decay")
-    seed: int = _f(0, "seed for model init, data order and augmentation")
-    out: Optional[str] = _f(None, "folder for the result file, logs and final model "
+    momentum: float = _f("optimisation", 0.9, "SGD momentum")
+    weight_decay: float = _f("optimisation", 1e-4, "SGD weight decay")
+    seed: int = _f("optimisation", 0, "seed for model init, data order and augmentation")
+    out: Optional[str] = _f("run", None, "folder for the result file, logs and final model "
                             "(default: runs/<date>_<time>_<method>; never overwritten)")
-    max_steps_per_epoch: Optional[int] = _f(None, "cap on training steps per epoch, for quick runs")
-    max_val_steps: Optional[int] = _f(None, "cap on validation batches per trainer, for quick runs")
-    warmup_steps: int = _f(3, "steps per epoch left out of the steady-state throughput")
-    amp: Amp = _f("off", "mixed precision on GPUs: off | bf16 | fp16")
-    channels_last: bool = _f(False, "use channels_last memory format (GPUs)")
-    bucket_mb: float = _f(25.0, "allreduce and ps collective: gradient bucket size in MiB (the "
+    max_steps_per_epoch: Optional[int] = _f("run", None, "cap on training steps per epoch, for quick runs")
+    max_val_steps: Optional[int] = _f("run", None, "cap on validation batches per trainer, for quick runs")
+    warmup_steps: int = _f("measurement", 3, "steps per epoch left out of the steady-state throughput")
+    amp: Amp = _f("model", "off", "mixed precision on GPUs: off | bf16 | fp16")
+    channels_last: bool = _f("model", False, "use channels_last memory format (GPUs)")
+    bucket_mb: float = _f("method", 25.0, "allreduce and ps collective: gradient bucket size in MiB (the "
                           "first bucket, the first gradients backward produces, at most 1 MiB "
                           "as in DDP)")
-    no_overlap: bool = _f(False, "allreduce: all-reduce after backward instead of overlapping it")
-    ps_mode: PSMode = _f("collective", "ps: collective (flat reduce + broadcast) or p2p (the "
+    no_overlap: bool = _f("method", False, "allreduce: all-reduce after backward instead of overlapping it")
+    ps_mode: PSMode = _f("method", "collective", "ps: collective (flat reduce + broadcast) or p2p (the "
                          "guide's per-tensor send/recv)")
-    ps_servers: int = _f(1, "ps: server ranks (0..K-1); K > 1 shards the flattened parameters "
+    ps_servers: int = _f("method", 1, "ps: server ranks (0..K-1); K > 1 shards the flattened parameters "
                          "across them, each server owning one slice (collective mode)")
-    ps_staleness: Optional[int] = _f(None, "ps: asynchronous with bounded staleness S: the server "
+    ps_staleness: Optional[int] = _f("method", None, "ps: asynchronous with bounded staleness S: the server "
                                      "applies each worker's gradient as it arrives and a worker "
                                      "runs at most S steps ahead of the slowest (default: "
                                      "synchronous)")
-    time_comm: TimeComm = _f("stats", "how communication is timed for the report's breakdown of "
+    time_comm: TimeComm = _f("measurement", "stats", "how communication is timed for the report's breakdown of "
                              "a step: stats (DDP: its reducer's own runtime statistics, read "
                              "every step, DDP's built-in C++ path untouched; the other methods: "
                              "every collective from its start to its completion), hook (DDP: a "
@@ -130,44 +149,44 @@ class TrainConfig:
                              "timing each bucket; the others: as stats), off (no communication "
                              "timings; --no-time-comm is the same)",
                              aliases={"--no-time-comm": "off"})
-    check_replicas: bool = _f(True, "at the end of every epoch, compare every rank's parameters "
+    check_replicas: bool = _f("measurement", True, "at the end of every epoch, compare every rank's parameters "
                               "and buffers (a checksum per tensor: the integer sum of its 32-bit "
                               "words); a rank whose copy differs stops the run, naming the rank "
                               "and the tensor (--no-check-replicas: for timing studies)")
-    calibrate_steps: int = _f(6, "compute-only steps after the last epoch (synchronisation "
+    calibrate_steps: int = _f("measurement", 6, "compute-only steps after the last epoch (synchronisation "
                               "skipped, the model restored afterwards): the compute time the "
                               "report's breakdown of a step starts from (0: none)")
-    compress: Compress = _f("none", "gradient compression for communication: none | fp16 | "
+    compress: Compress = _f("method", "none", "gradient compression for communication: none | fp16 | "
                             "bf16 (allreduce and ps send fp16 gradients; ddp uses PyTorch's "
                             "fp16_compress_hook or bf16_compress_hook)")
-    powersgd_rank: int = _f(2, "powersgd: rank of the low-rank approximation of each gradient "
+    powersgd_rank: int = _f("method", 2, "powersgd: rank of the low-rank approximation of each gradient "
                             "matrix (PowerSGDState's matrix_approximation_rank; 2 matched SGD's "
                             "accuracy on CIFAR-10 ResNets in Vogels et al., 2019)")
-    powersgd_start_iter: int = _f(10, "powersgd: steps of plain all-reduce before compression "
+    powersgd_start_iter: int = _f("method", 10, "powersgd: steps of plain all-reduce before compression "
                                   "starts (PowerSGDState's start_powerSGD_iter; at least 2)")
-    local_steps: int = _f(8, "localsgd and diloco: local optimizer steps H between two "
+    local_steps: int = _f("method", 8, "localsgd and diloco: local optimizer steps H between two "
                           "synchronisations (no gradient communication in between)")
-    outer_lr: float = _f(0.7, "diloco: the outer optimizer's learning rate (Nesterov SGD on the "
+    outer_lr: float = _f("method", 0.7, "diloco: the outer optimizer's learning rate (Nesterov SGD on the "
                          "averaged parameter change; 0.7 as in Douillard et al., 2023)")
-    outer_momentum: float = _f(0.9, "diloco: the outer optimizer's Nesterov momentum (0.9 as in "
+    outer_momentum: float = _f("method", 0.9, "diloco: the outer optimizer's Nesterov momentum (0.9 as in "
                                "Douillard et al., 2023)")
-    compile: bool = _f(False, "torch.compile the model (GPUs; the first steps compile and count "
+    compile: bool = _f("model", False, "torch.compile the model (GPUs; the first steps compile and count "
                        "as warm-up)")
-    compile_backend: CompileBackend = _f("inductor", "torch.compile's backend with --compile: "
+    compile_backend: CompileBackend = _f("model", "inductor", "torch.compile's backend with --compile: "
                                          "inductor (generates kernels), aot_eager (the same graph "
                                          "capture without code generation: seconds instead of "
                                          "minutes on a CPU), eager")
-    timeout: float = _f(600.0, "seconds a collective may wait before the run is aborted (a hung "
+    timeout: float = _f("run", 600.0, "seconds a collective may wait before the run is aborted (a hung "
                         "or dead rank ends the run after this long)")
-    loader_timeout: float = _f(120.0, "seconds a rank waits for a batch from its DataLoader "
+    loader_timeout: float = _f("run", 120.0, "seconds a rank waits for a batch from its DataLoader "
                                "workers before the run fails naming the rank and the loader (a "
                                "worker stopped, stuck or far too slow); unused with --workers 0")
-    resume: bool = _f(False, "continue from the last epoch checkpoint in --out (also automatic "
+    resume: bool = _f("run", False, "continue from the last epoch checkpoint in --out (also automatic "
                       "after a torchrun --max-restarts restart)")
-    checkpoint: bool = _f(True, "write checkpoint.pt after every epoch, to --resume from "
+    checkpoint: bool = _f("run", True, "write checkpoint.pt after every epoch, to --resume from "
                           "(--no-checkpoint: none, for a folder short of space; no --resume)")
-    progress: bool = _f(True, "show tqdm progress bars (--no-progress to turn off)")
-    pin_cpus: bool = _f(True, "without GPUs: bind each rank to its even share of the cores "
+    progress: bool = _f("run", True, "show tqdm progress bars (--no-progress to turn off)")
+    pin_cpus: bool = _f("measurement", True, "without GPUs: bind each rank to its even share of the cores "
                         "(Linux; where no even share exists, e.g. 3 ranks on 2 cores, the OS "
                         "places them), so that where the OS puts the ranks does not change a "
                         "launch's speed (--no-pin-cpus: the OS places them)")

@@ -107,9 +107,13 @@ def add_arguments(p: argparse.ArgumentParser, cls: type, skip: tuple = (),
     ``defaults=False`` leaves flags that were not given out of the namespace, so they can
     override a parameters file."""
     types = field_types(cls)
+    titles = getattr(cls, "GROUPS", None) or {}  # fields of a concern under one heading of --help
+    groups = {g: p.add_argument_group(title) for g, title in titles.items()}
+    parser = p
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
+        p = groups.get(f.metadata.get("group"), parser)
         ft, help_ = types[f.name], f.metadata.get("help")
         default = f.default if defaults else argparse.SUPPRESS
         if ft.base is bool:
