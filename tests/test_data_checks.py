@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import TINY, check_ok, expect_error, load_json, torchrun
-from labkit.training import checks
+from labkit.training import preflight
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.training.data import build_datasets, check_image
 from labkit.lab.launch import validate
@@ -49,7 +49,7 @@ def args(d, out, *more):
 
 
 def resolved(d, **kw):
-    return checks.preflight(TrainConfig(dataset="imagefolder", data_dir=str(d), model="resnet10_small",
+    return preflight.preflight(TrainConfig(dataset="imagefolder", data_dir=str(d), model="resnet10_small",
                                        progress=False, **kw), world=1, local_world=1)
 
 
