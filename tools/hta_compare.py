@@ -35,8 +35,7 @@ def _hta_job(folder: Path) -> dict:
     from hta.trace_analysis import TraceAnalysis
     from hta.utils.utils import KernelType, get_kernel_type, merge_kernel_intervals
 
-    files = {int(re.search(r"(\d+)", p.stem.rsplit("rank", 1)[1]).group(1)): str(p)
-             for p in sorted(folder.glob("trace_rank*.json"))}
+    files = {int(p.stem.removeprefix("trace_rank")): str(p) for p in sorted(folder.glob("trace_rank*.json"))}
     if not files:
         return {"error": f"no trace_rank*.json in {folder}"}
     ta = TraceAnalysis(trace_files=files, trace_dir=str(folder))
