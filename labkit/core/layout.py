@@ -7,7 +7,7 @@
         [reproduction.json]                      labkit reproduce: the comparison
         <method>/                                one per method; with --repeats N:
           results_<...>.json                     repeat-<i>/<method>/
-          run_method.ipynb  launch.json  train.log  checkpoint.pt  final_model.pt
+          run_method.ipynb  resolved.json  launch.json  train.log  checkpoint.pt  final_model.pt
           logs/                                  torchrun's per-rank logs, torchrun.log
         report/                                  report.ipynb .html .pdf,
           plots/  performance_report.txt         the guide's plots and text report
@@ -71,6 +71,12 @@ def result_file(method: str) -> str:
 def launch_file(node_rank: int = 0) -> str:
     """launch.json, or launch_node<k>.json for node k > 0 (nodes may share one --out)."""
     return "launch.json" if node_rank == 0 else f"launch_node{node_rank}.json"
+
+
+def resolved_file(node_rank: int = 0) -> str:
+    """resolved.json (labkit.core.resolved), or resolved_node<k>.json for node k > 0: each node
+    resolves for its own machine, and nodes may share one --out."""
+    return "resolved.json" if node_rank == 0 else f"resolved_node{node_rank}.json"
 
 
 def method_dir(run: Path, method: str, repeat: int = 1, repeats: int = 1) -> Path:

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from labkit.core import resolved
 from labkit.core.config import TrainConfig, build_parser, from_args
 from labkit.core.errors import RunFailed
 from labkit.core.status import Status
@@ -31,8 +32,9 @@ from .trainer import Trainer
 PROG = "labkit.train"  # how the rank names itself in its one-line errors
 
 
-def run(cfg: TrainConfig) -> Optional[str]:
-    """Train with ``cfg`` (already resolved) on this process's rank; return the output folder."""
+def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
+    """Train with ``cfg`` (already resolved) on this process's rank; return the output folder.
+    ``checked``: the launcher checked this machine for it too (a resolved.json)."""
     rank, world, _, local_world = env_world()
     # everything that can reject the input happens before the process group exists
     data = build_datasets(cfg)
@@ -43,9 +45,9 @@ def run(cfg: TrainConfig) -> Optional[str]:
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, note = build_model(cfg.model, data.num_classes, cfg.weights)
     ckpt = checkpoint.find(cfg)
-    # the disk and /dev/shm, checked on every rank alike (the launcher checked them, and host
-    # memory, before it spawned; this is for the bare torchrun path)
-    budget.machine(cfg, local_world, cfg.out or ".", only=("disk space", "shared memory"))
+    if not checked:  # the bare torchrun path: the disk and /dev/shm, on every rank alike (a
+        # launcher checked them, and host memory, before it spawned the ranks)
+        budget.machine(cfg, local_world, cfg.out or ".", only=("disk space", "shared memory"))
     out = checkpoint.prepare_out(cfg, resuming=ckpt is not None) if rank == 0 else None
     if note and rank == 0:
         print(note, flush=True)
@@ -95,5 +97,22 @@ def _finish(results: ResultFile, e: BaseException) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    return lifecycle.run_rank(lambda: run(preflight(from_args(args))), PROG)
+    p = build_parser()
+    p.add_argument("--resolved", metavar="FILE", help="a resolved.json the launcher wrote "
+                   "(labkit.core.resolved): train with exactly that config, decided and "
+                   "checked before this rank was spawned, instead of the flags")
+    args = p.parse_args(argv)
+    if args.resolved is None:  # the guide's bare command: the flags are checked here, first
+        return lifecycle.run_rank(lambda: run(preflight(from_args(args))), PROG)
+    flags = [a for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")]
+    if any(not a.startswith("--resolved") for a in flags):
+        p.error(f"--resolved carries the whole config; give no other flags (got "
+                f"{' '.join(a for a in flags if not a.startswith('--resolved'))})")
+    return lifecycle.run_rank(lambda: run(*_resolved(args.resolved)), PROG)
+
+
+def _resolved(path: str) -> tuple[TrainConfig, bool]:
+    """The launcher's resolved config, for the world torchrun started; checked already."""
+    cfg, nproc, nodes = resolved.read(path)
+    resolved.check_world(path, nproc, nodes, env_world()[1])
+    return cfg, True
