@@ -34,7 +34,7 @@ def check(line: str) -> str | None:
     """None if ``line`` parses with the parser that will read it, else why not."""
     from labkit.analysis.costmodel.cli import build_parser as model_parser
     from labkit.cli import build_parser
-    from labkit.core.config import build_parser as train_parser
+    from labkit.training.rank import parser as train_parser
 
     words = shlex.split(line)
     if words[0] == "torchrun" or "labkit.train" in words:
@@ -86,7 +86,7 @@ def labkit_flags() -> set[str]:
     """Every flag of every labkit subcommand, of labkit model and of labkit.train."""
     from labkit.analysis.costmodel.cli import build_parser as model_parser
     from labkit.cli import build_parser
-    from labkit.core.config import build_parser as train_parser
+    from labkit.training.rank import parser as train_parser
 
     top = build_parser()
     parsers = [top, model_parser(), train_parser(), *top.subcommands.choices.values()]

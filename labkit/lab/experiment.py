@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from .kernels import kernel_name
 from labkit.training import budget
 
 from .check import check_before_measuring
-from .launch import Nodes, mark_ended, validate, warn
+from .launch import Nodes, check_out, mark_ended, validate, warn, write_resolved
 from .launch_params import nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
@@ -267,20 +268,20 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
     """papermill runs run_method.ipynb for one method into ``mdir``; ``entry`` gets its status."""
     import papermill as pm
 
-    nodes = p.exp.nodes
-    params = cfg.to_dict()
-    # the kernel runs in mdir, so "." is the method's folder: the executed notebook, the
-    # torchrun command line (launch.json) and the result file's config.out name no absolute
-    # path, and a copied run folder still describes itself
-    params.update(out=".", nproc=p.nproc, nnodes=nodes.nnodes, node_rank=nodes.node_rank,
-                  rdzv_endpoint=nodes.rdzv_endpoint, max_restarts=nodes.max_restarts)
     stream.write(f"\n=== {label}: {p.nproc} processes ===\n")
     stream.flush()
     t0 = time.monotonic()
     try:
+        # resolved and checked by plan(); only the method's folder is new. The notebook and
+        # the ranks read this file and decide nothing again; its values are passed beside it
+        # only so that the executed notebook shows what ran
+        params = _write_resolved(cfg, mdir, p)
         execute("run_method", mdir / layout.METHOD_NOTEBOOK, params, kernel,
                 p.exp.cell_timeout, stream)
         entry["status"] = Status.COMPLETED
+    except ConfigError as e:  # the method's folder refused (nothing to resume in it)
+        entry.update(status=Status.FAILED, error=f"ConfigError: {e}")
+        log.error("\n%s FAILED: %s", label, entry["error"])
     except pm.PapermillExecutionError as e:
         entry.update(status=Status.FAILED, error=f"{e.ename}: {e.evalue}".strip())
         log.error("\n%s FAILED: %s", label, entry["error"])
@@ -293,3 +294,18 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
         entry["status"] = Status.INTERRUPTED
         raise
     entry["wall_time"] = time.monotonic() - t0
+
+
+def _write_resolved(cfg: TrainConfig, mdir: Path, p: Prepared) -> dict:
+    """Method ``cfg``'s resolved.json in its folder ``mdir``, after the folder's own check; the
+    notebook's parameters: ``resolved``, the name the kernel (which runs in ``mdir``) opens it
+    by, and the values it holds. The kernel and the ranks run in mdir, so out "." is the
+    method's folder: the executed notebook, the torchrun command line (launch.json) and the
+    result file's config.out name no absolute path, and a copied run folder still describes
+    itself."""
+    check_out(dataclasses.replace(cfg, out=str(mdir)))
+    cfg, nodes = dataclasses.replace(cfg, out="."), p.exp.nodes
+    path = write_resolved(cfg, p.nproc, str(mdir), nodes)
+    return {**cfg.to_dict(), "nproc": p.nproc, "nnodes": nodes.nnodes,
+            "node_rank": nodes.node_rank, "rdzv_endpoint": nodes.rdzv_endpoint,
+            "max_restarts": nodes.max_restarts, "resolved": os.path.relpath(path, mdir)}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from labkit.core import layout, params
+from labkit.core import resolved as resolved_file
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.log import transcript
@@ -90,8 +91,8 @@ class LaunchResult:
 
 
 def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
-    """Check the inputs in this process, in seconds, before any rank is spawned."""
-    from labkit.training.checkpoint import find, refuse_overwrite
+    """Resolve and check the inputs in this process, in seconds, before any rank is spawned:
+    the config every rank will run (labkit.core.resolved)."""
     from labkit.training.preflight import preflight
     from labkit.training.data import build_datasets, check_image_folder, steps_per_epoch
 
@@ -111,18 +112,28 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
     if cfg.weights:  # torchvision (seconds to import) only to check a weights file
         from labkit.training.models import build_model
         build_model(cfg.model, num_classes, cfg.weights)
+    check_out(cfg)
+    return cfg
+
+
+def check_out(cfg: TrainConfig) -> None:
+    """The output folder's part of the checks: a checkpoint there to --resume from, else no
+    result file to overwrite (labkit experiment checks it once a method's folder exists)."""
+    from labkit.training.checkpoint import find, refuse_overwrite
+
     if cfg.resume:
         if find(cfg) is None:  # --resume without --out raised inside already
             raise ConfigError(f"nothing to resume in {cfg.out!r}")
     elif cfg.out:
         refuse_overwrite(cfg.out, cfg)
-    return cfg
 
 
 def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = Nodes(),
                      show_ranks: tuple[int, ...] = (0,), module: str = "labkit.train",
-                     extra: tuple[str, ...] = ()) -> list[str]:
-    """The torchrun command line for ``module`` (labkit.train, or the bench's ranks: labkit.training.bench_rank)."""
+                     extra: tuple[str, ...] = (), resolved: Optional[str] = None) -> list[str]:
+    """The torchrun command line for ``module`` (labkit.train, or the bench's ranks:
+    labkit.training.bench_rank): ``--resolved FILE`` when the config was written there (the
+    ranks read it instead of resolving the flags again), else ``cfg`` as flags."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if nodes.multi:
         cmd += [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
@@ -140,7 +151,8 @@ def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = 
     if torchrun_knows("--log-line-prefix-template"):
         cmd.append(f"--log-line-prefix-template={PREFIX_TEMPLATE}")
     cmd += [f"--local-ranks-filter={','.join(map(str, show_ranks))}",
-            "-m", module, *params.to_flags(cfg), *extra]
+            "-m", module, *(["--resolved", resolved] if resolved else params.to_flags(cfg)),
+            *extra]
     return cmd
 
 
@@ -164,21 +176,22 @@ class Throttle:
 def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
            stream: Optional[IO[str]] = None, env: Optional[dict] = None,
            throttle_s: float = 2.0, module: str = "labkit.train",
-           extra: tuple[str, ...] = ()) -> LaunchResult:
+           extra: tuple[str, ...] = (), resolved: Optional[str] = None) -> LaunchResult:
     """Validate, then run one method under torchrun and wait for it.
 
     Raises ConfigError (in seconds, before spawning) for bad input; returns a LaunchResult
-    whose ``message`` explains a failed rank.
+    whose ``message`` explains a failed rank. ``resolved``: the resolved.json ``cfg`` was read
+    from (labkit.core.resolved; labkit experiment wrote it, having checked everything for this
+    machine), so nothing is checked again and the ranks read that file; without it, the
+    checked config is written to ``out_dir`` for the ranks.
     """
     stream = stream or transcript(__name__)  # the reporting ranks' lines, at INFO
-    # a method of one's own by its absolute file: the ranks and the record name it from anywhere
-    cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method)), nproc, nodes)
-    if module == "labkit.train":  # disk, /dev/shm, memory: refused before anything is created
-        warn(budget.machine(cfg, nproc, out_dir, flags="--out (or --runs-dir)"))
+    if resolved is None:
+        cfg, resolved = _checked(cfg, nproc, out_dir, nodes, module)
     log_dir = _log_dir(out_dir, nodes)
     # rank 0, and the first trainer where ranks serve (a parameter server's training bar)
     show = tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
-    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra)
+    cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra, resolved)
     t0, kills = time.monotonic(), oom_kills()
     try:
         returncode, text = _run(cmd, _environment(nproc, env, nodes.max_restarts),
@@ -195,6 +208,27 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
         res.explained_from = why.error_file
     _record(res, cfg, nproc, nodes, text)
     return res
+
+
+def _checked(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes,
+             module: str) -> tuple[TrainConfig, Optional[str]]:
+    """``cfg`` validated for ``out_dir``; for the training ranks also the machine checked and
+    the result written where they read it (the bench's ranks take flags: (cfg, None))."""
+    # a method of one's own by its absolute file: the ranks and the record name it from anywhere
+    cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method)), nproc, nodes)
+    if module != "labkit.train":
+        return cfg, None
+    # disk, /dev/shm, memory: refused before anything is created
+    warn(budget.machine(cfg, nproc, out_dir, flags="--out (or --runs-dir)"))
+    return cfg, write_resolved(cfg, nproc, out_dir, nodes)
+
+
+def write_resolved(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes) -> str:
+    """Write the checked ``cfg`` into ``out_dir`` (made if new) for the ranks; its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, layout.resolved_file(nodes.node_rank))
+    resolved_file.write(path, cfg, nproc, dataclasses.asdict(nodes))
+    return path
 
 
 def _record(res: LaunchResult, cfg: TrainConfig, nproc: int, nodes: Nodes, text: str) -> None:

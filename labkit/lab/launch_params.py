@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from labkit.core import layout, params
-from labkit.core.config import TrainConfig, default_batch_size
+from labkit.core import layout, params, resolved
+from labkit.core.config import ConfigError, TrainConfig, default_batch_size
 from labkit.core.methods import absolute, key_of
 
 
@@ -36,6 +36,9 @@ class LaunchParams:
 
 
 LAUNCH_PARAMS = tuple(f.name for f in dataclasses.fields(LaunchParams))
+#: run_method.ipynb's own parameter, besides TrainConfig's and the launcher's: {name: help}
+NOTEBOOK_ONLY = {"resolved": "a resolved.json to run exactly as it was decided and checked "
+                             "(labkit experiment passes it; by hand: None)"}
 
 
 # ------------------------------------------------------------------ defaults for this machine
@@ -59,7 +62,9 @@ def machine_defaults(nproc: Optional[int] = None) -> dict:
     (``--backend gloo --device cuda``), so every method runs; an explicit ``--nproc 1`` keeps
     nccl. The dataset, model and backend otherwise are labkit.core.config.resolve's."""
     gpus = gpu_count()
-    batch = {"batch_size": default_batch_size(gpus > 0), "epochs": 3}  # recorded as given
+    # recorded as given (config.json's "train"); the epochs, like every other default, are
+    # TrainConfig's, which run_method.ipynb's parameters cell is made from
+    batch = {"batch_size": default_batch_size(gpus > 0)}
     if gpus == 0:
         return {"nproc": 4, **batch}
     if gpus == 1 and nproc != 1:
@@ -68,8 +73,10 @@ def machine_defaults(nproc: Optional[int] = None) -> dict:
 
 
 def with_machine_defaults(train: dict, nproc: Optional[int]) -> dict:
-    """Training values as given, the machine's defaults for those not given."""
-    return {**{k: v for k, v in machine_defaults(nproc).items() if k != "nproc"}, **train}
+    """Training values as given, the machine's defaults for those not given or None (auto):
+    `labkit experiment`, `labkit run` and run_method.ipynb by hand alike."""
+    given = {k: v for k, v in train.items() if v is not None}
+    return {**{k: v for k, v in machine_defaults(nproc).items() if k != "nproc"}, **given}
 
 
 def nproc_or_default(nproc: Optional[int]) -> int:
@@ -128,6 +135,10 @@ def check_params(values: dict) -> None:
 def split_params(values: dict) -> tuple[dict, LaunchParams]:
     """Checked parameters -> (TrainConfig fields, LaunchParams)."""
     check_params(values)
+    return _split(values)
+
+
+def _split(values: dict) -> tuple[dict, LaunchParams]:
     launch = {k: v for k, v in values.items() if k in LAUNCH_PARAMS}
     train = {k: v for k, v in values.items() if k not in LAUNCH_PARAMS}
     return train, LaunchParams(**launch)
@@ -138,17 +149,54 @@ def notebook_params(namespace: dict):
 
     Called first thing after the parameters cell, so any other plain value in the namespace
     was injected by papermill (``-p name value``) under a name the notebook does not know.
+    With ``resolved`` (labkit experiment's resolved.json) the config is read from that file,
+    decided and checked already; by hand, the parameters are checked and the machine's defaults
+    filled in as `labkit experiment` fills them in (the launcher resolves the rest).
     """
     from .launch import Nodes
 
     names = [f.name for f in dataclasses.fields(TrainConfig)] + list(LAUNCH_PARAMS)
     injected = {k: v for k, v in namespace.items()
-                if not k.startswith("_") and k not in names and k not in ("In", "Out")
+                if not k.startswith("_") and k not in names + list(NOTEBOOK_ONLY)
+                and k not in ("In", "Out")
                 and isinstance(v, (bool, int, float, str, list, dict, type(None)))}
     given = {k: namespace[k] for k in names if k in namespace}
+    if namespace.get("resolved") is not None:
+        cfg, nproc, nodes = _from_resolved(namespace["resolved"], given, injected)
+        return cfg, nproc, Nodes(**nodes)
     check_params({**given, **injected})
-    train, lp = split_params(given)
-    # the parameters cell leaves backend and device None (auto): on one GPU, the ranks share it
-    auto = {k: v for k, v in with_machine_defaults({}, lp.nproc).items()
-            if k in ("backend", "device") and train.get(k) is None}
-    return TrainConfig(**{**train, **auto}), nproc_or_default(lp.nproc), Nodes.of(lp)
+    train, lp = _split(given)
+    return (TrainConfig(**with_machine_defaults(train, lp.nproc)), nproc_or_default(lp.nproc),
+            Nodes.of(lp))
+
+
+def _from_resolved(path: str, given: dict, injected: dict):
+    """(config, nproc, nodes) from a resolved.json. The file holds the whole config: another
+    parameter is left as it is or names the file's own value (labkit experiment passes them
+    too, so the executed notebook shows what ran); any other value is refused, not ignored."""
+    cfg, nproc, nodes = resolved.read(path)
+    held = {**cfg.to_dict(), **nodes, "nproc": nproc}
+    defaults = {f.name: f.default for c in (TrainConfig, LaunchParams) for f in dataclasses.fields(c)}
+    other = {**{k: v for k, v in given.items() if v not in (defaults[k], held.get(k, defaults[k]))},
+             **injected}
+    if other:
+        raise ConfigError(f"resolved={path!r} holds the whole config, decided already; leave the "
+                          f"other parameters as they are (got "
+                          f"{', '.join(f'{k}={v!r}' for k, v in other.items())})")
+    return cfg, nproc, nodes
+
+
+def parameters_cell(width: int = 100) -> str:
+    """run_method.ipynb's parameters cell, made from the one source of every default and its
+    help: TrainConfig's fields, the launcher's (LaunchParams), then NOTEBOOK_ONLY. The notebook
+    holds exactly this (tests/test_notebooks.py); tools/parameters_cell.py writes it there."""
+    lines = ["# Parameters: one per field of labkit.core.config.TrainConfig (the training flags), "
+             "plus the", "# launcher's. papermill replaces them; by hand, edit and run all. "
+             "None = automatic.", "# Made by tools/parameters_cell.py from those classes: "
+             "edit their defaults, not this cell."]
+    fields = [f for c in (TrainConfig, LaunchParams) for f in dataclasses.fields(c)]
+    own = [(f.name, f.default, f.metadata.get("help", "")) for f in fields]
+    for name, default, help_ in own + [(k, None, h) for k, h in NOTEBOOK_ONLY.items()]:
+        line = f"{name} = {default!r}  # {help_}"
+        lines.append(line if len(line) <= width else line[: width - 3] + "...")
+    return "\n".join(lines)

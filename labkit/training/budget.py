@@ -3,8 +3,9 @@
 labkit.core.resources holds the arithmetic and the wording; this module supplies what needs
 torch: the model's size (counted on the meta device, so nothing is allocated and no weights are
 read) and the run's figures. The launcher checks before it spawns anything (labkit.lab.launch,
-labkit.lab.experiment); every rank checks the disk and /dev/shm again before its process group
-exists, for the bare torchrun path. A shortfall is bad input: ConfigError, one line, exit 2.
+labkit.lab.experiment); a rank of the bare torchrun command, which no launcher checked for,
+checks the disk and /dev/shm before its process group exists. A shortfall is bad input:
+ConfigError, one line, exit 2.
 """
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """Checks before any process group: everything that can reject the input, in seconds (the
 output folder and the checkpoint to continue from: labkit.training.checkpoint).
 
-The launcher (labkit.lab.launch.validate) runs them in the notebook or CLI process before it spawns
-torchrun, and every rank runs them again first thing (labkit.training.rank.run). torch is imported where
+The launcher (labkit.lab.launch.validate) runs them once, in the CLI or notebook process, before
+it spawns torchrun, and hands its ranks the result (resolved.json, labkit.core.resolved); only a
+rank of the bare ``torchrun -m labkit.train --flags`` runs them itself, first thing
+(labkit.training.rank.main). torch is imported where
 a check needs it, so the launcher and the report can import this module without torch or
 torchvision (seconds of start-up for each notebook kernel).
 """

@@ -9,6 +9,7 @@ labkit.training.lifecycle's, shared with the bench's ranks.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Optional
 
@@ -96,11 +97,17 @@ def _finish(results: ResultFile, e: BaseException) -> None:
         pass
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """labkit.train's flags: TrainConfig's, and --resolved."""
     p = build_parser()
     p.add_argument("--resolved", metavar="FILE", help="a resolved.json the launcher wrote "
                    "(labkit.core.resolved): train with exactly that config, decided and "
                    "checked before this rank was spawned, instead of the flags")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.resolved is None:  # the guide's bare command: the flags are checked here, first
         return lifecycle.run_rank(lambda: run(preflight(from_args(args))), PROG)

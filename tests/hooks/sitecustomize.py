@@ -33,6 +33,10 @@ with one set it registers a labkit.training.extensions trainer hook, which the r
       from 1), writes its pid to <folder>/paused-<rank> and waits until <folder>/release exists:
       a test acts on a run at exactly that moment (kill it, signal it) instead of racing its
       clock (tests/helpers.Pause). Only on torchrun's first attempt, and once per process.
+  LABKIT_TEST_COUNT=<path>  every call of a function that resolves or checks a config
+      (_COUNTED), and every read of a resolved.json, appends "<who> <pid> <function>" to
+      <path>; who is rank (a process torchrun started), kernel (a notebook's) or driver (any
+      other: the labkit command). Wrapped at start-up, before labkit's modules import them.
 """
 import os
 
@@ -207,6 +211,38 @@ def _install() -> None:
 
     extensions.on_trainer(on_trainer)
 
+
+_COUNTED = (("labkit.core.params", "check_values"), ("labkit.core.config", "resolve"),
+            ("labkit.training.preflight", "preflight"), ("labkit.training.budget", "machine"),
+            ("labkit.lab.launch", "validate"), ("labkit.core.resolved", "read"))
+
+
+def _count(path: str) -> None:
+    import functools
+    import importlib
+    import sys
+
+    def counted(f, name):
+        @functools.wraps(f)
+        def call(*a, **k):
+            # sys.argv as it is by now (at start-up, `python -m ipykernel_launcher` reads "-m")
+            who = ("rank" if "LOCAL_RANK" in os.environ else
+                   "kernel" if "ipykernel" in sys.argv[0] else "driver")
+            with open(path, "a") as out:
+                out.write(f"{who} {os.getpid()} {name}\n")
+            return f(*a, **k)
+        return call
+
+    for module, name in _COUNTED:
+        m = importlib.import_module(module)
+        setattr(m, name, counted(getattr(m, name), name))
+
+
+if os.environ.get("LABKIT_TEST_COUNT"):
+    try:
+        _count(os.environ["LABKIT_TEST_COUNT"])
+    except ImportError:  # a Python without labkit
+        pass
 
 if any(os.environ.get(n) for n in _NAMES):
     try:
