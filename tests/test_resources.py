@@ -54,14 +54,14 @@ def tmpfs(tmp_path):
 
 # ------------------------------------------------------------------ the estimates
 def test_the_parameter_count_is_the_built_models():
-    from labkit.training.budget import model_values
+    from labkit.core.architectures import state_values
     from labkit.training.models import build_model
 
     for name in ("resnet10_small", "resnet50"):
         with torch.device("meta"):
             m, _ = build_model(name, 7, None)
         real = sum(t.numel() for t in m.state_dict().values() if t.is_floating_point())
-        assert model_values(name, 7) == real, name
+        assert state_values(name, 7) == real, name
 
 
 def test_a_shortfall_refuses_a_tight_margin_warns():

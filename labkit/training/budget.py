@@ -1,9 +1,10 @@
 """The preflight of the machine: will this run fit on the disk, in /dev/shm and in host memory?
 
-labkit.core.resources holds the arithmetic and the wording; this module supplies what needs
-torch: the model's size (counted on the meta device, so nothing is allocated and no weights are
-read) and the run's figures. The launcher checks before it spawns anything (labkit.lab.launch,
-labkit.lab.experiment); a rank of the bare torchrun command, which no launcher checked for,
+labkit.core.resources holds the arithmetic and the wording; this module supplies the run's
+figures: the model's size (counted from labkit.core.architectures' table, the one the model
+factory builds from, so neither torch nor torchvision is imported and no weights are read), the
+checkpoint and the data a rank holds. The launcher checks before it spawns anything
+(labkit.lab.launch, labkit.lab.experiment); a rank of the bare torchrun command, which no launcher checked for,
 checks the disk and /dev/shm before its process group exists. A shortfall is bad input:
 ConfigError, one line, exit 2.
 """
@@ -11,47 +12,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from labkit.core.architectures import state_values
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.resources import Need, disk_need, memory_need, shm_need
 
 FLOAT = 4  # bytes of a float32 value: weights, gradients and optimizer state are kept in fp32
-
-
-#: torchvision's ResNets as labkit.training.models builds them: (bottleneck?, blocks per stage)
-_ARCH = {"resnet10": (False, (1, 1, 1, 1)), "resnet18": (False, (2, 2, 2, 2)),
-         "resnet50": (True, (3, 4, 6, 3))}
-
-
-def model_values(model: str, num_classes: int) -> int:
-    """Floating-point values in the model's state_dict (weights and BatchNorm statistics),
-    counted from the architecture: importing torchvision to build it would cost the launcher
-    seconds (tests/test_resources.py checks the count against the built models)."""
-    base = model[: -len("_small")] if model.endswith("_small") else model
-    if base not in _ARCH:
-        raise ConfigError(f"unknown model {model!r}")
-    bottleneck, blocks = _ARCH[base]
-    expansion = 4 if bottleneck else 1
-    stem = 3 if model.endswith("_small") else 7
-    n, inplanes = 3 * 64 * stem * stem + _bn(64), 64
-    for stage, count in enumerate(blocks):
-        planes = 64 << stage
-        for i in range(count):
-            n += _block(inplanes, planes, bottleneck)
-            if i == 0 and (stage > 0 or inplanes != planes * expansion):
-                n += inplanes * planes * expansion + _bn(planes * expansion)  # downsample
-            inplanes = planes * expansion
-    return n + inplanes * num_classes + num_classes
-
-
-def _bn(c: int) -> int:
-    return 4 * c  # weight, bias, running mean, running variance
-
-
-def _block(inplanes: int, planes: int, bottleneck: bool) -> int:
-    if bottleneck:
-        return (inplanes * planes + 9 * planes * planes + planes * planes * 4
-                + 2 * _bn(planes) + _bn(4 * planes))
-    return 9 * inplanes * planes + 9 * planes * planes + 2 * _bn(planes)
 
 
 def checkpoint_bytes(cfg: TrainConfig, values: int) -> int:
@@ -71,7 +36,7 @@ def needs(cfg: TrainConfig, num_classes: int, ranks: int, workers: int, where: s
           methods: int = 1, flags: str = "--out") -> list[Need]:
     """What a resolved ``cfg`` needs: disk for ``methods`` runs in ``where``, /dev/shm for the
     loader workers of the ``ranks`` on this node, host memory for those ranks."""
-    values = model_values(cfg.model, num_classes)
+    values = state_values(cfg.model, num_classes)
     model = FLOAT * values
     batch = cfg.batch_size * (3 * cfg.image_size ** 2 * FLOAT + 8)
     out = [disk_need(where, checkpoint_bytes(cfg, values), model, methods, cfg.checkpoint, flags)]

@@ -8,23 +8,18 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
+from labkit.core import architectures
 from labkit.core.config import ConfigError
 
-# torchvision's own layer tables (resnet10 is the smallest member, for quick checks)
-_ARCH = {
-    "resnet10": (BasicBlock, [1, 1, 1, 1]),
-    "resnet18": (BasicBlock, [2, 2, 2, 2]),
-    "resnet50": (Bottleneck, [3, 4, 6, 3]),
-}
+_BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
 
 
 def build_model(name: str, num_classes: int, weights: str | None = None) -> tuple[nn.Module, str]:
-    """Return (model, note). ``name`` is resnet10|18|50 with an optional ``_small`` suffix."""
-    base, small = (name[: -len("_small")], True) if name.endswith("_small") else (name, False)
-    if base not in _ARCH:
-        raise ConfigError(f"unknown model {name!r}")
-    block, layers = _ARCH[base]
-    model = ResNet(block, layers, num_classes=num_classes)
+    """Return (model, note). ``name`` is resnet10|18|50 with an optional ``_small`` suffix
+    (labkit.core.architectures: the table)."""
+    base, small = architectures.parse(name)
+    block, layers = architectures.RESNETS[base]
+    model = ResNet(_BLOCKS[block], list(layers), num_classes=num_classes)
     if small:
         # small inputs (16-32 px): a 3x3 stride-1 stem and no max-pool keep the 4 stages' resolution
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
