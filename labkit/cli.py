@@ -242,12 +242,11 @@ def _split(values: dict):
 
 
 def cmd_run(values: dict) -> int:
-    from .lab.launch import Nodes
     from .lab.launch_params import method_out, nproc_or_default
 
     cfg, lp = _split(values)
     out = method_out(cfg, lp.runs_dir)
-    res = checked_launch(cfg, nproc_or_default(lp.nproc), out, Nodes.of(lp))  # exact? then run
+    res = checked_launch(cfg, nproc_or_default(lp.nproc), out, lp.nodes())  # exact? then run
     if not res.ok:
         log.error("labkit: %s", res.message)
         return 1
@@ -262,7 +261,6 @@ def cmd_run(values: dict) -> int:
 def _experiment_params(values: dict):
     """Flags and the -f file -> (TrainConfig, Experiment, what is left: e.g. a YAML sweep)."""
     from .lab.experiment import Experiment
-    from .lab.launch import Nodes
 
     if "parameters_file" in values:
         values = {**_load_yaml(values.pop("parameters_file")), **values}
@@ -274,7 +272,7 @@ def _experiment_params(values: dict):
         exp_kw["methods"] = [m.strip() for m in exp_kw["methods"].split(",") if m.strip()]
     extra = {k: values.pop(k) for k in ("sweep", "grid") if k in values}
     cfg, lp = _split(values)
-    return cfg, Experiment(**exp_kw, nproc=lp.nproc, nodes=Nodes.of(lp)), extra
+    return cfg, Experiment(**exp_kw, nproc=lp.nproc, nodes=lp.nodes()), extra
 
 
 def cmd_experiment(args: dict) -> int:

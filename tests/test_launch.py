@@ -9,7 +9,8 @@ import pytest
 
 from helpers import load_json, tiny_cfg
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.lab.launch import Nodes, launch, torchrun_command
+from labkit.lab.launch import launch, torchrun_command
+from labkit.lab.launch_params import Nodes
 
 TINY_CFG = tiny_cfg(max_steps_per_epoch=4, max_val_steps=1, timeout=60, pin_cpus=None)
 

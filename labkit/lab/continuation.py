@@ -26,7 +26,7 @@ from labkit.training import checkpoint
 
 from .experiment import Experiment, ExperimentFolder, prepare
 from .kernels import kernel_name
-from .launch import Nodes
+from .launch_params import Nodes
 from .record import environment_now
 from .runs_dir import write_index
 
@@ -54,7 +54,7 @@ def _recorded(run: Path) -> tuple[RunFolder, dict]:
 
 def _prepared(rec: RunFolder):
     exp = dict(rec.config.get("experiment") or {})
-    nodes = Nodes(**(exp.pop("nodes", None) or {}))
+    nodes = Nodes.of_record(exp.pop("nodes", None))
     names = {f.name for f in dataclasses.fields(Experiment)}
     experiment = Experiment(**{k: v for k, v in exp.items() if k in names}, nodes=nodes)
     train = TrainConfig(**rec.config["train"])

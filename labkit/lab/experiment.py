@@ -27,8 +27,8 @@ from .kernels import kernel_name
 from labkit.training import budget
 
 from .check import check_before_measuring
-from .launch import Nodes, check_out, mark_ended, validate, warn, write_resolved
-from .launch_params import nproc_or_default, plan_lines, with_absolute_paths
+from .launch import check_out, mark_ended, validate, warn, write_resolved
+from .launch_params import Nodes, nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
 from .render import execute, make_report, report_or_why
 from .runs_dir import new_run_dir, write_index

@@ -33,30 +33,11 @@ from labkit.core.status import Status
 from labkit.training import budget
 
 from .failures import explain_failure, is_consequence
+from .launch_params import Nodes
 from .torchrun_output import PREFIX_TEMPLATE, TorchrunOutput
 from .torchrun_output import knows as torchrun_knows
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """torchrun's multi-node options (single node on loopback by default)."""
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: Optional[str] = None  # host:port of the c10d rendezvous (multi-node)
-    rdzv_id: str = "labkit"
-    max_restarts: int = 0
-
-    @property
-    def multi(self) -> bool:
-        return self.nnodes > 1 or self.rdzv_endpoint is not None
-
-    @classmethod
-    def of(cls, lp) -> "Nodes":
-        """From the launcher's parameters (labkit.lab.launch_params.LaunchParams)."""
-        return cls(lp.nnodes or 1, lp.node_rank or 0, lp.rdzv_endpoint,
-                   max_restarts=lp.max_restarts or 0)
 
 
 class LaunchError(RuntimeError):

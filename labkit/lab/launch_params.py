@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from labkit.core import layout, params, resolved
 from labkit.core.config import ConfigError, TrainConfig, default_batch_size
@@ -20,19 +20,44 @@ def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-@dataclass
-class LaunchParams:
-    """How torchrun is started for one method, and where its folder goes without ``out`` (the
-    rest is the TrainConfig)."""
-    nproc: Optional[int] = _f(None, "processes per node (default: one per GPU, 2 sharing a "
-                                    "single GPU, else 4)")
+@dataclass(frozen=True)
+class Nodes:
+    """torchrun's multi-node options (single node on loopback by default): the launcher's
+    parameters that every node of a job gives alike, node_rank aside. LaunchParams holds these
+    fields and two of its own; labkit.lab.launch builds the torchrun command from them."""
     nnodes: int = _f(1, "nodes (multi-node: also node_rank and rdzv_endpoint)")
     node_rank: int = _f(0, "this node's number, 0..nnodes-1")
     rdzv_endpoint: Optional[str] = _f(None, "host:port of the torchrun c10d rendezvous")
     max_restarts: int = _f(0, "torchrun restarts after a failure (each resumes from the last "
                               "checkpoint)")
+    #: torchrun's --rdzv-id for every labkit job (a constant, not a parameter)
+    rdzv_id: ClassVar[str] = "labkit"
+
+    @property
+    def multi(self) -> bool:
+        return self.nnodes > 1 or self.rdzv_endpoint is not None
+
+    @classmethod
+    def of_record(cls, doc: Optional[dict]) -> "Nodes":
+        """From a recorded dict (config.json's experiment, resolved.json, a Slurm job's spec);
+        a key that is no field (runs recorded before 2026-11-26 hold rdzv_id) is left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (doc or {}).items() if k in names})
+
+
+@dataclass(frozen=True)
+class LaunchParams(Nodes):
+    """How torchrun is started for one method, and where its folder goes without ``out`` (the
+    rest is the TrainConfig): Nodes' fields, the process count and the runs folder."""
+    nproc: Optional[int] = _f(None, "processes per node (default: one per GPU, 2 sharing a "
+                                    "single GPU, else 4)")
     runs_dir: Optional[str] = _f(None, "without out: the new run folder goes under this folder "
                                        "(default: the project's runs/, from any working directory)")
+
+    def nodes(self) -> Nodes:
+        """The multi-node part (None, as a YAML file may give it, read as the default)."""
+        return Nodes(self.nnodes or 1, self.node_rank or 0, self.rdzv_endpoint,
+                     self.max_restarts or 0)
 
 
 LAUNCH_PARAMS = tuple(f.name for f in dataclasses.fields(LaunchParams))
@@ -153,8 +178,6 @@ def notebook_params(namespace: dict):
     decided and checked already; by hand, the parameters are checked and the machine's defaults
     filled in as `labkit experiment` fills them in (the launcher resolves the rest).
     """
-    from .launch import Nodes
-
     names = [f.name for f in dataclasses.fields(TrainConfig)] + list(LAUNCH_PARAMS)
     injected = {k: v for k, v in namespace.items()
                 if not k.startswith("_") and k not in names + list(NOTEBOOK_ONLY)
@@ -163,11 +186,11 @@ def notebook_params(namespace: dict):
     given = {k: namespace[k] for k in names if k in namespace}
     if namespace.get("resolved") is not None:
         cfg, nproc, nodes = _from_resolved(namespace["resolved"], given, injected)
-        return cfg, nproc, Nodes(**nodes)
+        return cfg, nproc, Nodes.of_record(nodes)
     check_params({**given, **injected})
     train, lp = _split(given)
     return (TrainConfig(**with_machine_defaults(train, lp.nproc)), nproc_or_default(lp.nproc),
-            Nodes.of(lp))
+            lp.nodes())
 
 
 def _from_resolved(path: str, given: dict, injected: dict):

@@ -39,7 +39,7 @@ from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status, experiment_status
 
 from .experiment import Experiment, prepare, run_experiment
-from .launch import Nodes
+from .launch_params import Nodes
 from .sweep import finish, new_sweep, prepare_points, sweep
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def wait(root: Path, doc: dict, stream: IO[str], poll: float = POLL_S) -> dict:
 def _load_point(root: Path, index: int) -> tuple[Path, TrainConfig, Experiment]:
     spec = RunFolder(root).read(f"{layout.SLURM_DIR}/{layout.SLURM_POINTS}")["points"][index]
     e = spec["experiment"]
-    return root / spec["dir"], TrainConfig(**spec["train"]), Experiment(**{**e, "nodes": Nodes(**e["nodes"])})
+    return root / spec["dir"], TrainConfig(**spec["train"]), Experiment(**{**e, "nodes": Nodes.of_record(e["nodes"])})
 
 
 def run_point(root: Path, index: int, stream: IO[str]) -> int:
