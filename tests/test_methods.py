@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, TINY, check_ok, load_json, torchrun
+from helpers import HTML_ONLY, ROOT, TINY, check_ok, labkit, load_json, torchrun
 from labkit.core import methods
 from labkit.core.errors import ConfigError
 from labkit.training.sync import Strategy, load_method
@@ -26,15 +26,27 @@ GUIDE = {"ddp": ("Baseline DDP (PyTorch)", "results_baseline_ddp.json"),
 
 
 @pytest.fixture(scope="module")
-def ring_run(tmp_path_factory) -> Path:
-    """The example ring all-reduce, copied into a folder outside the project and named from
-    there by a relative path, trained for real on 2 gloo ranks (TINY)."""
+def ring_cmd(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`labkit run my_methods/ring.py:RingAllReduce` from a folder outside the project, the
+    method named from there by a relative path: its exactness check, then a real TINY run on 2
+    gloo ranks. (run folder, the command's output)"""
     base = tmp_path_factory.mktemp("own")
     (base / "my_methods").mkdir()
     shutil.copy(RING, base / "my_methods" / "ring.py")
-    check_ok(torchrun(2, TINY + ["--method", "my_methods/ring.py:RingAllReduce",
-                                 "--out", str(base / "out")], cwd=base))
-    return base / "out"
+    # gloo, as helpers.torchrun gives the equivalence runs on a machine with fewer GPUs than ranks
+    p = _labkit(base, "run", "my_methods/ring.py:RingAllReduce", "--nproc", "2", *TINY,
+                "--backend", "gloo", "--runs-dir", "runs")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    found = list((base / "runs").glob("*_ring_all_reduce/results_ring_all_reduce.json"))
+    assert len(found) == 1, found
+    return found[0].parent, p
+
+
+@pytest.fixture(scope="module")
+def ring_run(ring_cmd) -> Path:
+    """The ring's output folder (ring_cmd's run folder), trained as the equivalence tests'
+    TINY runs are."""
+    return ring_cmd[0]
 
 
 def test_the_built_ins_are_registered_as_a_users_method_is():
@@ -102,17 +114,18 @@ def test_a_module_and_an_entry_point_name_a_method(tmp_path, monkeypatch):
     assert (s.key, s.result_file, s.source) == ("handring", "results_handring.json", "ringpkg.ring:RingAllReduce")
 
 
-def test_labkit_run_takes_a_users_method(tmp_path):
-    """`labkit run path.py:Class` from the user's folder: the run folder and the result file
-    are named after the method."""
-    (tmp_path / "mine").mkdir()
-    shutil.copy(RING, tmp_path / "mine" / "ring.py")
-    p = subprocess.run([sys.executable, "-m", "labkit", "run", "mine/ring.py:RingAllReduce",
-                        "--nproc", "2", *TINY, "--runs-dir", "runs"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    found = list((tmp_path / "runs").glob("*_ring_all_reduce/results_ring_all_reduce.json"))
-    assert len(found) == 1 and load_json(found[0])["status"] == "completed"
+def test_labkit_run_takes_a_users_method(ring_cmd):
+    """`labkit run path.py:Class` from the user's folder: the method's exactness check first
+    (the check's verdict, as `labkit check` gives it), then the run; the run folder and the
+    result file are named after the method."""
+    out, p = ring_cmd
+    assert out.name.endswith("_ring_all_reduce") and load_json(out / "results_ring_all_reduce.json")[
+        "status"] == "completed"
+    # labkit check's verdict on the ring (test_the_sharded_optimizer_is_exact... checks the
+    # command's own line: "labkit check: <key> is exact: ...", exit 0)
+    said = [l for l in p.stdout.splitlines() if l.startswith("check: ")]
+    assert len(said) == 1 and said[0].startswith(
+        "check: ring_all_reduce is exact: after 3 steps on 2 trainers"), p.stdout[-3000:]
 
 
 def test_a_name_that_names_no_method_is_one_line():
@@ -203,9 +216,10 @@ def test_no_such_file_or_module_is_one_line(tmp_path, capsys):
                  "method no_such_pkg.ring:Ring: no module 'no_such_pkg.ring'")
 
 
-def _labkit(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "labkit", *argv], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+def _labkit(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`labkit ARGV` in ``cwd``, one thread per rank, reports as HTML only (no test here reads
+    a PDF)."""
+    return labkit(argv, cwd, env=HTML_ONLY, timeout=300)
 
 
 def test_labkit_run_and_experiment_refuse_a_broken_method_before_anything_starts(tmp_path):
@@ -237,7 +251,8 @@ class FailsFirstStep(Strategy):
 def test_a_method_raising_in_its_first_step_fails_in_one_line(tmp_path):
     """The rank that raised names the method, the user's file and line and the step; the run is
     failed with that reason, and no process is left. (Claiming exactness, it meets the error in
-    its check, before any run: the same line, exit 2.)"""
+    its check, before any run: the same line, exit 2, no run folder: `labkit run` stops at a
+    failing check as `labkit experiment` does at a method that is not exact.)"""
     from helpers import running_in
 
     (tmp_path / "exact.py").write_text(FAILS.replace("exact = False", "exact = True"))
@@ -279,7 +294,9 @@ def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_p
         assert "Ring All-Reduce" in part and "Baseline DDP" in part, part
     runs = _labkit(tmp_path, "runs", "runs")
     assert runs.returncode == 0 and "Ring All-Reduce img/s" in runs.stdout, runs.stdout + runs.stderr
-    again = _labkit(tmp_path / "my_methods", "reproduce", str(run), "--tolerance", "1e-3")
+    # the user's method only: ddp's reproduction is test_reproduce's
+    again = _labkit(tmp_path / "my_methods", "reproduce", str(run), "--methods", "ring_all_reduce",
+                    "--tolerance", "1e-3")
     assert "ring_all_reduce" in again.stdout and again.returncode in (0, 1), again.stdout + again.stderr
     new = [d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink() and d != run]
     assert len(new) == 1 and load_json(new[0] / "ring_all_reduce" / "results_ring_all_reduce.json")[
@@ -365,27 +382,22 @@ class SkipsOneAverage(Strategy):
 '''
 
 
-def test_labkit_check_finds_the_ring_exact(tmp_path):
-    p = _labkit(tmp_path, "check", str(RING) + ":RingAllReduce")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.startswith("labkit check: ring_all_reduce is exact: after 3 steps on 2 trainers")
-
-
 def test_a_method_that_is_not_exact_fails_its_check_and_nothing_else_runs(tmp_path):
-    """The check names the parameter the method got wrong; `labkit run` and `labkit experiment`
-    run it first and stop there (one line, exit non-zero, no run folder)."""
+    """The check names the parameter the method got wrong; `labkit experiment` runs it first and
+    stops there (one line, exit 2, no run folder). (`labkit run` runs the same check first and
+    stops the same way: test_a_method_raising_in_its_first_step_fails_in_one_line, on a method
+    whose check fails; each check trains, so one command per failing check here.)"""
     (tmp_path / "wrong.py").write_text(WRONG)
     p = _labkit(tmp_path, "check", "wrong.py:SkipsOneAverage")
     assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
     assert p.stdout.startswith("labkit check: skips_one_average is not exact: after 3 steps on 2 "
                                "trainers parameter fc.weight differs from the single-process "
                                "reference by "), p.stdout
-    for argv in (["run", "wrong.py:SkipsOneAverage", "--nproc", "2"],
-                 ["experiment", "--methods", "ddp,wrong.py:SkipsOneAverage", "--nproc", "2"]):
-        p = _labkit(tmp_path, *argv, *TINY, "--runs-dir", "runs")
-        lines = p.stderr.strip().splitlines()
-        assert p.returncode == 2 and len(lines) == 1, p.stdout + p.stderr
-        assert "skips_one_average is not exact" in lines[0] and "parameter fc.weight" in lines[0]
+    p = _labkit(tmp_path, "experiment", "--methods", "ddp,wrong.py:SkipsOneAverage", "--nproc", "2",
+                *TINY, "--runs-dir", "runs")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stdout + p.stderr
+    assert "skips_one_average is not exact" in lines[0] and "parameter fc.weight" in lines[0]
     assert not (tmp_path / "runs").exists()
 
 
@@ -439,8 +451,11 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
     final = torch.load(tmp_path / "z" / "final_model.pt", weights_only=True)
     for k, ref in reference_state(2).items():
         torch.testing.assert_close(final[k], ref, atol=ATOL, rtol=RTOL, msg=lambda m: f"{k}: {m}")
+    # `labkit check`'s own line for an exact method (labkit run's check of the ring says the
+    # same verdict: test_labkit_run_takes_a_users_method)
     p = _labkit(tmp_path, "check", f"{ZERO1}:ShardedOptimizer")
-    assert p.returncode == 0 and "sharded_optimizer is exact" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("labkit check: sharded_optimizer is exact: after 3 steps on 2 trainers"), p.stdout
 
 
 def test_a_method_registered_elsewhere_is_no_row_of_another_runs_tables(ddp_run):
