@@ -3,7 +3,11 @@ and every check passed, once, for this machine, by whoever launches (labkit expe
 launcher); run_method.ipynb and every rank read it instead of deciding again.
 
     {"train": {TrainConfig's fields, none automatic}, "nproc": 4,
-     "nodes": {"nnodes": 1, "node_rank": 0, ...}}
+     "nodes": {"nnodes": 1, "node_rank": 0, ...}, "method_spec": {the method's MethodSpec}}
+
+The method's spec (its key, result file, whether it serves) travels with it, as in a result
+file, so that a reader knows a method of one's own without importing its code first: the
+notebook kernel never does, and a rank loads the class when it builds the trainer.
 
 A bare ``torchrun -m labkit.train --flags`` has no such file: its ranks resolve and check the
 flags themselves (labkit.training.preflight).
@@ -14,6 +18,7 @@ import dataclasses
 import os
 from typing import Any
 
+from . import methods
 from .config import TrainConfig
 from .errors import ConfigError
 from .files import atomic_write_json
@@ -23,7 +28,8 @@ from .run_folder import read_json
 def write(path: str, cfg: TrainConfig, nproc: int, nodes: dict[str, Any]) -> None:
     """Write the resolved ``cfg`` with the processes it was checked for (``nodes``: the
     launcher's Nodes as a dict)."""
-    atomic_write_json(path, {"train": cfg.to_dict(), "nproc": nproc, "nodes": nodes})
+    atomic_write_json(path, {"train": cfg.to_dict(), "nproc": nproc, "nodes": nodes,
+                             "method_spec": methods.spec(cfg.method).to_dict()})
 
 
 def read(path: str) -> tuple[TrainConfig, int, dict[str, Any]]:
@@ -32,6 +38,7 @@ def read(path: str) -> tuple[TrainConfig, int, dict[str, Any]]:
     try:
         doc = read_json(path)
         train, nproc, nodes = dict(doc["train"]), int(doc["nproc"]), dict(doc.get("nodes") or {})
+        spec = methods.MethodSpec.from_dict(doc["method_spec"])
     except OSError as e:
         raise ConfigError(f"cannot read the resolved config {path!r}: "
                           f"{e.strerror or e}") from None
@@ -42,6 +49,7 @@ def read(path: str) -> tuple[TrainConfig, int, dict[str, Any]]:
         odd = sorted(set(train) ^ names)
         raise ConfigError(f"{path!r} is not a resolved config of this labkit (field(s) "
                           f"{', '.join(odd)} differ)")
+    methods.register(spec, train["method"])  # by its key and by the reference the config names
     return TrainConfig(**train), nproc, nodes
 
 
