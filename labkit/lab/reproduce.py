@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import IO, Iterable, Optional
+from typing import IO, Any, Iterable, Optional
 
 from labkit.analysis import compare
 from labkit.analysis.compare import ReproduceError
@@ -36,6 +36,7 @@ class Plan:
     nproc: int
     cell_timeout: int
     runs_dir: Path                    # where the new run folder goes
+    prepared: Any                     # labkit.lab.experiment.Prepared: checked once, here
 
 
 def _config(d: dict, where: str) -> TrainConfig:
@@ -53,7 +54,7 @@ def _config(d: dict, where: str) -> TrainConfig:
 def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
          out: Optional[str] = None, tolerance: Optional[float] = None) -> Plan:
     """Read and check everything; ReproduceError (or ConfigError) names the first problem."""
-    from .launch import validate
+    from .experiment import Experiment, prepare
 
     compare.check_tolerance(tolerance)
     # resolved now: runs/latest is a link that the new run folder will move
@@ -77,11 +78,14 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
                              f"reproduction never writes into the original")
     where = f"{str(rec.path / layout.CONFIG)!r}"
     configs = {m: _config(rec.methods[m], f"{where} (method {m})") for m in chosen}
-    for m, c in configs.items():  # bad data dir, nccl without GPUs...: before anything exists
-        validate(c, nproc)
     train = rec.config.get("train")
     train = _config(train, where) if isinstance(train, dict) else configs[chosen[0]]
-    return Plan(rec, chosen, configs, train, nproc, int(exp.get("cell_timeout") or 3600), runs_dir)
+    cell_timeout = int(exp.get("cell_timeout") or 3600)
+    # bad data dir, nccl without GPUs...: every config checked once, before anything exists
+    # (the experiment it runs takes them as checked)
+    prepared = prepare(train, Experiment(methods=chosen, nproc=nproc, runs_dir=str(runs_dir), tag=TAG,
+                                         cell_timeout=cell_timeout), configs)
+    return Plan(rec, chosen, configs, train, nproc, cell_timeout, runs_dir, prepared)
 
 
 def current_environment(p: Plan) -> dict:
@@ -101,7 +105,7 @@ def _recorded_line(rec: RunFolder) -> str:
 def run(p: Plan, tolerance: Optional[float] = None, stream: Optional[IO[str]] = None) -> tuple[Path, dict, dict]:
     """Print the environment comparison, re-run, compare; return (new run folder,
     reproduction document, experiment status)."""
-    from .experiment import Experiment, prepare, run_experiment
+    from .experiment import run_experiment
 
     stream = stream or transcript(__name__)
     rec = p.original
@@ -120,9 +124,7 @@ def run(p: Plan, tolerance: Optional[float] = None, stream: Optional[IO[str]] = 
         compare.write_reproduction(run_dir, doc)
         holder["doc"] = doc
 
-    exp = Experiment(methods=p.methods, nproc=p.nproc, runs_dir=str(p.runs_dir), tag=TAG,
-                     cell_timeout=p.cell_timeout)
-    new_run, status = run_experiment(p.train, exp, stream, prepare(p.train, exp, p.configs),
+    new_run, status = run_experiment(p.train, p.prepared.exp, stream, p.prepared,
                                      before_report=write_verdicts)
     return new_run, holder["doc"], status
 
