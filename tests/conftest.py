@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import inspect
+import json
 import os
 import random
 import shutil
@@ -17,8 +18,9 @@ import pytest
 
 # helpers first: it puts tests/hooks on PYTHONPATH for every process the tests start. Test
 # modules import from helpers, never from here (tests/test_architecture.py checks it)
-from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, TINY, Experiment,
-                     check_ok, labkit, make_image_tree, torchrun)
+from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, HTML_ONLY, PAIR_FLAGS,
+                     PAIR_GRID, TINY, Experiment, Reproduced, check_ok, labkit, make_image_tree,
+                     snapshot_tree, torchrun)
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +106,40 @@ def experiment(tmp_path_factory) -> Experiment:
     return Experiment(shared_dir(tmp_path_factory, "experiment", _experiment))
 
 
+# ------------------------------------------------------------------ a run and its reproduction
+# Two real ddp runs differing only in --bucket-mb (the points of one `labkit sweep`), the first
+# copied to runs/ as a user copies a run folder and reproduced with `labkit reproduce
+# runs/latest`: the run folders of test_reproduce (compare, the record, the command) and of
+# test_lab_notebook's runs index and diff (a run, its reproduction, a sweep, two runs one
+# parameter apart), which were written by hand around bare torchrun output before (issue 40)
+def _reproduced(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    grid = [f"{k}={','.join(map(str, v))}" for k, v in PAIR_GRID.items()]
+    check_ok(labkit(["sweep", *grid, *PAIR_FLAGS, "--no-report", "--runs-dir", "sweeps"], cwd=folder,
+                    env=HTML_ONLY))
+    sweep = (folder / "sweeps" / "latest").resolve()
+    (key,) = PAIR_GRID
+    points = {str(p["params"][key]): p["dir"]
+              for p in json.loads((sweep / "sweep.json").read_text())["points"]}
+    first = sweep / points[str(PAIR_GRID[key][0])]
+    runs = folder / "runs"
+    runs.mkdir()
+    original = shutil.copytree(first, runs / sweep.name.replace("_sweep", "_a"))  # cp -r
+    (runs / "latest").symlink_to(original.name)
+    before = snapshot_tree(original)
+    Experiment.record(folder, labkit(["reproduce", "runs/latest"], cwd=folder, env=HTML_ONLY))
+    (folder / "reproduced.json").write_text(json.dumps({
+        "sweep": str(sweep.relative_to(folder)), "points": points,
+        "original": str(original.relative_to(folder)), "before": before}))
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> Reproduced:
+    """The sweep, the run copied from its first point and that run's reproduction (read-only;
+    a test that changes one works on a copy)."""
+    return Reproduced(shared_dir(tmp_path_factory, "reproduced", _reproduced))
+
+
 # `make test` runs two xdist workers with --dist loadgroup: each xdist group's tests go to one
 # worker together (the groups with the most tests first), every other test on its own, in
 # collection order. On 2 cores the suite is CPU-bound, so what a good order saves is the end:
@@ -124,7 +160,8 @@ LONGEST_FIRST = {
     "test_launch.py::test_launch_streams_the_reporting_rank": 12,
     # its group's first test builds three DDP runs (--time-comm stats, hook, off)
     "test_breakdown.py::test_timing_ddp_changes_no_parameter": 30,
-    # the lab notebook's group builds its run folders in its first test's fixtures
+    # the lab notebook's group (test_reproduce's too) builds its run folders in its first
+    # test's fixtures: `reproduced` and the module's own
     "test_lab_notebook.py::test_runs_lists_every_kind_with_its_status": 95,
     "test_resources.py::test_a_disk_that_fills_at_the_first_checkpoint_is_one_line": 24,
     "test_resources.py::test_a_rank_killed_as_by_the_oom_killer_is_one_line": 23,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -139,6 +138,38 @@ class Experiment:
         (cwd / "stdout.txt").write_text(p.stdout)
         (cwd / "stderr.txt").write_text(p.stderr)
         (cwd / "returncode").write_text(str(p.returncode))
+
+
+# conftest's `reproduced`: two real ddp runs that differ only in --bucket-mb, the two points of
+# one `labkit sweep` (9 steps, 6 of them past the warm-up: a throughput interval), the first
+# then reproduced with `labkit reproduce`. Read by test_reproduce and test_lab_notebook (runs
+# index, diff), instead of run folders written by hand (issue 40)
+PAIR_GRID = {"bucket_mb": (25.0, 10.0)}
+PAIR_FLAGS = ["--nproc", "2", "--methods", "ddp", "--calibrate-steps", "2",
+              *tiny_flags(max_steps_per_epoch=9, max_val_steps=1, timeout=60)]
+
+
+def snapshot_tree(root: Path) -> dict:
+    """{relative path: mtime in ns} of everything under ``root``: compared before and after,
+    it says that nothing was written there."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
+
+
+class Reproduced(Experiment):
+    """conftest's `reproduced` (built in ``cwd``, maybe by another xdist worker): ``sweep`` (the
+    real two-point sweep), ``points`` ({bucket_mb: its point's folder}), ``original`` (the
+    first point, copied to runs/ with runs/latest at it, as a user copies a run folder),
+    ``before`` (its files' mtimes then), and, as an Experiment, the `labkit reproduce
+    runs/latest` that followed: ``run`` (the reproduction, where runs/latest now points), its
+    exit code and output."""
+
+    def __init__(self, cwd: Path):
+        super().__init__(cwd)
+        doc = json.loads((cwd / "reproduced.json").read_text())
+        self.sweep = cwd / doc["sweep"]
+        self.points = {float(k): self.sweep / v for k, v in doc["points"].items()}
+        self.original = cwd / doc["original"]
+        self.before = doc["before"]
 
 
 # ------------------------------------------------------------------ starting labkit
@@ -446,33 +477,3 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
             for n, b in model.named_buffers():
                 b.copy_(new_buffers[n])
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-# ------------------------------------------------------------------ imitation run folders
-def make_run(root: Path, name: str, trained: Path, extra: tuple[str, ...] = ()) -> Path:
-    """A run folder as labkit experiment writes it (config.json, environment.json with the
-    record, requirements.lock), with one method, ddp on 2 gloo ranks, trained for real: a copy
-    of ``trained``, the output of torchrun with exactly this config (conftest's ddp_run or
-    ddp_rerun; ``extra``: the flags it ran with besides TINY)."""
-    from labkit.core import layout
-    from labkit.core.config import build_parser, from_args
-    from labkit.core.files import atomic_write_json
-    from labkit.core.status import Status
-    from labkit.lab import record
-    from labkit.training.preflight import preflight
-
-    run = root / name
-    run.mkdir()
-    cfg = preflight(from_args(build_parser().parse_args(TINY + ["--method", "ddp", *extra])),
-                    world=2, local_world=2)
-    snap = record.snapshot({"ddp": cfg}, cfg.seed, ROOT)
-    atomic_write_json(str(run / "config.json"), layout.portable(
-        {"experiment": {"methods": ["ddp"], "nproc": 2}, "train": cfg.to_dict(),
-         "resolved": {"ddp": cfg.to_dict()}}, run))
-    env = record.write_record(run, snap)
-    atomic_write_json(str(run / "environment.json"), layout.portable(env, run))
-    atomic_write_json(str(run / "experiment.json"), layout.portable(
-        {"run_dir": str(run), "methods": {"ddp": {"status": Status.COMPLETED.value,
-                                                  "notebook": str(run / "ddp" / "x.ipynb")}}}, run))
-    shutil.copytree(trained, run / "ddp")
-    return run

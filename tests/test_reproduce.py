@@ -1,18 +1,17 @@
 """labkit.analysis.compare and labkit.lab.record: a run and its rerun from one seed agree bit for bit on
 CPU; an edited loss or a changed data fingerprint is named; bad input is one clear error; the
-environment record installs (format) and a copied run folder still works."""
+environment record installs (format) and a copied run folder still works. The runs are real:
+conftest's `reproduced` (a point of a real sweep, copied, and its `labkit reproduce`)."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import make_run
+from helpers import HTML_ONLY, labkit, load_json, snapshot_tree
 from labkit.lab import record
 from labkit.analysis import compare
 from labkit.core import layout, lockfile
@@ -20,14 +19,23 @@ from labkit.core.config import ConfigError
 from labkit.core.run_folder import RunFolder
 from labkit.analysis.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
 
-pytestmark = pytest.mark.xdist_group("reproduce")
+# conftest's `reproduced` is this module's and test_lab_notebook's: one xdist group, so that one
+# worker builds it and reads it while the other goes on (in two groups, the second worker to
+# ask would wait on the first's build)
+pytestmark = pytest.mark.xdist_group("labnotebook")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, ddp_run, ddp_rerun):
-    """Two runs of one config from one seed, each trained on its own."""
-    base = tmp_path_factory.mktemp("repro")
-    return make_run(base, "a", ddp_run), make_run(base, "b", ddp_rerun)
+def runs(reproduced):
+    """Two runs of one config from one seed, each trained on its own: a run folder written by
+    labkit (a sweep's point, copied) and its reproduction (read-only: tests change copies)."""
+    return reproduced.original, reproduced.run
+
+
+def steps_of(run: Path) -> int:
+    """The training steps the run's config asked for."""
+    train = load_json(run / "config.json")["train"]
+    return train["epochs"] * train["max_steps_per_epoch"]
 
 
 def copy_run(src: Path, dst: Path) -> Path:
@@ -42,12 +50,13 @@ def edit_json(path: Path, change) -> None:
 
 
 def test_same_seed_twice_is_identical(runs, tmp_path):
-    a, b = (RunFolder.experiment(r) for r in runs)
+    # the reproduction's own reproduction.json is rewritten below: on a copy
+    a, b = RunFolder.experiment(runs[0]), RunFolder.experiment(copy_run(runs[1], tmp_path / "b"))
     doc = compare.compare_runs(a, b)
     v = doc["methods"]["ddp"]
     assert v["verdict"] == IDENTICAL, v
     assert v["max_abs_diff"] == 0.0 and v["first_divergence"] is None
-    assert v["compared"]["steps"] == 5 and v["compared"]["parameters"] > 10
+    assert v["compared"]["steps"] == steps_of(runs[0]) and v["compared"]["parameters"] > 10
     assert doc["reproduced"] is True
     assert doc["environment"] == []  # same machine, same code, same packages and data
     # the timings are compared (a ratio), never for equality
@@ -121,19 +130,19 @@ def test_environment_diff_names_commit_packages_and_threads(runs):
 
 
 def test_a_copied_run_folder_still_works(runs, tmp_path):
+    """(`labkit report` of a copied run folder: test_labkit_reproduce_runs_latest_identical_and_
+    relocatable, on the reproduction's copy.)"""
     moved = copy_run(runs[0], tmp_path / "moved")
     for name in ("config.json", "environment.json", "experiment.json"):
         text = (moved / name).read_text()
         assert str(runs[0]) not in text, name  # nothing points back at the original place
-    assert json.loads((moved / "experiment.json").read_text())["methods"]["ddp"]["notebook"] == "ddp/x.ipynb"
-    assert layout.resolve_in_run(moved, "ddp/x.ipynb") == moved / "ddp" / "x.ipynb"
+    nb = json.loads((moved / "experiment.json").read_text())["methods"]["ddp"]["notebook"]
+    assert nb == "ddp/run_method.ipynb"
+    assert layout.resolve_in_run(moved, nb) == moved / "ddp" / "run_method.ipynb"
+    assert (moved / "ddp" / "run_method.ipynb").is_file()
     rec = RunFolder.experiment(moved)
     assert compare.load_environment(rec)["package_versions"]  # its lock, found in the copy
     assert compare.compare_runs(rec, RunFolder.experiment(runs[1]))["reproduced"]
-    p = subprocess.run([sys.executable, "-m", "labkit", "report", str(moved)], capture_output=True,
-                       text=True, timeout=180, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert (moved / "report" / "performance_report.txt").exists()
 
 
 def test_portable_paths():
@@ -250,44 +259,35 @@ def test_data_fingerprints(tmp_path):
 
 
 # ------------------------------------------------------------------ the command, end to end
-def labkit_cli(*args, cwd) -> subprocess.CompletedProcess:
-    # one thread per rank as the recorded runs had (launch keeps a given OMP_NUM_THREADS); no
-    # Chromium: the report is written as HTML only, a few seconds quicker (these tests read the
-    # HTML; test_experiment's complete run folder checks the PDF)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LABKIT_CHROMIUM": "/nonexistent/chromium"}
-    return subprocess.run([sys.executable, "-m", "labkit", *map(str, args)], capture_output=True,
-                          text=True, timeout=400, cwd=cwd, env=env)
+# (one thread per rank as the recorded runs had, helpers.labkit; no Chromium: the report is
+# written as HTML only, a few seconds quicker: these tests read the HTML, test_experiment's
+# session experiment checks the PDF)
 
 
-def snapshot_tree(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
-
-
-def test_labkit_reproduce_runs_latest_identical_and_relocatable(runs, tmp_path):
-    """A copied run folder (cp -r), reached through runs/latest: the reproduction lands in a
-    new folder beside it, is identical, exit 0; the report says so; the new folder names no
-    absolute path of its own and still reports after it is copied elsewhere."""
-    runs_dir = tmp_path / "runs"
-    runs_dir.mkdir()
-    orig = copy_run(runs[0], runs_dir / "orig")
-    (runs_dir / "latest").symlink_to("orig")
-    before = snapshot_tree(orig)
-    p = labkit_cli("reproduce", runs_dir / "latest", cwd=tmp_path)
+def test_labkit_reproduce_runs_latest_identical_and_relocatable(reproduced, tmp_path):
+    """A copied run folder (cp -r), reached through runs/latest (conftest's `reproduced` ran
+    `labkit reproduce runs/latest` on it): the reproduction lands in a new folder beside it, is
+    identical, exit 0; the report says so; the new folder names no absolute path of its own and
+    still reports after it is copied elsewhere."""
+    p, orig, before = reproduced, reproduced.original, reproduced.before
+    runs_dir = orig.parent
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
     # the environment is compared before anything runs
     assert out.index("environment now vs recorded:") < out.index("=== ddp: 2 processes ===")
     assert "verdict per method:\n  ddp: identical\n" in out and "REPRODUCED: 1 of 1 methods" in out
-    new = next(runs_dir.glob("*_repro"))
+    (new,) = runs_dir.glob("*_repro")
+    assert new == reproduced.run
     assert os.readlink(runs_dir / "latest") == new.name  # the link moved; the original did not
     assert snapshot_tree(orig) == before  # never written to
     doc = json.loads((new / layout.REPRODUCTION).read_text())
     # compared with the original, not with itself through the moved link
     assert doc["original"] == str(orig.resolve()) and doc["reproduction"] == "."
-    assert doc["methods"]["ddp"]["verdict"] == IDENTICAL and doc["methods"]["ddp"]["compared"]["steps"] == 5
+    assert (doc["methods"]["ddp"]["verdict"] == IDENTICAL
+            and doc["methods"]["ddp"]["compared"]["steps"] == steps_of(orig))
     assert doc["methods"]["ddp"]["timing"]["speed_ratio"] > 0
     html = (new / "report" / "report.html").read_text()
-    assert "Reproduction of orig: reproduced (1 identical)" in html
+    assert f"Reproduction of {orig.name}: reproduced (1 identical)" in html
     assert "<details><summary>" in html and "Python packages installed" in html
     # relocatable: nothing the run wrote about itself names its absolute place
     for f in ("config.json", "environment.json", "experiment.json", "reproduction.json",
@@ -297,11 +297,12 @@ def test_labkit_reproduce_runs_latest_identical_and_relocatable(runs, tmp_path):
     nb = json.loads((new / "ddp" / "run_method.ipynb").read_text())
     injected = next(c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", []))
     assert 'out = "."\n' in injected["source"]
+    # a copied run folder still reports (its performance_report.txt made from the copy alone)
     moved = copy_run(new, tmp_path / "moved")
-    r = labkit_cli("report", moved, cwd=tmp_path)
+    r = labkit(["report", moved], cwd=tmp_path, env=HTML_ONLY)
     assert r.returncode == 0, r.stderr
     text = (moved / "report" / "performance_report.txt").read_text()
-    assert "Reproduction of orig: reproduced (1 identical)" in text
+    assert f"Reproduction of {orig.name}: reproduced (1 identical)" in text
 
 
 def test_labkit_reproduce_names_an_edited_loss_and_exits_1(runs, tmp_path):
@@ -310,7 +311,7 @@ def test_labkit_reproduce_names_an_edited_loss_and_exits_1(runs, tmp_path):
     rec = copy_run(runs[0], tmp_path / "rec")
     edit_json(rec / "ddp" / "results_baseline_ddp.json", lambda d: d["epochs"][0]["all_losses"].__setitem__(
         2, d["epochs"][0]["all_losses"][2] + 1e-3))
-    p = labkit_cli("reproduce", rec, "--out", tmp_path / "elsewhere", cwd=tmp_path)
+    p = labkit(["reproduce", rec, "--out", tmp_path / "elsewhere"], cwd=tmp_path, env=HTML_ONLY)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert "  ddp: different\n    first differs at step 3 (epoch 1, step 3): loss" in p.stdout
     assert "NOT REPRODUCED: 0 of 1 methods" in p.stdout
