@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,25 @@ def completed(path: Path) -> bool:
         return json.loads(path.read_text())["status"] == Status.COMPLETED
     except (OSError, ValueError, KeyError):
         return False
+
+
+def in_process(args: list, cwd: Path, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """`labkit ARGS` run by labkit.cli.main in this process, in ``cwd``: its exit code and what it
+    printed, a second or two sooner than a new Python (each command's first call in this
+    module starts `python -m labkit` for real; the further calls check the command's options)."""
+    from labkit.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    handler = signal.getsignal(signal.SIGTERM)  # main() installs labkit's own
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def kill_everything_in(run: Path) -> None:
@@ -112,7 +132,7 @@ def runs_dir(tmp_path_factory, reproduced, killed) -> Path:
 # 173 s in a full suite on the shared machine (five experiments and two torchrun jobs then)
 # and passed 300 s under a busy loop on both cores: pytest-timeout's limit counts that set-up
 @pytest.mark.timeout(900)
-def test_runs_lists_every_kind_with_its_status(runs_dir):
+def test_runs_lists_every_kind_with_its_status(runs_dir, capsys, monkeypatch):
     p = labkit(["runs", str(runs_dir), "--json"], runs_dir)
     assert p.returncode == 0, p.stderr
     rows = {r["tag"] or r["name"]: r for r in json.loads(p.stdout, parse_constant=pytest.fail)}
@@ -128,14 +148,17 @@ def test_runs_lists_every_kind_with_its_status(runs_dir):
     # runs/latest is a link, not a row
     assert len(rows) == len([d for d in runs_dir.iterdir() if d.is_dir() and not d.is_symlink()]) == 8
 
-    text = labkit(["runs", str(runs_dir)], runs_dir).stdout
+    def runs(*args):
+        return in_process(["runs", runs_dir, *args], runs_dir, capsys, monkeypatch)
+
+    text = runs().stdout
     header = text.splitlines()[0].split()
     assert "bucket_mb" in header            # it differs between a and c
     assert "lr" not in header               # it does not
-    assert "lr" in labkit(["runs", str(runs_dir), "--all"], runs_dir).stdout.splitlines()[0].split()
-    only = labkit(["runs", str(runs_dir), "--status", "failed", "--json"], runs_dir).stdout
+    assert "lr" in runs("--all").stdout.splitlines()[0].split()
+    only = runs("--status", "failed", "--json").stdout
     assert [r["tag"] for r in json.loads(only)] == ["fail"]
-    assert labkit(["runs", str(runs_dir), "--since", "yesterday"], runs_dir).returncode == 2
+    assert runs("--since", "yesterday").returncode == 2
 
 
 def test_the_index_page_is_written_at_the_end_of_an_experiment(runs_dir):
@@ -150,7 +173,7 @@ def run_tagged(runs_dir: Path, tag: str) -> Path:
     return run
 
 
-def test_diff_names_the_one_changed_parameter(runs_dir, tmp_path):
+def test_diff_names_the_one_changed_parameter(runs_dir, tmp_path, capsys, monkeypatch):
     b, c = run_tagged(runs_dir, "a"), run_tagged(runs_dir, "c")
     p = labkit(["diff", str(b), str(c)], tmp_path)
     assert p.returncode == 0, p.stderr
@@ -160,16 +183,17 @@ def test_diff_names_the_one_changed_parameter(runs_dir, tmp_path):
     assert re.search(r"throughput \d+\.\d\dx A.*95% CI \d+\.\d+-\d+\.\d+", line), line
     assert (tmp_path / f"diff_{b.name}_vs_{c.name}.png").stat().st_size > 5000
     a = run_tagged(runs_dir, "a")
-    p = labkit(["diff", str(a), str(run_tagged(runs_dir, "repro"))], tmp_path)
+    p = in_process(["diff", a, run_tagged(runs_dir, "repro")], tmp_path, capsys, monkeypatch)
     assert p.returncode == 0 and p.stdout.splitlines()[3].startswith("identical")
 
 
-def test_bad_input_is_one_line_and_creates_nothing(runs_dir, tmp_path):
-    for args in (["diff", str(tmp_path), str(run_tagged(runs_dir, "a"))],
-                 ["experiment", "--continue", str(run_tagged(runs_dir, "a"))],
-                 ["experiment", "--continue", str(tmp_path / "nope")],
-                 ["runs", str(runs_dir), "--status", "complet"]):
-        p = labkit(args, tmp_path)
+def test_bad_input_is_one_line_and_creates_nothing(runs_dir, tmp_path, capsys, monkeypatch):
+    for i, args in enumerate((["diff", str(tmp_path), str(run_tagged(runs_dir, "a"))],
+                              ["experiment", "--continue", str(run_tagged(runs_dir, "a"))],
+                              ["experiment", "--continue", str(tmp_path / "nope")],
+                              ["runs", str(runs_dir), "--status", "complet"])):
+        # the first as a user runs it, the others in this process
+        p = labkit(args, tmp_path) if i == 0 else in_process(args, tmp_path, capsys, monkeypatch)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert "Traceback" not in p.stderr
     assert list(tmp_path.iterdir()) == []
@@ -178,7 +202,7 @@ def test_bad_input_is_one_line_and_creates_nothing(runs_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_continue_finishes_a_killed_experiment(killed, tmp_path):
+def test_continue_finishes_a_killed_experiment(killed, tmp_path, capsys, monkeypatch):
     run, ddp_bytes = killed
     # HTML only (no Chromium): this test reads the report's HTML; test_experiment the PDF
     p = labkit(["experiment", "--continue", str(run)], run.parent.parent, env=HTML_ONLY)
@@ -201,5 +225,5 @@ def test_continue_finishes_a_killed_experiment(killed, tmp_path):
         got = torch.load(run / m / "final_model.pt", weights_only=True)
         want = torch.load(tmp_path / m / "final_model.pt", weights_only=True)
         assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), m
-    again = labkit(["experiment", "--continue", str(run)], tmp_path)
+    again = in_process(["experiment", "--continue", run], tmp_path, capsys, monkeypatch)
     assert again.returncode == 2 and "complete, nothing to continue" in again.stderr
