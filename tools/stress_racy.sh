@@ -26,10 +26,12 @@ trap 'kill "${busy[@]}" 2>/dev/null' EXIT
 passed=0
 for i in $(seq "$N"); do
   t0=$(date +%s)
-  # a background shell starts its commands with SIGINT ignored: give pytest (and the
-  # experiment a Ctrl-C test starts) SIGINT back (docs/testing.md)
+  # a background shell starts its commands with SIGINT ignored, and a shell cannot undo that
+  # for its children (trap - INT is a no-op then): Python puts SIGINT back to its default
+  # before it becomes pytest, so the experiment a Ctrl-C test starts sees it (docs/testing.md)
   # shellcheck disable=SC2086
-  if (trap - INT; exec $PY -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider $FILES -k "$K") >>"$LOG" 2>&1; then
+  if $PY -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, "-m", "pytest", *sys.argv[1:]])' \
+      -q -n 2 --dist loadgroup -p no:cacheprovider $FILES -k "$K" >>"$LOG" 2>&1; then
     passed=$((passed + 1)); word=passed
   else
     word=FAILED
