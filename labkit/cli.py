@@ -323,12 +323,12 @@ def cmd_sweep(args: dict) -> int:
     return 0 if doc["status"] == Status.COMPLETED else 1
 
 
-def cmd_bench(args: dict) -> int:
+def _bench_params(args: dict):
+    """`labkit bench`'s flags -> (TrainConfig with the machine's defaults, BenchPlan)."""
     import torch
 
-    from .lab.bench import BenchPlan, bench, parse_list
+    from .lab.bench import BenchPlan, parse_list
     from .lab.launch_params import nproc_or_default
-    from .analysis.bench_view import text_table
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
             "report", "pricing")
@@ -337,8 +337,18 @@ def cmd_bench(args: dict) -> int:
     kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
     kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpus else "2,4"),
                               "--nproc", int)
-    cfg, _ = _split(args)
-    run, doc = bench(cfg, BenchPlan(**kw), transcript("labkit.lab.bench"))
+    # one GPU and only --nproc 1: one rank owns it, over nccl, as `labkit run --nproc 1`; any
+    # larger count shares it over gloo (launch_params.machine_defaults)
+    cfg, _ = _split({**args, "nproc": 1} if kw["nprocs"] == [1] else args)
+    return cfg, BenchPlan(**kw)
+
+
+def cmd_bench(args: dict) -> int:
+    from .lab.bench import bench
+    from .analysis.bench_view import text_table
+
+    cfg, plan = _bench_params(args)
+    run, doc = bench(cfg, plan, transcript("labkit.lab.bench"))
     print("\n" + text_table(doc))
     print(f"\nrun folder: {run}\nbench.json, bench.txt, bench.png"
           + ("" if not doc[Status.FAILED] else "\nfailed: " + ", ".join(

@@ -116,6 +116,9 @@ def test_bench_holds_labkits_overhead_against_the_plain_loop(bench_run):
     low, high = o["ratio_ci"]
     assert 0 < low <= o["ratio"] <= high
     assert o["params_equal"] is True and o["params_differing"] == 0
+    # both loops computed where the methods' jobs did (the overhead job once ignored --device)
+    assert o["device"] == doc["device"] == doc["config"]["device"]
+    assert {r["device"] for r in doc["results"]} == {doc["device"]}
     assert (run / o["folder"] / "bench_result.json").is_file()
     for text in ((run / "bench.txt").read_text(), p.stdout):
         assert "labkit DDP / plain loop x2: " in text and "95% CI" in text

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from labkit import cli
+from labkit.core.config import resolve
 from labkit.lab import experiment
 from labkit.lab.launch_params import SHARED_GPU_RANKS, machine_defaults
 
@@ -110,3 +111,19 @@ def test_the_report_says_when_ranks_shared_a_device_and_shows_table_9_only_for_g
     assert shared_device_line(_res("cuda:0", 2, 2)) is None  # a GPU each
     assert shared_device_line(_res("cpu", 4, 0)) is None
     assert ran_on_gpu(_res("cuda:1", 2, 2)) and not ran_on_gpu(_res("cpu", 4, 0))
+
+
+@pytest.mark.parametrize("gpus, flags, nprocs, backend, device", [
+    (1, {}, [SHARED_GPU_RANKS], "gloo", "cuda"),      # the one-GPU default: ranks share it
+    (1, {"nproc": "1"}, [1], "nccl", "cuda"),         # one rank owns it, as `labkit run --nproc 1`
+    (1, {"nproc": "1,2"}, [1, 2], "gloo", "cuda"),    # one config for both counts: shared
+    (4, {}, [4], "nccl", "cuda"),
+    (0, {}, [2, 4], "gloo", "cpu"),
+])
+def test_bench_plans_as_the_experiment_does(monkeypatch, gpus, flags, nprocs, backend, device):
+    """`labkit bench` on the same machines: --nproc 1 on one GPU keeps nccl (it once shared the
+    GPU over gloo, with one rank), and the bench document says where the jobs computed."""
+    fake_gpus(monkeypatch, gpus)
+    cfg, plan = cli._bench_params(dict(flags))
+    cfg = resolve(cfg, gpus > 0)  # as the bench's planner resolves each job
+    assert plan.nprocs == nprocs and (cfg.backend, cfg.device) == (backend, device)

@@ -84,7 +84,7 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     atomic_write_json(str(run / layout.ENVIRONMENT), layout.portable(env, run))
     doc: dict[str, Any] = {
         "kind": KIND, "version": 1, "created": now_str(),
-        "status": Status.RUNNING, "device": "cuda" if jobs[0][2].backend == "nccl" else "cpu",
+        "status": Status.RUNNING, "device": jobs[0][2].device,
         "backend": jobs[0][2].backend, "steps": plan.steps, "trials": plan.trials,
         "warmup": plan.warmup, "config": jobs[0][2].to_dict(),
         # the jobs that failed are listed under the status's name

@@ -122,7 +122,7 @@ def train(cfg: TrainConfig) -> None:
     steps = steps_per_epoch(len(data.train), world, cfg.batch_size, cfg.max_steps_per_epoch)
     torch.manual_seed(cfg.seed)  # as labkit.training.rank: same initial weights
     model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
-    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
         loop = PlainDDP(cfg, data, model, ctx)
         for epoch in range(1, cfg.epochs + 1):
@@ -187,7 +187,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
     for _ in LOOPS:  # the same initial weights for both, as labkit.training.rank makes them
         torch.manual_seed(cfg.seed)
         models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
-    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
         plain = PlainDDP(cfg, data, models[0], ctx)
         # its progress bar counts the trials as epochs ("epoch 2/12"), not the run's --epochs
@@ -215,6 +215,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
         gb = cfg.batch_size * world
         return {
             "nproc": world, "trainers": world, "batch_size": cfg.batch_size, "global_batch": gb,
+            "device": ctx.device.type,  # where both loops computed (cfg.device, as the methods' jobs)
             "steps": steps, "warmup": warmup, "trials": trials, "order": [n for pair in order for n in pair],
             "workers": plain.workers, "pin_cpus": cfg.pin_cpus, "time_comm": cfg.time_comm,
             **{k: {"step_time": _stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
