@@ -171,12 +171,13 @@ def test_instrument_lines_say_what_the_interval_supports():
     parameters differ is flagged, except for an asynchronous PS, where timing decides them."""
     from labkit.analysis import instrument_cost
 
-    def row(on, off, differing=0, timing_dependent=False):
+    def row(on, off, differing=0, timing_dependent=False, repeatable=None):
         return {"variant": "m", "nproc": 2, "instruments": {
             "loops": {"as run": {"step_time": {"trials": on}},
                       "--time-comm off": {"step_time": {"trials": off}}},
             "pairs": [{"instrument": "--time-comm stats", "on": "as run", "off": "--time-comm off"}],
-            "params_differing": {"--time-comm off": differing}, "timing_dependent": timing_dependent}}
+            "params_differing": {"--time-comm off": differing}, "timing_dependent": timing_dependent,
+            "device_repeatable": repeatable}}
 
     off = [0.100, 0.120, 0.090, 0.110]
     [line] = instrument_cost.instrument_lines(row([x * 1.02 for x in off], off))
@@ -187,6 +188,16 @@ def test_instrument_lines_say_what_the_interval_supports():
     assert len(instrument_cost.instrument_lines(row(off, off, differing=3, timing_dependent=True))) == 1
     [table_row] = instrument_cost.instrument_rows({"results": [row(off, off, 3, True)]})
     assert table_row["same parameters"] == "n/a (asynchronous)" and table_row["on / off"] == 1.0
+    # a GPU whose two identical backward passes differed (bench_rank._repeatable): a note, not a
+    # warning; one that repeats itself keeps the warning
+    gpu = row(off, off, differing=3, repeatable=False)
+    assert instrument_cost.instrument_lines(gpu)[1].startswith("note: m x2: parameters differ")
+    assert "not deterministic" in instrument_cost.instrument_lines(gpu)[1]
+    [table_row] = instrument_cost.instrument_rows({"results": [gpu]})
+    assert table_row["same parameters"] == "n/a (GPU not deterministic)"
+    assert instrument_cost.instrument_lines(row(off, off, 3, repeatable=True))[1].startswith("WARNING")
+    [table_row] = instrument_cost.instrument_rows({"results": [row(off, off, 3, repeatable=True)]})
+    assert table_row["same parameters"] == "NO"
 
 
 def test_compute_only_steps_skip_synchronisation(bench_run):
@@ -330,3 +341,25 @@ def test_bench_files_without_trial_times_say_na():
     by = {r["variant"]: r for r in bench_view.rows(doc)}
     assert by["allreduce"]["x DDP 95% CI"] == "n/a" and by["allreduce"]["sync / raw 95% CI"] == "n/a"
     assert "no confidence interval: one trial" in bench_view.text_table(doc)
+
+
+def test_the_repeatability_probe_tells_a_deterministic_device_from_one_that_is_not():
+    """bench_rank._repeatable: two identical backward passes, compared bit for bit. The CPU
+    repeats itself; a model whose backward is not repeatable (noise drawn in forward, standing
+    for a GPU's atomics) is caught, so a GPU's differing parameters are not blamed on an
+    instrument."""
+    import torch
+
+    from labkit.training.bench_rank import _repeatable
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    steady = torch.nn.Linear(4, 3)
+    assert _repeatable(steady, [(x, y)], torch.device("cpu")) is True
+
+    class Noisy(torch.nn.Linear):
+        def forward(self, t):
+            return super().forward(t) * (1 + 1e-3 * torch.rand(()))
+
+    assert _repeatable(Noisy(4, 3), [(x, y)], torch.device("cpu")) is False
+    assert _repeatable(steady, [], torch.device("cpu")) is True  # a server: nothing to probe

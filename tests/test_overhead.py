@@ -122,3 +122,12 @@ def test_overhead_ratio_is_the_paired_interval_over_the_rounds():
     row = bench_view.overhead_rows(doc)[0]
     assert row["95% CI"] == f"{o['ratio_ci'][0]:.3f}-{o['ratio_ci'][1]:.3f}"
     assert row["same parameters"] == "yes"
+    # loops that ended apart: a warning, unless the GPU's own backward did not repeat itself
+    # (bench_rank._repeatable, probed on a GPU where they differ)
+    apart = {**o, "params_equal": False, "params_differing": 5}
+    assert "WARNING: the two loops' parameters differ (5 tensors)" in bench_view.overhead_line(apart)
+    assert bench_view.overhead_rows({"overhead": [apart]})[0]["same parameters"] == "NO"
+    gpu = {**apart, "device_repeatable": False}
+    assert "WARNING" not in bench_view.overhead_line(gpu)
+    assert "not deterministic" in bench_view.overhead_line(gpu)
+    assert bench_view.overhead_rows({"overhead": [gpu]})[0]["same parameters"] == "n/a (GPU not deterministic)"

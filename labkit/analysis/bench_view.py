@@ -166,7 +166,10 @@ def overhead_line(o: dict) -> str:
     text = paired_line(f"{OVERHEAD_NAME} x{o['nproc']}", overhead_interval(o),
                        "labkit faster than the plain loop", "labkit slower than the plain loop")
     if not o.get("params_equal", True):
-        text += f"; WARNING: the two loops' parameters differ ({o.get('params_differing')} tensors)"
+        text += (f"; the two loops' parameters differ ({o.get('params_differing')} tensors), as two "
+                 f"identical backward passes do on this GPU (its kernels are not deterministic)"
+                 if o.get("device_repeatable") is False else
+                 f"; WARNING: the two loops' parameters differ ({o.get('params_differing')} tensors)")
     return text
 
 
@@ -180,7 +183,8 @@ def overhead_rows(doc: dict) -> list[dict]:
             OVERHEAD_NAME: overhead_interval(o).value,
             "95% CI": overhead_interval(o).ci_text(digits=3, ref=1.0),
             "trials": f"{o['trials']} x {o['steps']} steps",
-            "same parameters": "yes" if o.get("params_equal") else "NO",
+            "same parameters": "yes" if o.get("params_equal") else (
+                "n/a (GPU not deterministic)" if o.get("device_repeatable") is False else "NO"),
         })
     return out
 

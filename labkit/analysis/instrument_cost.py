@@ -78,9 +78,22 @@ def instrument_lines(r: dict) -> list[str]:
                                "faster with it", "it costs" + cost))
     bad = {k: v for k, v in (differing or {}).items() if v}
     if bad:
-        out.append(f"WARNING: {r['variant']} x{r['nproc']}: parameters differ from the job's with "
-                   + ", ".join(f"{k} ({v} tensors)" for k, v in bad.items()))
+        which = ", ".join(f"{k} ({v} tensors)" for k, v in bad.items())
+        if _unrepeatable(r):
+            out.append(f"note: {r['variant']} x{r['nproc']}: parameters differ from the job's with "
+                       f"{which}, and two identical backward passes differ on this GPU too (its "
+                       f"kernels are not deterministic): the comparison says nothing of the "
+                       f"instruments")
+        else:
+            out.append(f"WARNING: {r['variant']} x{r['nproc']}: parameters differ from the job's "
+                       f"with {which}")
     return out
+
+
+def _unrepeatable(r: dict) -> bool:
+    """The device gave two identical backward passes different gradients (bench_rank probes it
+    on a GPU where a loop's parameters differed)."""
+    return (r.get("instruments") or {}).get("device_repeatable") is False
 
 
 def _differing(r: dict) -> Optional[dict]:
@@ -100,7 +113,8 @@ def instrument_rows(doc: dict) -> list[dict]:
                 "step time +%": 100 * (1 / iv.value - 1) if iv.value else None,
                 "rounds": iv.n, "same parameters": (
                     "n/a (asynchronous)" if differing is None else
-                    "NO" if differing.get(p["off"]) or differing.get(p["on"]) else "yes"),
+                    "yes" if not (differing.get(p["off"]) or differing.get(p["on"])) else
+                    "n/a (GPU not deterministic)" if _unrepeatable(r) else "NO"),
             })
     return out
 

@@ -240,6 +240,30 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
         teardown()
 
 
+def _repeatable(model: torch.nn.Module, batches: list, dev: torch.device) -> bool:
+    """Whether this device computes a backward pass twice alike, bit for bit, on every rank: two
+    copies of the model (the same state) on the same batch, no communication. cuDNN's
+    autotuned kernels and those that accumulate with atomics need not; where they do not, a
+    loop's parameters differing from the job's say nothing about the instrument."""
+    import copy
+
+    import torch.nn.functional as F
+
+    same = 1
+    if batches:  # a trainer (a PS's server has no batches: it agrees)
+        x, y = batches[0]
+        grads = []
+        for _ in range(2):
+            m = copy.deepcopy(getattr(model, "module", model))
+            F.cross_entropy(m(x), y).backward()
+            grads.append([q.grad for q in m.parameters() if q.grad is not None])
+        same = int(all(torch.equal(a, b) for a, b in zip(*grads)))
+    t = torch.tensor([same], dtype=torch.int64, device=dev)
+    if is_distributed():
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def _time_steps(timer: StepTimer, trials: int, warmup: int,
                 others: Optional[dict[str, StepTimer]] = None) -> dict:
     """Synchronised trials in rounds with the ``others``' (the instrument loops: the same
@@ -264,6 +288,9 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int,
         o.tr.strategy.finish_epoch(o.tr.model)
         differing[name] = _differing(tr.model, o.tr.model, dev)
         o.close()
+    # on a GPU a difference can be the device's: probed only then (it costs two passes)
+    repeatable = (_repeatable(tr.model, timer.batches, dev)
+                  if dev.type == "cuda" and any(differing.values()) else None)
     spread_sync = param_spread(tr.model, dev)
     timer.run(warmup, False)
     _parts(tr, warmup)
@@ -294,6 +321,9 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int,
                         "loops": {k: {"step_time": _stats(v)} for k, v in times.items()},
                         "pairs": instrument_pairs(tr.cfg, list(loops)),
                         "params_differing": differing,
+                        # two identical backward passes gave the same gradients on this device
+                        # (None: not probed, nothing differed or not a GPU)
+                        "device_repeatable": repeatable,
                         # an asynchronous PS applies what has arrived: its parameters depend on
                         # timing, so they are not expected to match
                         "timing_dependent": tr.cfg.ps_staleness is not None},

@@ -210,6 +210,12 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
                 window = stamps[warmup + steps] - stamps[warmup]
                 times[name].append(_slowest(window, ctx.device) / steps)
         differ = _differing(plain.model, tr.model, ctx.device)
+        repeatable = None
+        if differ and ctx.device.type == "cuda":  # the device's own difference, or the loops'?
+            from .bench_rank import _repeatable
+
+            x, y = next(iter(plain.loader))
+            repeatable = _repeatable(tr.model, [(x.to(ctx.device), y.to(ctx.device))], ctx.device)
         if ctx.rank != 0:
             return {}
         gb = cfg.batch_size * world
@@ -221,6 +227,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
             **{k: {"step_time": _stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
             "paired_ratios": [p / q for p, q in zip(times["plain"], times["labkit_ddp"])],
             "params_equal": differ == 0, "params_differing": differ,
+            "device_repeatable": repeatable,  # None: not probed (nothing differed, or not a GPU)
         }
     finally:
         teardown()
