@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU measurements of docs/performance.md ("On one GPU"), as run on the lent H100/H200:
 #   bash tools/gpu_measure.sh OUT_DIR [part...]
-#   parts: gen tests bench profile synthetic jpeg jpegcpu default (default: tests bench synthetic jpeg)
+#   parts: gen tests bench profile pricing synthetic jpeg jpegcpu default (default: tests bench synthetic jpeg)
 # labkit must be importable (pip install -e ., or PYTHONPATH); JPEGs go to $JPEGS (/tmp/jp).
 # DEADLINE (epoch seconds), if set, bounds every part: a part still running then is stopped,
 # so the parts after it and the files already written are not lost with a lease's end.
 # profile: the bench with torch.profiler traces, then tools/hta_compare.py on them (needs
-# holistictraceanalysis); default: `labkit experiment` with no flags (the machine's default plan).
+# holistictraceanalysis); pricing: what each instrument costs on a GPU step of a few ms (the
+# embedded default's model and data) and on resnet18, one rank on nccl; default: `labkit experiment` with no flags (the machine's default plan).
 # COMMON replaces the model flags (a dry run on a CPU: COMMON="--model resnet10_small --batch-size 32").
 # Packages installed with pip --target DIR (wheels carried to a machine with no network) need
 # JUPYTER_PATH=DIR/share/jupyter, or nbconvert finds no 'lab' template and the reports fail.
@@ -32,6 +33,10 @@ for p in $PARTS; do
                --profile-steps 5 --no-report --runs-dir "$R" --tag profile \
              && { python3 tools/hta_compare.py "$(ls -d "$R"/*_profile | tail -1)" --json "$OUT/hta.json" \
                     >"$OUT/hta.txt" 2>&1 & } ;;  # on the CPU, beside the next parts
+    pricing) timeout "$(left)" $L bench --dataset digits --model resnet10_small --batch-size 32 --nproc 1 \
+               --variants ddp,allreduce --trials 16 --steps 20 --no-report --runs-dir "$R" --tag pricing-small \
+             && timeout "$(left)" $L bench --dataset synthetic --model resnet18 --batch-size 64 --nproc 1 \
+               --variants ddp --trials 16 --steps 20 --no-report --runs-dir "$R" --tag pricing-resnet18 ;;
     default) timeout "$(left)" $L experiment --runs-dir "$R" --tag default ;;
     bench) timeout "$(left)" $L bench --dataset synthetic $common --nproc 1 --variants ddp,allreduce --runs-dir "$R" --tag bench ;;
     synthetic) timeout "$(left)" $L experiment --methods ddp,allreduce --nproc 1 --dataset synthetic $common \
