@@ -477,3 +477,21 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
             for n, b in model.named_buffers():
                 b.copy_(new_buffers[n])
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ------------------------------------------------------------------ LABKIT_TEST_COUNT's record
+def calls(path) -> dict:
+    """{(who, pid): collections.Counter of the functions that process called}, from the file
+    LABKIT_TEST_COUNT named (tests/hooks/sitecustomize.py)."""
+    from collections import Counter
+
+    out: dict = {}
+    for line in Path(path).read_text().splitlines():
+        who, pid, fn = line.split()
+        out.setdefault((who, pid), Counter())[fn] += 1
+    return out
+
+
+def of(found: dict, who: str) -> list:
+    """The Counters of the processes of one kind (driver, kernel or rank) in ``calls``'s result."""
+    return [c for (w, _), c in found.items() if w == who]

@@ -3,11 +3,12 @@ profiler trace, and the cost model calibrated on a real (tiny) bench run."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
 
-from helpers import BENCH_FLAGS as BENCH, labkit, strict_json
+from helpers import BENCH_FLAGS as BENCH, calls, labkit, load_json, of, strict_json
 
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
@@ -19,10 +20,28 @@ def bench_run(tmp_path_factory):
     """One real bench: ddp, allreduce and ps with 2 gloo processes, profiled."""
     cwd = tmp_path_factory.mktemp("bench")
     p = labkit(["bench", *BENCH, "--nproc", "2", "--variants", "ddp,allreduce,ps",
-                "--profile-steps", "1", "--runs-dir", "runs", "--no-report"], cwd)
+                "--profile-steps", "1", "--runs-dir", "runs", "--no-report"], cwd,
+               env={"LABKIT_TEST_COUNT": str(cwd / "calls.txt")})  # what checks ran where
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (cwd / "runs" / "latest").resolve()
     return run, strict_json(run / "bench.json"), p  # no NaN or Infinity: JSON, strictly
+
+
+def test_bench_checks_each_job_once_in_the_driver(bench_run):
+    """Each job's config is resolved and checked once, by the bench's planner, before anything
+    is spawned (issue 39): it was checked again by the launcher and a third time in every rank.
+    The ranks read the job's resolved.json and check nothing (LABKIT_TEST_COUNT's record)."""
+    run, doc, _ = bench_run
+    found = calls(run.parent.parent / "calls.txt")
+    jobs = len(doc["results"]) + len(doc["overhead"])  # ddp, allreduce, ps and the overhead job
+    assert jobs == 4
+    [driver] = of(found, "driver")
+    assert driver["validate"] == driver["preflight"] == jobs and driver["read"] == 0
+    ranks = of(found, "rank")
+    assert len(ranks) == 2 * jobs and all(c == Counter(read=1) for c in ranks)
+    for r in [*doc["results"], *doc["overhead"]]:
+        written = load_json(run / r["folder"] / "resolved.json")
+        assert written["nproc"] == 2 and written["train"]["out"] == str(run / r["folder"])
 
 
 def test_bench_writes_every_field(bench_run):

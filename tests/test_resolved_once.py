@@ -2,29 +2,17 @@
 driver, before anything is spawned; the notebook's kernel and every rank read the method's
 resolved.json and decide nothing again. The bare `torchrun -m labkit.train --flags`, which no
 launcher checked for, still checks in every rank. The calls are counted in each process by the
-LABKIT_TEST_COUNT hook (tests/hooks/sitecustomize.py)."""
+LABKIT_TEST_COUNT hook (tests/hooks/sitecustomize.py). `labkit bench` likewise: test_bench.py counts
+on its session bench."""
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 
-from helpers import labkit, load_json, tiny_flags, torchrun
+from helpers import calls, labkit, load_json, of, tiny_flags, torchrun
 
 CHECKS = ("check_values", "resolve", "preflight", "machine", "validate")
-
-
-def calls(path) -> dict[tuple[str, str], Counter]:
-    """{(who, pid): Counter of the functions that process called}."""
-    out: dict[tuple[str, str], Counter] = {}
-    for line in path.read_text().splitlines():
-        who, pid, fn = line.split()
-        out.setdefault((who, pid), Counter())[fn] += 1
-    return out
-
-
-def of(found: dict, who: str) -> list[Counter]:
-    return [c for (w, _), c in found.items() if w == who]
 
 
 def test_an_experiment_resolves_and_checks_once_in_the_driver(tmp_path):

@@ -3,7 +3,8 @@ raw collectives.
 
 For every variant (ddp, allreduce, ps, ps-p2p, ...) and process count, one torchrun job runs
 labkit.training.bench_rank on every rank (timed synchronised steps, compute-only steps, the raw
-collectives: see its docstring). :func:`bench` validates every combination first, then
+collectives: see its docstring). :func:`bench` validates every combination first, once (each
+job's checked config goes into its folder as resolved.json, which its ranks read), then
 launches them one after another into ``runs/<date>_<time>_bench/`` and writes ``bench.json``,
 ``bench.txt`` and ``bench.png`` there (``bench.json`` after every job, so a failure keeps what
 was measured). The document's derived figures (exposed communication, bus bandwidth), table
@@ -38,8 +39,8 @@ from labkit.core.run_folder import read_json
 from labkit.core.status import Status
 
 from .kernels import kernel_name
-from .launch import launch, validate
-from .launch_params import with_absolute_paths
+from .launch import LaunchResult, launch, validate, write_resolved
+from .launch_params import Nodes, with_absolute_paths
 from .record import snapshot, write_record
 from .render import make_report, report_or_why
 from .runs_dir import new_run_dir, write_index
@@ -176,7 +177,7 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
     stream.flush()
     extra = ("--overhead", "--steps", str(plan.steps), "--trials", str(plan.trials),
              "--bench-warmup", str(plan.warmup))
-    res = launch(vcfg, n, str(out), stream=stream, module=OVERHEAD_MODULE, extra=extra)
+    res = _launch(vcfg, n, out, stream, OVERHEAD_MODULE, extra)
     if not res.ok:
         doc[Status.FAILED].append({"variant": OVERHEAD, "nproc": n, "error": res.message})
         stream.write(f"{OVERHEAD} x{n} FAILED: {res.message}\n")
@@ -187,6 +188,15 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
     stream.write(overhead_line(o) + "\n")
 
 
+def _launch(vcfg: TrainConfig, n: int, out: Path, stream: IO[str], module: str,
+            extra: tuple[str, ...]) -> LaunchResult:
+    """One job under torchrun: its config, checked once by the planner (_jobs,
+    _overhead_jobs), written into the job's folder for its ranks to read, not checked again."""
+    cfg = dataclasses.replace(vcfg, out=str(out))
+    return launch(cfg, n, str(out), stream=stream, module=module, extra=extra,
+                  resolved=write_resolved(cfg, n, str(out), Nodes()))
+
+
 def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: BenchPlan,
              stream: IO[str]) -> None:
     out = run / layout.BENCH_JOBS_DIR / f"{v}_x{n}"
@@ -195,7 +205,7 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
     extra = ("--steps", str(plan.steps), "--trials", str(plan.trials),
              "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps),
              *(() if plan.pricing else ("--no-pricing",)))
-    res = launch(vcfg, n, str(out), stream=stream, module=RANK_MODULE, extra=extra)
+    res = _launch(vcfg, n, out, stream, RANK_MODULE, extra)
     if not res.ok:
         doc[Status.FAILED].append({"variant": v, "nproc": n, "error": res.message})
         stream.write(f"{v} x{n} FAILED: {res.message}\n")

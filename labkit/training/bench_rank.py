@@ -38,12 +38,13 @@ import torch
 import torch.distributed as dist
 
 from labkit.core import layout
-from labkit.core.config import ConfigError, TrainConfig, build_parser, from_args
+from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_path, atomic_write_json
 from labkit.core.methods import spec
 
 from . import lifecycle
 from .dist import is_distributed
+from .preflight import add_resolved, rank_config
 from .pricing import AS_RUN, instrument_loops, instrument_pairs, per_step_work
 from .plain_loop import _differing, rounds
 from .timers import PARTS, Stopwatch, busy_figures
@@ -410,13 +411,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
     p.add_argument("--profile-steps", dest="profile_steps", type=int, default=0)
     p.add_argument("--no-pricing", dest="pricing", action="store_false")
+    add_resolved(p)
     a = p.parse_args(argv)
 
     def work() -> None:
-        from .preflight import preflight
         from .dist import env_world
 
-        cfg = preflight(from_args(a))
+        cfg = rank_config(a)  # labkit bench's resolved.json (checked there), else the flags
         if not cfg.out:
             raise ConfigError("--out is required (the folder for bench_result.json)")
         os.makedirs(cfg.out, exist_ok=True)

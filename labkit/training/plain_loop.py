@@ -55,11 +55,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from labkit.core import layout
-from labkit.core.config import ConfigError, TrainConfig, build_parser, from_args
+from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_write_json
 
 from . import lifecycle
 from .dist import DistContext, sync_device
+from .preflight import add_resolved, rank_config
 
 PROG = "labkit.plain_loop"  # how the rank names itself in its one-line errors
 LOOPS = ("plain", "labkit_ddp")  # the overhead job's two loops (rounds() says in which order)
@@ -250,13 +251,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
+    add_resolved(p)
     a = p.parse_args(argv)
 
     def work() -> None:
-        from .preflight import preflight
         from .dist import env_world
 
-        cfg = preflight(from_args(a))
+        cfg = rank_config(a)  # labkit bench's resolved.json (checked there), else the flags
         if not cfg.out:
             raise ConfigError("--out is required")
         if cfg.method != "ddp":

@@ -15,14 +15,13 @@ from typing import Optional
 
 import torch
 
-from labkit.core import resolved
-from labkit.core.config import TrainConfig, build_parser, from_args
+from labkit.core.config import TrainConfig, build_parser
 from labkit.core.errors import RunFailed
 from labkit.core.status import Status
 
 from . import budget, exhaustion, lifecycle
 from . import checkpoint
-from .preflight import preflight
+from .preflight import add_resolved, from_resolved, rank_config
 from .data import build_datasets, steps_per_epoch
 from .dist import env_world, init, teardown
 from .models import build_model
@@ -100,9 +99,7 @@ def _finish(results: ResultFile, e: BaseException) -> None:
 def parser() -> argparse.ArgumentParser:
     """labkit.train's flags: TrainConfig's, and --resolved."""
     p = build_parser()
-    p.add_argument("--resolved", metavar="FILE", help="a resolved.json the launcher wrote "
-                   "(labkit.core.resolved): train with exactly that config, decided and "
-                   "checked before this rank was spawned, instead of the flags")
+    add_resolved(p)
     return p
 
 
@@ -110,16 +107,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.resolved is None:  # the guide's bare command: the flags are checked here, first
-        return lifecycle.run_rank(lambda: run(preflight(from_args(args))), PROG)
+        return lifecycle.run_rank(lambda: run(rank_config(args)), PROG)
     flags = [a for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")]
     if any(not a.startswith("--resolved") for a in flags):
         p.error(f"--resolved carries the whole config; give no other flags (got "
                 f"{' '.join(a for a in flags if not a.startswith('--resolved'))})")
-    return lifecycle.run_rank(lambda: run(*_resolved(args.resolved)), PROG)
-
-
-def _resolved(path: str) -> tuple[TrainConfig, bool]:
-    """The launcher's resolved config, for the world torchrun started; checked already."""
-    cfg, nproc, nodes = resolved.read(path)
-    resolved.check_world(path, nproc, nodes, env_world()[1])
-    return cfg, True
+    return lifecycle.run_rank(lambda: run(from_resolved(args.resolved), True), PROG)
