@@ -73,6 +73,10 @@ def check_guide_file(d, method: str, epochs: int, steps: int) -> dict:
         share = allowed[:max(1, len(allowed) // w)]  # rank 0: the first share
         want = share if r["config"]["pin_cpus"] and even else allowed
         assert r["determinism"]["cpu_affinity"] == want, (r["config"]["pin_cpus"], want)
+    # glibc's malloc thresholds fixed in the rank (dist.steady_malloc, called by every rank's
+    # entry point): a rank that never called it records None
+    if _glibc():
+        assert r["determinism"]["malloc"] == {"mmap_threshold": 32 << 20, "trim_threshold": 64 << 20}
     assert (d / "final_model.pt").stat().st_size > 0
     assert "epoch 1/" in (d / "train.log").read_text()
     return r
@@ -110,3 +114,28 @@ def test_same_seed_same_losses(equivalence_runs, ddp_rerun):
     again = ddp_rerun  # the session's second TINY ddp run, trained on its own (conftest)
     assert again != equivalence_runs["ddp"][0]
     assert load_json(again / "results_baseline_ddp.json")["all_losses"] == first
+
+
+def _glibc() -> bool:
+    import platform
+
+    return platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.unit
+def test_steady_malloc_fixes_glibcs_thresholds():
+    """steady_malloc takes both thresholds where mallopt exists, and says so to determinism();
+    a refused setting (musl's mallopt does nothing and answers 0) leaves it None, not claimed."""
+    from unittest import mock
+
+    from labkit.training import dist
+
+    if not _glibc():
+        assert dist.steady_malloc() is None
+        return
+    got = dist.steady_malloc()
+    assert got == {"mmap_threshold": dist.MMAP_THRESHOLD, "trim_threshold": dist.TRIM_THRESHOLD}
+    assert dist.determinism(0, "gloo")["malloc"] == got
+    with mock.patch.object(dist, "_malloc", None), mock.patch("ctypes.CDLL") as libc:
+        libc.return_value.mallopt.return_value = 0  # the C library refuses
+        assert dist.steady_malloc() is None and dist.determinism(0, "gloo")["malloc"] is None

@@ -53,6 +53,48 @@ def cpu_share(allowed: list[int], local_rank: int, local_world_size: int) -> Opt
     return allowed[lo:max(lo + 1, (r + 1) * n // w)]
 
 
+# glibc's malloc made steady (steady_malloc): the mmap threshold fixed at the ceiling of glibc's
+# own dynamic one on 64 bits, the trim threshold at twice it, as glibc sets both after a large
+# free; <malloc.h>'s parameter numbers
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_malloc: Optional[dict] = None  # what steady_malloc set in this process (determinism() says)
+
+
+def steady_malloc() -> Optional[dict]:
+    """Fix glibc's malloc thresholds in this process; the settings, or None where there is no
+    glibc ``mallopt`` (macOS, musl) and nothing changed. Every rank calls it first thing
+    (labkit.training.lifecycle.start_rank), and the loader workers' fork server.
+
+    Why: by default glibc returns freed memory at the top of its heap to the OS once more than
+    128 KiB is free (``M_TRIM_THRESHOLD``) and serves large blocks by fresh ``mmap``, each
+    unmapped again when freed; it raises both thresholds only after it has freed some large
+    block, and never past 32 MiB. A training step allocates and frees its activations and
+    gradients, megabytes each, every step, so with the defaults each step faults those pages
+    in again (system time), and how fast a run trained depended on whether something it did
+    earlier happened to free a large block: the replica check's int64 temporaries did, and
+    when they went (25764d2) the embedded default's Manual All-Reduce trained measurably
+    slower, its forward and backward included. Fixed thresholds, as glibc's own after such a
+    free, make a rank's speed independent of that history, and faster (docs/performance.md,
+    "glibc's malloc", also for what they leave: blocks over 32 MiB, at 224 px, still mapped
+    every step). What a rank keeps: at most TRIM_THRESHOLD of free heap, returned when
+    exceeded."""
+    global _malloc
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    settings = {"mmap_threshold": (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                "trim_threshold": (_M_TRIM_THRESHOLD, TRIM_THRESHOLD)}
+    if not all(mallopt(param, value) == 1 for param, value in settings.values()):
+        return None
+    _malloc = {name: value for name, (_, value) in settings.items()}
+    return _malloc
+
+
 def bind_cpus(local_rank: int, local_world_size: int) -> Optional[list[int]]:
     """Bind this process, every thread it has and every process it starts later (DataLoader
     workers) to its ``cpu_share`` of the cores it may use; None, with nothing changed, where
@@ -137,6 +179,8 @@ def determinism(seed: Optional[int], backend: Optional[str]) -> dict:
                          else None),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        # glibc's malloc thresholds this process fixed (steady_malloc); None: the defaults
+        "malloc": _malloc,
         "cudnn_deterministic": bool(cudnn.deterministic),
         "cudnn_benchmark": bool(cudnn.benchmark),
         "cudnn_allow_tf32": bool(cudnn.allow_tf32),

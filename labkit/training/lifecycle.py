@@ -108,13 +108,17 @@ def start_rank(module: str) -> None:
     labkit.training.bench_rank): SIGTERM when torchrun dies (torchrun starts each rank in a
     session of its own, so a SIGKILLed torchrun would leave its ranks training on, orphaned),
     taken by a thread before anything else (before torch is imported, so its threads inherit
-    the blocked signal); then ``module``'s ``main()``, then :func:`leave`."""
+    the blocked signal); glibc's malloc made steady (labkit.training.dist.steady_malloc); then
+    ``module``'s ``main()``, then :func:`leave`."""
     import importlib
 
     from labkit.core.procs import die_with_parent
 
     die_with_parent(signal.SIGTERM)
     take_sigterm()
+    from .dist import steady_malloc
+
+    steady_malloc()  # before the model and the data allocate anything (dist.py says why)
     leave(importlib.import_module(module).main())
 
 
