@@ -323,31 +323,11 @@ def cmd_sweep(args: dict) -> int:
     return 0 if doc["status"] == Status.COMPLETED else 1
 
 
-def _bench_params(args: dict):
-    """`labkit bench`'s flags -> (TrainConfig with the machine's defaults, BenchPlan)."""
-    import torch
-
-    from .lab.bench import BenchPlan, parse_list
-    from .lab.launch_params import nproc_or_default
-
-    keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
-            "report", "pricing")
-    kw = {k: args.pop(k) for k in keys if k in args}
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
-    kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpus else "2,4"),
-                              "--nproc", int)
-    # one GPU and only --nproc 1: one rank owns it, over nccl, as `labkit run --nproc 1`; any
-    # larger count shares it over gloo (launch_params.machine_defaults)
-    cfg, _ = _split({**args, "nproc": 1} if kw["nprocs"] == [1] else args)
-    return cfg, BenchPlan(**kw)
-
-
 def cmd_bench(args: dict) -> int:
-    from .lab.bench import bench
+    from .lab.bench import bench, bench_params
     from .analysis.bench_view import text_table
 
-    cfg, plan = _bench_params(args)
+    cfg, plan = bench_params(args)
     run, doc = bench(cfg, plan, transcript("labkit.lab.bench"))
     print("\n" + text_table(doc))
     print(f"\nrun folder: {run}\nbench.json, bench.txt, bench.png"

@@ -207,7 +207,7 @@ def test_instrument_lines_say_what_the_interval_supports():
     assert len(instrument_cost.instrument_lines(row(off, off, differing=3, timing_dependent=True))) == 1
     [table_row] = instrument_cost.instrument_rows({"results": [row(off, off, 3, True)]})
     assert table_row["same parameters"] == "n/a (asynchronous)" and table_row["on / off"] == 1.0
-    # a GPU whose two identical backward passes differed (bench_rank._repeatable): a note, not a
+    # a GPU whose two identical backward passes differed (pricing.repeatable): a note, not a
     # warning; one that repeats itself keeps the warning
     gpu = row(off, off, differing=3, repeatable=False)
     assert instrument_cost.instrument_lines(gpu)[1].startswith("note: m x2: parameters differ")
@@ -363,13 +363,13 @@ def test_bench_files_without_trial_times_say_na():
 
 
 def test_the_repeatability_probe_tells_a_deterministic_device_from_one_that_is_not():
-    """bench_rank._repeatable: two identical backward passes, compared bit for bit. The CPU
+    """pricing.repeatable: two identical backward passes, compared bit for bit. The CPU
     repeats itself; a model whose backward is not repeatable (noise drawn in forward, standing
     for a GPU's atomics) is caught, so a GPU's differing parameters are not blamed on an
     instrument."""
     import torch
 
-    from labkit.training.bench_rank import _repeatable
+    from labkit.training.pricing import repeatable as _repeatable
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))

@@ -9,7 +9,7 @@ import torch
 
 from labkit import cli
 from labkit.core.config import resolve
-from labkit.lab import experiment
+from labkit.lab import bench, experiment
 from labkit.lab.launch_params import SHARED_GPU_RANKS, machine_defaults
 
 
@@ -124,6 +124,6 @@ def test_bench_plans_as_the_experiment_does(monkeypatch, gpus, flags, nprocs, ba
     """`labkit bench` on the same machines: --nproc 1 on one GPU keeps nccl (it once shared the
     GPU over gloo, with one rank), and the bench document says where the jobs computed."""
     fake_gpus(monkeypatch, gpus)
-    cfg, plan = cli._bench_params(dict(flags))
+    cfg, plan = bench.bench_params(dict(flags))
     cfg = resolve(cfg, gpus > 0)  # as the bench's planner resolves each job
     assert plan.nprocs == nprocs and (cfg.backend, cfg.device) == (backend, device)

@@ -123,7 +123,7 @@ def test_overhead_ratio_is_the_paired_interval_over_the_rounds():
     assert row["95% CI"] == f"{o['ratio_ci'][0]:.3f}-{o['ratio_ci'][1]:.3f}"
     assert row["same parameters"] == "yes"
     # loops that ended apart: a warning, unless the GPU's own backward did not repeat itself
-    # (bench_rank._repeatable, probed on a GPU where they differ)
+    # (pricing.repeatable, probed on a GPU where they differ)
     apart = {**o, "params_equal": False, "params_differing": 5}
     assert "WARNING: the two loops' parameters differ (5 tensors)" in bench_view.overhead_line(apart)
     assert bench_view.overhead_rows({"overhead": [apart]})[0]["same parameters"] == "NO"

@@ -32,7 +32,7 @@ from labkit.analysis.bench_view import (KIND, compare_to_ddp, derive, derive_ove
                                         summary_line, write_outputs)
 from labkit.analysis.instrument_cost import instrument_lines
 from labkit.core import layout
-from labkit.core.config import VARIANTS, ConfigError, TrainConfig
+from labkit.core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, is_name, key_of, spec
 from labkit.core.run_folder import read_json
@@ -62,6 +62,22 @@ class BenchPlan:
     tag: Optional[str] = None
     report: bool = True
     pricing: bool = True  # the instrument rounds beside each job's own loop (labkit.training.pricing)
+
+
+def bench_params(args: dict) -> tuple[TrainConfig, BenchPlan]:
+    """`labkit bench`'s flags (``args``, the plan's taken out) -> (TrainConfig with the machine's
+    defaults, BenchPlan). One GPU and only --nproc 1: one rank owns it, over nccl, as `labkit run
+    --nproc 1`; any larger count shares it over gloo (launch_params.machine_defaults)."""
+    from .launch_params import gpu_count, nproc_or_default, split_params, with_machine_defaults
+
+    keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
+            "report", "pricing")
+    kw = {k: args.pop(k) for k in keys if k in args}
+    kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
+    kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpu_count() else "2,4"),
+                              "--nproc", int)
+    train, launch_params = split_params({**args, "nproc": 1} if kw["nprocs"] == [1] else args)
+    return TrainConfig(**with_machine_defaults(train, launch_params.nproc)), BenchPlan(**kw)
 
 
 def parse_list(text: str, what: str, conv=str) -> list:

@@ -45,8 +45,8 @@ from labkit.core.methods import spec
 from . import lifecycle
 from .dist import is_distributed
 from .preflight import add_resolved, rank_config
-from .pricing import AS_RUN, instrument_loops, instrument_pairs, per_step_work
-from .plain_loop import _differing, rounds
+from .pricing import AS_RUN, instrument_loops, instrument_pairs, loops_agree, per_step_work
+from .plain_loop import rounds
 from .timers import PARTS, Stopwatch, busy_figures
 
 PROG = "labkit.bench"  # how the rank names itself in its one-line errors
@@ -241,30 +241,6 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
         teardown()
 
 
-def _repeatable(model: torch.nn.Module, batches: list, dev: torch.device) -> bool:
-    """Whether this device computes a backward pass twice alike, bit for bit, on every rank: two
-    copies of the model (the same state) on the same batch, no communication. cuDNN's
-    autotuned kernels and those that accumulate with atomics need not; where they do not, a
-    loop's parameters differing from the job's say nothing about the instrument."""
-    import copy
-
-    import torch.nn.functional as F
-
-    same = 1
-    if batches:  # a trainer (a PS's server has no batches: it agrees)
-        x, y = batches[0]
-        grads = []
-        for _ in range(2):
-            m = copy.deepcopy(getattr(model, "module", model))
-            F.cross_entropy(m(x), y).backward()
-            grads.append([q.grad for q in m.parameters() if q.grad is not None])
-        same = int(all(torch.equal(a, b) for a, b in zip(*grads)))
-    t = torch.tensor([same], dtype=torch.int64, device=dev)
-    if is_distributed():
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
-
-
 def _time_steps(timer: StepTimer, trials: int, warmup: int,
                 others: Optional[dict[str, StepTimer]] = None) -> dict:
     """Synchronised trials in rounds with the ``others``' (the instrument loops: the same
@@ -284,14 +260,7 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int,
     sent = sum(v[0] for d in s.wire.take().values() for v in d.values()) if s.is_trainer else 0.0
     step_parts = _parts(tr, 0, _joined(pieces))
     s.finish_epoch(tr.model)  # every rank holds the model as the method defines it
-    differing = {}
-    for name, o in others.items():  # an instrument must not change what training computes
-        o.tr.strategy.finish_epoch(o.tr.model)
-        differing[name] = _differing(tr.model, o.tr.model, dev)
-        o.close()
-    # on a GPU a difference can be the device's: probed only then (it costs two passes)
-    repeatable = (_repeatable(tr.model, timer.batches, dev)
-                  if dev.type == "cuda" and any(differing.values()) else None)
+    differing, repeatable = loops_agree(tr, others, timer.batches)
     spread_sync = param_spread(tr.model, dev)
     timer.run(warmup, False)
     _parts(tr, warmup)

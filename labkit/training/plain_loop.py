@@ -211,12 +211,8 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
                 window = stamps[warmup + steps] - stamps[warmup]
                 times[name].append(_slowest(window, ctx.device) / steps)
         differ = _differing(plain.model, tr.model, ctx.device)
-        repeatable = None
-        if differ and ctx.device.type == "cuda":  # the device's own difference, or the loops'?
-            from .bench_rank import _repeatable
-
-            x, y = next(iter(plain.loader))
-            repeatable = _repeatable(tr.model, [(x.to(ctx.device), y.to(ctx.device))], ctx.device)
+        # on a GPU, the device's own difference or the loops'? (pricing.repeatable)
+        repeatable = _repeatable(tr, plain) if differ and ctx.device.type == "cuda" else None
         if ctx.rank != 0:
             return {}
         gb = cfg.batch_size * world
@@ -232,6 +228,15 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
         }
     finally:
         teardown()
+
+
+def _repeatable(tr, plain: PlainDDP) -> bool:
+    """pricing.repeatable on a batch of the plain loop's, on the device."""
+    from .pricing import repeatable
+
+    dev = tr.ctx.device
+    x, y = next(iter(plain.loader))
+    return repeatable(tr.model, [(x.to(dev), y.to(dev))], dev)
 
 
 def _differing(a: torch.nn.Module, b: torch.nn.Module, device: torch.device) -> int:

@@ -6,7 +6,9 @@ own Trainer ("as run") beside Trainers that differ from it by one instrument
 (:func:`instrument_loops`: ``--time-comm off``, DDP's other timing, ``--no-progress``), in the
 same processes, from the same weights, on the same batches. The work that has no switch, and
 the per-epoch checks, which a round of a few steps cannot resolve, are timed directly
-(:func:`per_step_work`). labkit.analysis.instrument_cost turns both into the bench's figures.
+(:func:`per_step_work`). After the rounds every loop's parameters are compared with the job's
+(:func:`loops_agree`; on a GPU against the device's own repeatability, :func:`repeatable`).
+labkit.analysis.instrument_cost turns both into the bench's figures.
 """
 from __future__ import annotations
 
@@ -14,14 +16,15 @@ import dataclasses
 import io
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from labkit.core.config import TrainConfig
 
 from . import guards
-from .dist import sync_device
+from .dist import is_distributed, sync_device
 from .timers import StepClock, StepParts
 
 AS_RUN = "as run"  # the rounds' name for the job's own loop (its config as given)
@@ -149,3 +152,43 @@ def _epoch_checks(tr, epoch: int, per_call: _PerCall) -> list[tuple]:
         out.append(("replica check (fingerprint, all-gather, compare)", "epoch",
                     per_call(lambda: guards.check_replicas(tr.model, 1), 1), epoch))
     return out
+
+def loops_agree(tr, others: dict, batches: list) -> tuple[dict, Optional[bool]]:
+    """After the rounds (each loop's method finished first, its timer closed): how many tensors
+    of each instrument loop's model differ from the job's (``tr``'s), and, on a GPU where some
+    do, whether the device repeats a backward pass at all (:func:`repeatable`; None: not
+    probed). An instrument must not change what training computes."""
+    from .plain_loop import _differing
+
+    dev, differing = tr.ctx.device, {}
+    for name, o in others.items():
+        o.tr.strategy.finish_epoch(o.tr.model)
+        differing[name] = _differing(tr.model, o.tr.model, dev)
+        o.close()
+    # on a GPU a difference can be the device's: probed only then (it costs two passes)
+    probe = dev.type == "cuda" and any(differing.values())
+    return differing, (repeatable(tr.model, batches, dev) if probe else None)
+
+
+def repeatable(model: torch.nn.Module, batches: list, dev: torch.device) -> bool:
+    """Whether this device computes a backward pass twice alike, bit for bit, on every rank: two
+    copies of the model (the same state) on the same batch, no communication. cuDNN's
+    autotuned kernels and those that accumulate with atomics need not; where they do not, a
+    loop's parameters differing from the job's say nothing about the instrument."""
+    import copy
+
+    import torch.nn.functional as F
+
+    same = 1
+    if batches:  # a trainer (a PS's server has no batches: it agrees)
+        x, y = batches[0]
+        grads = []
+        for _ in range(2):
+            m = copy.deepcopy(getattr(model, "module", model))
+            F.cross_entropy(m(x), y).backward()
+            grads.append([q.grad for q in m.parameters() if q.grad is not None])
+        same = int(all(torch.equal(a, b) for a, b in zip(*grads)))
+    t = torch.tensor([same], dtype=torch.int64, device=dev)
+    if is_distributed():
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
