@@ -91,8 +91,8 @@ def instrument_lines(r: dict) -> list[str]:
 
 
 def _unrepeatable(r: dict) -> bool:
-    """The device gave two identical backward passes different gradients (bench_rank probes it
-    on a GPU where a loop's parameters differed)."""
+    """The device gave two identical backward passes different gradients (labkit.training.pricing
+    probes it on a GPU where a loop's parameters differed)."""
     return (r.get("instruments") or {}).get("device_repeatable") is False
 
 

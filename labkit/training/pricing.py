@@ -153,6 +153,7 @@ def _epoch_checks(tr, epoch: int, per_call: _PerCall) -> list[tuple]:
                     per_call(lambda: guards.check_replicas(tr.model, 1), 1), epoch))
     return out
 
+
 def loops_agree(tr, others: dict, batches: list) -> tuple[dict, Optional[bool]]:
     """After the rounds (each loop's method finished first, its timer closed): how many tensors
     of each instrument loop's model differ from the job's (``tr``'s), and, on a GPU where some
