@@ -80,6 +80,34 @@ def test_ddp_in_one_process_reads_no_statistics():
     assert s.stats is None and not torch.equal(model.weight, before)
 
 
+def test_a_reducer_timing_one_step_in_k_gives_each_figure_to_its_own_step(tmp_path):
+    """On a GPU the reducer times one synchronised step in SAMPLE_EVERY["cuda"] (a timed step
+    makes the host wait at the next forward). A real reducer (one gloo process) timing one
+    step in 4 times steps 1-10 and then every 4th (PyTorch's rule, counting steps from 1); each
+    figure lands on the step it timed, and the steps it did not time have none."""
+    from torch.distributed import FileStore, destroy_process_group, init_process_group
+    from torch.nn.parallel import DistributedDataParallel
+    from labkit.training.sync.ddp import SAMPLE_EVERY, ReducerStats
+
+    assert SAMPLE_EVERY["cpu"] == 1 and SAMPLE_EVERY["cuda"] > 1
+    init_process_group("gloo", store=FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(torch.nn.Linear(64, 64))
+        stats, parts = ReducerStats(ddp, every=4), StepParts(torch.device("cpu"))
+        for _ in range(24):
+            parts.begin()
+            ddp(torch.ones(8, 64)).sum().backward()
+            parts.mark("compute")
+            stats.read(parts)
+        parts.close()
+        busy = parts.take()["busy"]
+    finally:
+        destroy_process_group()
+    timed = [n for n in range(1, 24) if n <= 10 or n % 4 == 0]  # the 24th's figure never comes
+    assert [i + 1 for i, b in enumerate(busy) if not np.isnan(b)] == timed, busy
+    assert all(b > 0 for b in busy if not np.isnan(b))
+
+
 def test_time_comm_modes_and_the_older_spellings():
     """--time-comm stats|hook|off; --no-time-comm (the flag before the modes) is off, and a
     config recorded then (a bool: True was the hook) reads as the mode it ran."""

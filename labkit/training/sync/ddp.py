@@ -8,8 +8,9 @@ by overriding :meth:`DDPStrategy.comm_hook` (PowerSGD: labkit.training.sync.powe
 
 DDP's all-reduce runs inside backward, where the loop cannot see it. ``--time-comm stats``
 (the default) leaves DDP's built-in C++ path alone and reads the reducer's own runtime
-statistics every step (:class:`ReducerStats`: from the first bucket's all-reduce to the end of
-the last one, gradients written back). ``--time-comm hook`` times each bucket instead: a
+statistics (:class:`ReducerStats`: from the first bucket's all-reduce to the end of the last
+one, gradients written back), of every step on the CPU and of one step in
+``SAMPLE_EVERY["cuda"]`` on a GPU. ``--time-comm hook`` times each bucket instead: a
 communication hook does what DDP's built-in all-reduce does (each gradient multiplied by 1/world
 size as it is copied into its bucket, then a summing all-reduce of the bucket) and notes when
 each bucket's all-reduce started and when its future completed. ``--time-comm off`` times
@@ -33,6 +34,12 @@ from .base import Strategy
 #: --compress: PyTorch's hook for each wire format (2 bytes an element on the wire for both)
 COMPRESS_HOOKS = {"fp16": fp16_compress_hook, "bf16": bf16_compress_hook}
 
+#: The reducer times one synchronised step in this many (its runtime-logging sampling rate; it
+#: always times its first 10), by device type. On the CPU a timed step costs nothing measurable;
+#: on a GPU the reducer waits for a timed step's CUDA events at the next forward, which stalls
+#: the host's run-ahead (docs/where-the-time-goes.md, "The reducer's statistics on a GPU").
+SAMPLE_EVERY = {"cpu": 1, "cuda": 20}
+
 
 class DDPStrategy(Strategy):
     # report-quote: ddp-setup  (quoted in the report: labkit/analysis/report/implementation.py)
@@ -50,7 +57,7 @@ class DDPStrategy(Strategy):
             self.ddp.register_comm_hook(state, self._timed(hook))
         if self.cfg.times_comm:  # with the hook, the reducer's figures too, to compare
             channel = "busy" if self.cfg.time_comm == "stats" else "reducer"
-            self.stats = ReducerStats(self.ddp, channel)
+            self.stats = ReducerStats(self.ddp, channel, SAMPLE_EVERY.get(self.ctx.device.type, 1))
         return self.ddp
 
     def comm_hook(self) -> tuple[Any, Optional[Callable]]:
@@ -131,16 +138,17 @@ class ReducerStats:
     begins (``Logger.set_runtime_stats_and_log``, called from DDP's forward), so figures read
     during step k are step k-1's: each read hands them to the previous synchronised step's
     reporter (labkit.training.timers.StepParts.reporter) and takes this step's. The last step
-    before the figures are collected (an epoch's, a bench stretch's) gets none; the breakdown
-    averages over the steps that have them. A reading already handed on (the same forward
-    start: no synchronised step ran since, e.g. after compute-only steps) is not handed on
-    twice. Beside the timing hook (--time-comm hook), its figures go to their own channel
+    before the figures are collected (an epoch's, a bench stretch's) gets none, nor does a step
+    the reducer did not time (``every`` > 1: it times one synchronised step in ``every`` after
+    its first 10); the breakdown averages over the steps that have them. A reading already
+    handed on (the same forward start: no synchronised step ran since, e.g. after compute-only
+    steps, or the reducer timed none) is not handed on twice. Beside the timing hook (--time-comm hook), its figures go to their own channel
     (the result file's comm_reducer_times), to compare the two on the same steps."""
 
-    def __init__(self, ddp: DistributedDataParallel, channel: str = "busy"):
+    def __init__(self, ddp: DistributedDataParallel, channel: str = "busy", every: int = 1):
         self.ddp, self.channel = ddp, channel  # StepParts.reporter's
-        # every iteration (by default the first 10, then every 100th)
-        ddp._set_ddp_runtime_logging_sample_rate(1)
+        # one iteration in ``every`` (PyTorch's default: the first 10, then every 100th)
+        ddp._set_ddp_runtime_logging_sample_rate(every)
         self.pending: Optional[Callable[[float], None]] = None  # the last synchronised step's
         self.seen: Optional[int] = None  # forward start (ns) of the figures last handed on
 
