@@ -80,6 +80,24 @@ def test_ddp_in_one_process_reads_no_statistics():
     assert s.stats is None and not torch.equal(model.weight, before)
 
 
+def test_a_phase_is_a_profiler_range_only_while_a_profiler_records():
+    """labkit's phase names (labkit.forward, ...) are record_function ranges in a torch.profiler
+    trace; with no profiler recording, none is opened (each costs microseconds a step)."""
+    from labkit.training.timers import PhaseTimer, label
+
+    timer = PhaseTimer(torch.device("cpu"))
+    with torch.profiler.profile() as prof:
+        with label("labkit.forward"):
+            torch.ones(2) + 1
+        with timer("pull"):
+            pass
+    assert {"labkit.forward", "labkit.pull"} <= {e.name for e in prof.events()}
+    assert not isinstance(label("labkit.forward"), torch.profiler.record_function)
+    with timer("pull"):  # and the timer still times
+        pass
+    assert set(timer.pop()) == {"pull"}
+
+
 def test_a_reducer_timing_one_step_in_k_gives_each_figure_to_its_own_step(tmp_path):
     """On a GPU the reducer times one synchronised step in SAMPLE_EVERY["cuda"] (a timed step
     makes the host wait at the next forward). A real reducer (one gloo process) timing one

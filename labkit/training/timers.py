@@ -9,7 +9,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -17,12 +17,24 @@ import torch
 from .dist import sync_device
 
 
+_UNLABELLED = nullcontext()
+
+
+def label(name: str):
+    """A ``record_function`` range named ``name`` while a torch.profiler records (``labkit bench
+    --profile-steps``), so the phase shows by name in the trace; otherwise nothing. A range
+    costs a few microseconds even with no profiler, several times a step (and once a layer in
+    the collective PS's forward), which a GPU's step of a few milliseconds would notice."""
+    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else _UNLABELLED
+
+
 class PhaseTimer:
     """Accumulates wall time per named phase (e.g. "pull", "push", "comm").
 
     The device is synchronised before each clock read, so a phase's time is the time the rank
     was really blocked in it, not the time it took to queue kernels.  Each phase is also a
-    ``record_function`` range, so it shows by name in a torch.profiler trace.
+    ``record_function`` range while profiling (:func:`label`), so it shows by name in a
+    torch.profiler trace.
     """
 
     def __init__(self, device: torch.device):
@@ -31,7 +43,7 @@ class PhaseTimer:
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        with torch.profiler.record_function(f"labkit.{name}"):
+        with label(f"labkit.{name}"):
             sync_device(self.device)
             t0 = time.perf_counter()
             yield

@@ -33,7 +33,7 @@ from .result_file import ResultFile
 from .sync import make_strategy
 from . import checkpoint
 from .checkpoint import atomic_torch_save
-from .timers import PARTS, Lines, StepParts
+from .timers import PARTS, Lines, StepParts, label
 from .workers import LoaderWatch, batches
 
 
@@ -138,7 +138,6 @@ class Trainer:
         """
         s = self.strategy
         opt = self.optimizer if sync else self.local_optimizer()
-        label = torch.profiler.record_function  # names the phases in a torch.profiler trace
         mark = self.parts.mark
         with nullcontext() if sync else s.no_sync():
             s.zero_grad(opt)

@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..timers import label
 from .base import Strategy
 from .buckets import InOrder, backward_order, group_params
 from .ps_roles import SERVER, ServerRoles, flatten
@@ -112,14 +113,14 @@ class CollectiveParameterServer(ServerRoles, Strategy):
     def _await_layer(self, buckets: list[int], module, args) -> None:
         """Forward pre-hook: a layer's forward waits for its own parameters only."""
         if self.pulls is not None:
-            with torch.profiler.record_function("labkit.pull"):
+            with label("labkit.pull"):
                 for i in buckets:
                     self._wait(self.pulls[i], "pull")
                     self.pulls[i] = []
 
     def _await_pull(self) -> None:
         if self.pulls is not None:
-            with torch.profiler.record_function("labkit.pull"):
+            with label("labkit.pull"):
                 self._wait([w for ws in self.pulls for w in ws], "pull")
             self.pulls = None
 
