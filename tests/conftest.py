@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -282,9 +283,43 @@ def _guard(request):
         assert torch.get_num_interop_threads() == state[4], "a test changed torch's inter-op threads"
 
 
+# ------------------------------------------------------------------ the CPU each test costs
+# The suite computes rather than waits (docs/performance.md, "the suite on three workers"), so
+# what a test costs is its CPU seconds: the worker's own and those of the processes it started
+# and waited for (torchrun waits for its ranks, a kernel for torchrun), from the start of its
+# setup (the session's runs it is the first to ask for included) to the end of its teardown.
+def _cpu_seconds() -> float:
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.cpu_at_start = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    if rep.when == "teardown" and hasattr(item, "cpu_at_start"):
+        rep.user_properties.append(("cpu_s", round(_cpu_seconds() - item.cpu_at_start, 1)))
+
+
+def _cpu_summary(terminalreporter, largest: int = 15) -> None:
+    cpu = sorted(((v, rep.nodeid) for reps in terminalreporter.stats.values() for rep in reps
+                  for k, v in getattr(rep, "user_properties", ()) if k == "cpu_s"), reverse=True)
+    if cpu:
+        terminalreporter.write_sep("-", f"CPU seconds by test: {sum(v for v, _ in cpu):.0f} in all, "
+                                        f"the {min(largest, len(cpu))} largest (tests/conftest.py)")
+        for v, nodeid in cpu[:largest]:
+            terminalreporter.write_line(f"{v:7.1f}  {nodeid}")
+
+
 def pytest_terminal_summary(terminalreporter):
-    """The Slurm jobs the tests submitted, with the states Slurm recorded (test_slurm.show):
-    the suite's output says that the jobs ran on a real controller, and how they ended."""
+    """The CPU seconds of the costliest tests; the Slurm jobs the tests submitted, with the
+    states Slurm recorded (test_slurm.show): the suite's output says that the jobs ran on a
+    real controller, and how they ended."""
+    _cpu_summary(terminalreporter)
     lines = [v for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
              for k, v in getattr(rep, "user_properties", ()) if k == "slurm"]
     if lines:
