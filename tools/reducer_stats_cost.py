@@ -59,7 +59,7 @@ def timed(ddp, opt, x, y, device, steps: int, read_every: int) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default cpu)")
     p.add_argument("--backend", help="nccl on a GPU, gloo on the CPU by default; gloo lets 2 ranks share one GPU")
     p.add_argument("--model", default="resnet10_small", help="labkit model name (resnet10_small)")
     p.add_argument("--image-size", type=int, default=16, help="square input side in px (16)")
@@ -73,7 +73,9 @@ def main() -> int:
     cuda = a.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("reducer_stats_cost: --device cuda, but torch sees no CUDA device")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % max(1, torch.cuda.device_count())) if cuda else torch.device("cpu")
+    # two gloo ranks may share one GPU (--backend gloo)
+    local = int(os.environ["LOCAL_RANK"]) % max(1, torch.cuda.device_count())
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     else:

@@ -142,8 +142,9 @@ class ReducerStats:
     the reducer did not time (``every`` > 1: it times one synchronised step in ``every`` after
     its first 10); the breakdown averages over the steps that have them. A reading already
     handed on (the same forward start: no synchronised step ran since, e.g. after compute-only
-    steps, or the reducer timed none) is not handed on twice. Beside the timing hook (--time-comm hook), its figures go to their own channel
-    (the result file's comm_reducer_times), to compare the two on the same steps."""
+    steps, or the reducer timed none) is not handed on twice. Beside the timing hook
+    (--time-comm hook), its figures go to their own channel (the result file's
+    comm_reducer_times), to compare the two on the same steps."""
 
     def __init__(self, ddp: DistributedDataParallel, channel: str = "busy", every: int = 1):
         self.ddp, self.channel = ddp, channel  # StepParts.reporter's
