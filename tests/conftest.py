@@ -181,7 +181,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.get_closest_marker(k) for k in KINDS):
             item.add_marker(getattr(pytest.mark, kind_of(item)))
+    if config.pluginmanager.hasplugin("xdist"):
+        _module_fixtures_on_one_worker(items)
     items.sort(key=lambda item: -seconds(item))  # stable: the others keep their order
+
+
+#: module-scoped fixtures that start nothing, so that a worker building its own costs nothing
+CHEAP_MODULE_FIXTURES = {
+    "test_gpu_data.py::jpeg_tree",  # 36 small JPEGs written in this process
+    "test_gpu_ranks.py::jpeg_tree",  # 96 small JPEGs, for tests that run on a GPU only
+}
+
+
+def _module_fixtures_on_one_worker(items) -> None:
+    """A module-scoped fixture is built by every xdist worker that runs one of its tests:
+    the tests that ask for one must share an xdist_group, or the suite builds it once per
+    worker (test_methods' ring trained twice, 17 CPU seconds each, until it had a group)."""
+    groups: dict[str, set] = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        mark = item.get_closest_marker("xdist_group")
+        group = (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else None
+        for name, defs in (info.name2fixturedefs.items() if info else ()):
+            key = f"{item.path.name}::{name}"
+            if defs and defs[-1].scope == "module" and key not in CHEAP_MODULE_FIXTURES:
+                groups.setdefault(key, set()).add(group)
+    split = {k: v for k, v in groups.items() if len(v) > 1 or None in v}
+    if split:
+        raise pytest.UsageError(
+            "module-scoped fixtures whose tests do not share one xdist_group (each worker "
+            "would build its own; tests/conftest.py): "
+            + "; ".join(f"{k} (groups {sorted(map(str, v))})" for k, v in sorted(split.items())))
 
 
 # ------------------------------------------------------------------ the kind of a test

@@ -42,6 +42,11 @@ def ring_cmd(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return found[0].parent, p
 
 
+#: the tests that read the ring's run: one xdist worker runs them all, so the module's ring
+#: trains once (each worker that ran one of them trained its own: twice, 17 CPU seconds each)
+ring = pytest.mark.xdist_group("ring")
+
+
 @pytest.fixture(scope="module")
 def ring_run(ring_cmd) -> Path:
     """The ring's output folder (ring_cmd's run folder), trained as the equivalence tests'
@@ -66,6 +71,7 @@ def test_a_users_key_and_result_file_come_from_its_class_name():
     assert methods.key_of("ddp") == "ddp" and methods.result_file_of("ps") == "results_ps.json"
 
 
+@ring
 def test_a_users_method_trains_to_the_reference_parameters(ring_run):
     """A ring written from send/recv is exact: the final parameters equal the single-process
     reference of the equivalence tests, up to summation order."""
@@ -81,6 +87,7 @@ def test_a_users_method_trains_to_the_reference_parameters(ring_run):
         torch.testing.assert_close(final[k], ref, atol=ATOL, rtol=RTOL, msg=lambda m: f"{k}: {m}")
 
 
+@ring
 def test_the_report_lists_a_users_method_from_its_result_file(ring_run, ddp_run, tmp_path):
     """A fresh process that never imported the user's file: the report finds the method in the
     run folder (its result file records its spec) and gives it a row beside DDP."""
@@ -114,6 +121,7 @@ def test_a_module_and_an_entry_point_name_a_method(tmp_path, monkeypatch):
     assert (s.key, s.result_file, s.source) == ("handring", "results_handring.json", "ringpkg.ring:RingAllReduce")
 
 
+@ring
 def test_labkit_run_takes_a_users_method(ring_cmd):
     """`labkit run path.py:Class` from the user's folder: the method's exactness check first
     (the check's verdict, as `labkit check` gives it), then the run; the run folder and the
@@ -348,6 +356,7 @@ def test_a_parameter_server_trainer_pulls_and_pushes_the_model(equivalence_runs,
     assert push["received"][0] == pytest.approx(2 * g, rel=0.01)
 
 
+@ring
 def test_the_report_says_mb_per_step_on_the_wire(ring_run):
     """The ring moves 2(n-1)/n of the gradients each way, counted from its sends and recvs,
     and Table 2 says so in MB."""
@@ -498,6 +507,7 @@ def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run
     assert not any(l.startswith("No sync") for l in accuracy), lines
 
 
+@ring
 def test_the_report_says_which_methods_are_exact(ring_run, ddp_run, tmp_path):
     """Each method's kind, as its class declares it: the ring is exact; the same file declared
     approximate is listed as approximate."""

@@ -179,6 +179,7 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
+@pytest.mark.xdist_group("wheel")  # the module's wheel, built once
 def test_wheel_ships_the_notebooks_and_templates(wheel):
     """A non-editable install must find the notebooks and the export template inside the
     package (labkit.lab.render.NOTEBOOKS comes from importlib.resources)."""
@@ -194,6 +195,7 @@ def test_wheel_ships_the_notebooks_and_templates(wheel):
     assert {n for n in names if n.endswith(".py")} == tree
 
 
+@pytest.mark.xdist_group("wheel")  # the module's wheel, built once
 def test_a_plain_install_runs_the_experiment_and_the_guides_command(wheel, tmp_path):
     """pip install of the wheel (not editable) into a fresh venv, then, from an empty folder,
     the experiment and the guide's torchrun command. The venv borrows the dependencies from
