@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from labkit.analysis.instrument_cost import paired_ratio
 from labkit.analysis.stats import t_quantile
+from labkit.training.dist import sync_device
 from labkit.training.models import build_model
 from labkit.training.sync.ddp import SAMPLE_EVERY
 
@@ -36,15 +37,10 @@ from labkit.training.sync.ddp import SAMPLE_EVERY
 VARIANTS = {"off": (100, 0), "every": (1, 1), "sampled": (SAMPLE_EVERY["cuda"], 1)}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(ddp, opt, x, y, device, steps: int, read_every: int) -> float:
     """Seconds per step over ``steps`` steps, the device drained before and after only."""
     loss_fn = torch.nn.CrossEntropyLoss()
-    _sync(device)
+    sync_device(device)
     dist.barrier()
     t = time.perf_counter()
     for i in range(steps):
@@ -53,7 +49,7 @@ def timed(ddp, opt, x, y, device, steps: int, read_every: int) -> float:
         opt.step()
         if read_every and i % read_every == 0:
             ddp._get_ddp_logging_data()
-    _sync(device)
+    sync_device(device)
     return (time.perf_counter() - t) / steps
 
 
