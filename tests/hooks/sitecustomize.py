@@ -37,6 +37,10 @@ with one set it registers a labkit.training.extensions trainer hook, which the r
       (_COUNTED), and every read of a resolved.json, appends "<who> <pid> <function>" to
       <path>; who is rank (a process torchrun started), kernel (a notebook's) or driver (any
       other: the labkit command). Wrapped at start-up, before labkit's modules import them.
+  LABKIT_TEST_CENSUS=<folder>  every Python process the tests start appends one line to
+      <folder>/starts.tsv at start-up: pid, parent pid, the test that started it (pytest's
+      PYTEST_CURRENT_TEST, inherited) and its command line. tools/suite_census.py counts them
+      by kind (torchrun agent, rank, kernel, labkit command) and by test: what the suite starts.
 """
 import os
 
@@ -237,6 +241,27 @@ def _count(path: str) -> None:
         m = importlib.import_module(module)
         setattr(m, name, counted(getattr(m, name), name))
 
+
+def _census(folder: str) -> None:
+    import sys
+
+    test = os.environ.get("PYTEST_CURRENT_TEST", "-").rsplit(" (", 1)[0]
+    line = "\t".join((str(os.getpid()), str(os.getppid()), test,
+                      " ".join(sys.orig_argv).replace("\t", " ").replace("\n", " ")))
+    # one write of a short line to a file opened for appending: lines from processes starting
+    # at once do not interleave
+    fd = os.open(os.path.join(folder, "starts.tsv"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line[:4000] + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+if os.environ.get("LABKIT_TEST_CENSUS"):
+    try:
+        _census(os.environ["LABKIT_TEST_CENSUS"])
+    except OSError:  # the folder is gone: the census is not the test
+        pass
 
 if os.environ.get("LABKIT_TEST_COUNT"):
     try:

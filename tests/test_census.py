@@ -1,0 +1,46 @@
+"""The suite's census (tests/hooks' LABKIT_TEST_CENSUS and tools/suite_census.py): every Python
+process a test starts is recorded with the test that started it, and counted by kind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import HOOKS, ROOT
+
+pytestmark = pytest.mark.e2e  # it starts Python processes (tiny ones: `-c pass`)
+
+# command lines as the suite starts them, and the kind each one is counted as
+STARTS = {
+    "rank": [sys.executable, "-c", "pass", "-m", "labkit.train", "--method", "ddp"],
+    "torchrun agent": [sys.executable, "-c", "pass", "-m", "torch.distributed.run", "--standalone"],
+    "kernel": [sys.executable, "-c", "pass", "-m", "ipykernel_launcher", "-f", "k.json"],
+    "labkit command": [sys.executable, "-c", "pass", "-m", "labkit", "experiment"],
+}
+
+
+def test_every_process_is_recorded_with_its_test_and_counted_by_kind(tmp_path):
+    # a -c program ignores what follows it: each process starts with the command line of its kind
+    env = {**os.environ, "PYTHONPATH": HOOKS, "LABKIT_TEST_CENSUS": str(tmp_path),
+           "PYTEST_CURRENT_TEST": "tests/test_x.py::test_y (call)"}
+    for argv in STARTS.values():
+        subprocess.run(argv, env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", "pass"], env={**env, "PYTEST_CURRENT_TEST": "tests/test_x.py::test_z (setup)"},
+                   check=True, timeout=60)
+    lines = (tmp_path / "starts.tsv").read_text().splitlines()
+    assert len(lines) == len(STARTS) + 1, lines
+    pid, parent, test, argv = lines[0].split("\t")
+    assert int(parent) == os.getpid() and test == "tests/test_x.py::test_y" and argv.endswith("--method ddp")
+
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "suite_census.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    said = p.stdout.splitlines()
+    assert said[0] == "5 Python processes started by the tests:"
+    for kind in STARTS:
+        assert f"  {kind:15s} {1:5d}" in said, (kind, said)
+    assert f"  {'other Python':15s} {1:5d}" in said
+    row = next(l for l in said if l.startswith("test_x.py::test_y "))
+    assert row.split()[1] == "4", row  # test_y started four, test_z one
