@@ -91,13 +91,16 @@ def equivalence_runs(tmp_path_factory, ddp_run):
 # record, the report's HTML, text and PDF, the repeats' rotation and aggregation, strict JSON
 # and the runs index are all asserted on it (test_experiment.py, test_repeats_sweep.py),
 # instead of one experiment per test (2026-11-25: two, 4 min of the suite). Its tests are one
-# xdist group: one worker runs it while the other goes on.
+# xdist group: one worker runs it while the other goes on. Every process of it counts its
+# config checks (LABKIT_TEST_COUNT, Experiment.calls: test_resolved_once), which changes
+# nothing it does.
 def _experiment(folder: Path) -> None:
     folder.mkdir(parents=True)
     (folder / "params.yaml").write_text("epochs: 1\nmax_steps_per_epoch: 3\ndataset: digits\n")
     p = labkit(["experiment", "-f", "params.yaml", "--repeats", str(EXPERIMENT_REPEATS),
                 *EXPERIMENT_FLAGS, "--pin-cpus",  # the CPU default (the last flag wins)
-                "--runs-dir", "runs", "--tag", "tiny"], cwd=folder, timeout=900)
+                "--runs-dir", "runs", "--tag", "tiny"], cwd=folder, timeout=900,
+               env={"LABKIT_TEST_COUNT": str(folder / Experiment.CALLS)})
     Experiment.record(folder, p)
 
 

@@ -126,6 +126,9 @@ class Experiment:
     (``cwd``), the run folder (``run``), its exit code and output (kept in files: the fixture
     may have run on another xdist worker)."""
 
+    #: the LABKIT_TEST_COUNT file of the experiment's processes, in ``cwd``
+    CALLS = "calls.txt"
+
     def __init__(self, cwd: Path):
         self.cwd = cwd
         self.run = (cwd / "runs" / "latest").resolve()

@@ -10,34 +10,41 @@ from collections import Counter
 
 import pytest
 
-from helpers import calls, labkit, load_json, of, tiny_flags, torchrun
+from helpers import EXPERIMENT_METHODS, EXPERIMENT_REPEATS, calls, load_json, of, tiny_flags, torchrun
 
 CHECKS = ("check_values", "resolve", "preflight", "machine", "validate")
 
 
-def test_an_experiment_resolves_and_checks_once_in_the_driver(tmp_path):
-    path = tmp_path / "calls.txt"
-    p = labkit(["experiment", "--methods", "ddp", "--nproc", "2", "--no-report",
-                "--runs-dir", tmp_path / "runs", *tiny_flags()], cwd=tmp_path,
-               env={"LABKIT_TEST_COUNT": str(path)})
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    found = calls(path)
-    # the driver: the parameters checked, the method's config resolved and checked, the
-    # machine's budget: each once (one method)
+# conftest's session experiment (its group: the worker that builds it), whose processes counted
+# their calls: 3 methods x 2 repeats, each method on 2 ranks (instead of an experiment of its own)
+@pytest.mark.xdist_group("experiment")
+def test_an_experiment_resolves_and_checks_once_in_the_driver(experiment):
+    from labkit.core.layout import method_dir
+
+    assert experiment.returncode == 0, experiment.stdout[-2000:] + experiment.stderr[-2000:]
+    found = calls(experiment.cwd / experiment.CALLS)
+    methods = len(EXPERIMENT_METHODS)
+    # the driver: the parameters checked once; each method's config resolved and checked,
+    # and the machine's budget, once per method, not once per repeat
     [driver] = of(found, "driver")
-    assert {fn: driver[fn] for fn in CHECKS} == dict.fromkeys(CHECKS, 1)
-    # the kernel and both ranks: the resolved.json read once each, nothing resolved or checked
-    [kernel] = of(found, "kernel")
-    ranks = of(found, "rank")
-    assert kernel == Counter(read=1)
-    assert ranks == [Counter(read=1)] * 2
+    assert {fn: driver[fn] for fn in CHECKS} == {"check_values": 1, **dict.fromkeys(CHECKS[1:], methods)}
+    # each repeat's kernel and ranks: their method's resolved.json read once each, nothing
+    # resolved or checked (the report's kernel reads none)
+    kernels, ranks = of(found, "kernel"), of(found, "rank")
+    assert kernels == [Counter(read=1)] * (methods * EXPERIMENT_REPEATS)
+    assert ranks == [Counter(read=1)] * (methods * EXPERIMENT_REPEATS * 2)
     # what they read is what config.json records as resolved, with the method's folder as out
-    run = next(d for d in (tmp_path / "runs").iterdir() if d.is_dir() and not d.is_symlink())
-    written = load_json(run / "ddp" / "resolved.json")
-    recorded = load_json(run / "config.json")["resolved"]["ddp"]
-    assert written["train"] == {**recorded, "out": "."} and written["nproc"] == 2
-    launched = load_json(run / "ddp" / "launch.json")["command"]
-    assert launched[-2:] == ["--resolved", "resolved.json"]  # relative to the method's folder
+    # and the repeat's seed (repeat i trains from seed + i - 1)
+    run = experiment.run
+    for m in EXPERIMENT_METHODS:
+        recorded = load_json(run / "config.json")["resolved"][m]
+        for r in range(1, EXPERIMENT_REPEATS + 1):
+            folder = method_dir(run, m, r, EXPERIMENT_REPEATS)
+            written = load_json(folder / "resolved.json")
+            assert written["train"] == {**recorded, "out": ".", "seed": recorded["seed"] + r - 1}, (m, r)
+            assert written["nproc"] == 2
+            launched = load_json(folder / "launch.json")["command"]
+            assert launched[-2:] == ["--resolved", "resolved.json"]  # relative to the method's folder
 
 
 def test_the_bare_torchrun_command_still_checks_in_every_rank(tmp_path):
