@@ -162,10 +162,12 @@ def test_runs_lists_every_kind_with_its_status(runs_dir, capsys, monkeypatch):
 
 
 def test_the_index_page_is_written_at_the_end_of_an_experiment(runs_dir):
-    """The failed and the interrupted experiments above ended by writing runs/index.html (the
-    latter is interrupted: the index is from the failed one, or later)."""
+    """The interrupted experiment above, the last to end there, ended by writing runs/index.html
+    (an interrupted experiment writes it as a finished one does: it lists every run folder)."""
     page = (runs_dir / "index.html").read_text()
     assert page.count('<tr class="run">') >= 5 and "bucket_mb" in page
+    term = run_tagged(runs_dir, "term")
+    assert term.name in page and "interrupted" in page
 
 
 def run_tagged(runs_dir: Path, tag: str) -> Path:

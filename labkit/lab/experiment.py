@@ -145,12 +145,14 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     folder = ExperimentFolder(run, p)
     kernel = kernel_name()
     stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
-    for i, seed, order in folder.plan:
-        for m in order:
-            folder.run_method(m, i, seed, kernel, stream)
-    folder.finish(kernel, stream, before_report)
-    if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
-        write_index(run.parent)
+    try:
+        for i, seed, order in folder.plan:
+            for m in order:
+                folder.run_method(m, i, seed, kernel, stream)
+        folder.finish(kernel, stream, before_report)
+    finally:  # interrupted too: the lab notebook lists the run as it was left
+        if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
+            write_index(run.parent)
     return run, folder.status
 
 
