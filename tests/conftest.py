@@ -110,6 +110,26 @@ def experiment(tmp_path_factory) -> Experiment:
     return Experiment(shared_dir(tmp_path_factory, "experiment", _experiment))
 
 
+# ------------------------------------------------------------------ the session's failed experiment
+# ddp and ps, ps's worker (rank 1) failing at its second step, no Chromium: the experiment is
+# recorded as failed, ddp's results kept, the report written as HTML saying why no PDF
+# (test_experiment), and, copied into a runs/ folder, the failed row of the runs index
+# (test_lab_notebook: hence its tag and the lab notebook's calibration steps)
+def _failed_experiment(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    p = labkit(["experiment", *EXPERIMENT_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3",
+                "--calibrate-steps", "2", "--methods", "ddp,ps", "--runs-dir", "runs",
+                "--tag", "fail"], cwd=folder, timeout=600,
+               env={"LABKIT_TEST_FAULT": "ps:1:1", "LABKIT_CHROMIUM": "/nonexistent/chromium"})
+    Experiment.record(folder, p)
+
+
+@pytest.fixture(scope="session")
+def failed_experiment(tmp_path_factory) -> Experiment:
+    """An experiment whose ps failed and whose ddp completed (read-only; copy to change)."""
+    return Experiment(shared_dir(tmp_path_factory, "failed_experiment", _failed_experiment))
+
+
 # ------------------------------------------------------------------ a run and its reproduction
 # Two real ddp runs differing only in --bucket-mb (the points of one `labkit sweep`), the first
 # copied to runs/ as a user copies a run folder and reproduced with `labkit reproduce

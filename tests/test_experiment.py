@@ -226,13 +226,11 @@ def test_the_runs_index_lists_the_experiment(experiment, tmp_path):
     assert [(r["kind"], r["status_label"], r["tag"]) for r in rows] == [("repeats", "complete", "tiny")]
 
 
-def test_a_failed_method_is_recorded_and_the_others_kept(tmp_path):
-    p = labkit(["experiment", *TINY_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3",
-                "--methods", "ddp,ps", "--runs-dir", "runs"], cwd=tmp_path,
-               # and no Chromium: the report is still written, as HTML, and says why no PDF
-               env={"LABKIT_TEST_FAULT": "ps:1:1", "LABKIT_CHROMIUM": "/nonexistent/chromium"})
+def test_a_failed_method_is_recorded_and_the_others_kept(failed_experiment):
+    """conftest's failed experiment: ps's rank 1 fails at its second step, and no Chromium:
+    the report is still written, as HTML, and says why no PDF."""
+    p, run = failed_experiment, failed_experiment.run
     assert p.returncode == 1
-    run = (tmp_path / "runs" / "latest").resolve()
     status = load_json(run / "experiment.json")
     assert status["status"] == "failed"
     assert status["methods"]["ddp"]["status"] == "completed"
