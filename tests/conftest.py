@@ -92,7 +92,7 @@ def equivalence_runs(tmp_path_factory, ddp_run):
 # and the runs index are all asserted on it (test_experiment.py, test_repeats_sweep.py),
 # instead of one experiment per test (2026-11-25: two, 4 min of the suite). Its tests are one
 # xdist group: one worker runs it while the other goes on. Every process of it counts its
-# config checks (LABKIT_TEST_COUNT, Experiment.calls: test_resolved_once), which changes
+# config checks (LABKIT_TEST_COUNT into Experiment.CALLS: test_resolved_once), which changes
 # nothing it does.
 def _experiment(folder: Path) -> None:
     folder.mkdir(parents=True)
