@@ -27,8 +27,8 @@ def test_every_process_is_recorded_with_its_test_and_counted_by_kind(tmp_path):
            "PYTEST_CURRENT_TEST": "tests/test_x.py::test_y (call)"}
     for argv in STARTS.values():
         subprocess.run(argv, env=env, check=True, timeout=60)
-    subprocess.run([sys.executable, "-c", "pass"], env={**env, "PYTEST_CURRENT_TEST": "tests/test_x.py::test_z (setup)"},
-                   check=True, timeout=60)
+    other = {**env, "PYTEST_CURRENT_TEST": "tests/test_x.py::test_z[a/b] (setup)"}  # a path in its id
+    subprocess.run([sys.executable, "-c", "pass"], env=other, check=True, timeout=60)
     lines = (tmp_path / "starts.tsv").read_text().splitlines()
     assert len(lines) == len(STARTS) + 1, lines
     pid, parent, test, argv = lines[0].split("\t")
@@ -44,3 +44,4 @@ def test_every_process_is_recorded_with_its_test_and_counted_by_kind(tmp_path):
     assert f"  {'other Python':15s} {1:5d}" in said
     row = next(l for l in said if l.startswith("test_x.py::test_y "))
     assert row.split()[1] == "4", row  # test_y started four, test_z one
+    assert any(l.startswith("test_x.py::test_z[a/b] ") for l in said), said  # a path in its id kept

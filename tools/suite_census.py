@@ -53,7 +53,9 @@ def read_starts(folder: Path) -> list[tuple[str, str, str]]:
         parts = line.split("\t", 3)
         if len(parts) == 4:
             test = parts[2].rsplit(" (", 1)[0]  # "(call)": the phase, as pytest sets it
-            out.append((test, test.split("::", 1)[0].rsplit("/", 1)[-1], kind(parts[3])))
+            path, _, name = test.partition("::")
+            module = path.rsplit("/", 1)[-1]  # tests/test_x.py -> test_x.py
+            out.append((f"{module}::{name}" if name else test, module, kind(parts[3])))
     return out
 
 
@@ -99,7 +101,7 @@ def main(argv=None) -> int:
     tests: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for test, module, k in starts:
         modules[module][k] += 1
-        tests[re.sub(r"^.*/", "", test).split("@")[0]][k] += 1
+        tests[test.split("@")[0]][k] += 1  # "@group": xdist's loadgroup suffix
     mod_cpu = collections.Counter()
     for t, s in cpu.items():
         mod_cpu[t.split("::")[0]] += s
