@@ -181,7 +181,6 @@ LONGEST_FIRST = {
     "test_ps_variants.py::test_async_lockstep_is_synchronous_sgd": 15,
     "test_data_checks.py::test_torchrun_with_skip_bad_images_warns_once": 14,
     "test_launch.py::test_failed_rank_is_named_with_its_log": 13,
-    "test_launch.py::test_launch_streams_the_reporting_rank": 12,
     # its group's first test builds three DDP runs (--time-comm stats, hook, off)
     "test_breakdown.py::test_timing_ddp_changes_no_parameter": 30,
     # the lab notebook's group (test_reproduce's too) builds its run folders in its first

@@ -90,18 +90,6 @@ def test_error_file_names_the_rank_and_its_exception(tmp_path):
     assert "ValueError: bad shard 7" in why.message and "closed by peer" not in why.message
 
 
-def test_launch_streams_the_reporting_rank(tmp_path):
-    stream = tmp_path / "stream.txt"
-    with open(stream, "w") as f:
-        res = launch(TrainConfig(method="allreduce", **TINY_CFG), 2, str(tmp_path / "ar"), stream=f)
-    res.check()
-    text = stream.read_text()
-    assert "[rank0]: epoch 1/1: train loss" in text and "[rank1]" not in text
-    logs = sorted(p.parent.name for p in (tmp_path / "ar").glob("logs/**/attempt_0/*/stdout.log"))
-    assert logs == ["0", "1"]
-    assert load_json(tmp_path / "ar" / "results_all_reduce.json")["status"] == "completed"
-
-
 def test_rank_prefix_only_where_torchrun_has_the_option(tmp_path, monkeypatch):
     """torch 2.11's torchrun has no --log-line-prefix-template: passed anyway, it became the
     script to run and every rank died (seen on an H100 box, 2026-11-23)."""

@@ -207,9 +207,12 @@ def test_a_killed_loader_worker_is_one_line(tmp_path, how, said):
 @pytest.mark.slow
 def test_a_rank_killed_as_by_the_oom_killer_is_one_line(tmp_path):
     out = tmp_path / "ddp"
+    t0 = time.monotonic()
     p = labkit(["run", "ddp", *RUN, "--epochs", "2", "--max-steps-per-epoch", "3", "--out", str(out)],
                tmp_path, env={"LABKIT_TEST_FAULT": "ddp:1:4:kill"})
     assert p.returncode == 1, p.stdout + p.stderr
+    assert time.monotonic() - t0 < 60  # the run stops: rank 0 does not wait out its timeout
+    assert strict(out / "launch.json")["failed_rank"] == 1  # the launcher names the killed rank
     errs = lines(p.stderr)
     assert len(errs) == 1, errs
     assert errs[0].startswith("labkit: ddp failed: rank 1 exited with code -9 (SIGKILL): "), errs

@@ -15,8 +15,8 @@ N=${1:-10}
 LOG=${2:-/tmp/stress_racy.log}
 PY=${PY:-.venv/bin/python}
 FILES=${FILES:-"tests/test_lab_notebook.py tests/test_lifecycle.py tests/test_experiment.py
-  tests/test_faults.py tests/test_breakdown.py tests/test_loader_workers.py"}
-K=${K:-"killed_experiment or test_lifecycle or ctrl_c or killed_rank or overlap or leaves_no_process"}
+  tests/test_faults.py tests/test_breakdown.py tests/test_loader_workers.py tests/test_resources.py"}
+K=${K:-"killed_experiment or test_lifecycle or ctrl_c or oom_killer or overlap or leaves_no_process"}
 
 busy=()
 for _ in $(seq "$(nproc)"); do python3 -c "while True: pass" & busy+=($!); done
