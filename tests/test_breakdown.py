@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from helpers import TINY, check_ok, load_json, torchrun
+from helpers import check_ok, load_json, tiny_flags, torchrun
 from labkit.analysis import breakdown, report
 from labkit.analysis.report import load_files
 from labkit.core.methods import SHORT
@@ -19,8 +19,9 @@ from labkit.training.timers import StepParts, busy_figures
 # does not swamp: 41 steps in 6 blocks of about 7 (with 12 steps in 4 blocks of 3, the overlap
 # interval of a full suite run once reached down to 0). Steps of 16 images take tens of ms:
 # the launch, not the steps, is what these runs cost.
-STEPS = [a for a in TINY if a not in ("--max-steps-per-epoch", "5", "--batch-size", "8")] + [
-    "--max-steps-per-epoch", "44", "--batch-size", "16"]
+# the calibration's default 6 steps: these runs weigh each rank's compute-only time against its
+# steps
+STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=None)
 
 
 # ------------------------------------------------------------------ the definitions, by hand

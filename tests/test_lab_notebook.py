@@ -24,7 +24,7 @@ pytestmark = pytest.mark.xdist_group("labnotebook")
 
 # labkit experiment with TINY's settings (helpers.TINY is the torchrun form); the killed run's
 # training settings, which its uninterrupted reference trains with under torchrun
-SETTINGS = tiny_flags(epochs=None, max_steps_per_epoch=3, max_val_steps=1, timeout=60) + ["--calibrate-steps", "2"]
+SETTINGS = tiny_flags(epochs=None, max_steps_per_epoch=3, max_val_steps=1, timeout=60)
 EXP = ["--nproc", "2", "--methods", "ddp,allreduce,ps", *SETTINGS]
 
 
