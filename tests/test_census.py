@@ -45,3 +45,15 @@ def test_every_process_is_recorded_with_its_test_and_counted_by_kind(tmp_path):
     row = next(l for l in said if l.startswith("test_x.py::test_y "))
     assert row.split()[1] == "4", row  # test_y started four, test_z one
     assert any(l.startswith("test_x.py::test_z[a/b] ") for l in said), said  # a path in its id kept
+
+
+def test_a_census_folder_without_a_census_or_with_a_broken_junit_file_is_one_line(tmp_path):
+    tool = [sys.executable, str(ROOT / "tools" / "suite_census.py"), str(tmp_path)]
+    p = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"suite_census: {tmp_path}/starts.tsv not found (run the suite with LABKIT_TEST_CENSUS={tmp_path})"]
+    (tmp_path / "starts.tsv").write_text("1\t0\ttests/test_x.py::test_y\tpython -c pass\n")
+    (tmp_path / "junit.xml").write_text("<testsuites><testcase")  # cut short
+    p = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stderr.startswith(f"suite_census: {tmp_path}/junit.xml is not a junit XML file (")

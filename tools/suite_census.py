@@ -64,8 +64,12 @@ def read_cpu(folder: Path) -> dict[str, float]:
     path = folder / "junit.xml"
     if not path.is_file():
         return {}
+    try:
+        tree = ET.parse(path)
+    except ET.ParseError as e:
+        sys.exit(f"suite_census: {path} is not a junit XML file ({e})")
     cpu: dict[str, float] = {}
-    for case in ET.parse(path).iter("testcase"):
+    for case in tree.iter("testcase"):
         module = case.get("classname", "").rsplit(".", 1)[-1] + ".py"
         for p in case.iter("property"):
             if p.get("name") == "cpu_s":
