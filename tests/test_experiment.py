@@ -236,9 +236,11 @@ def test_a_failed_method_is_recorded_and_the_others_kept(failed_experiment):
     assert status["methods"]["ddp"]["status"] == "completed"
     ps = status["methods"]["ps"]
     assert ps["status"] == "failed" and "LaunchError" in ps["error"]
-    # rank 1 either exits on its own or is stopped by torchrun first: both name it, with its error
-    assert re.search(r"rank 1 (exited with code 1|failed first \(torchrun then stopped it)",
-                     ps["error"]), ps["error"]
+    # rank 1 either exits on its own or is stopped by torchrun first, or torchrun's summary lost
+    # its exit code and only its error file tells (labkit.lab.failures._blame; seen once in a
+    # full suite, 2026-11-26): each names it, with its error
+    assert re.search(r"rank 1 (exited with code 1|failed first \(torchrun then stopped it|raised an "
+                     r"exception \(known from its error file only\))", ps["error"]), ps["error"]
     assert "injected fault" in ps["error"]
     assert load_json(run / "ddp" / "results_baseline_ddp.json")["status"] == "completed"
     assert load_json(run / "ps" / "results_ps.json")["status"] == "failed"

@@ -51,9 +51,11 @@ def test_failed_rank_is_named_with_its_log(tmp_path, monkeypatch):
     res = launch(TrainConfig(method="ps", **TINY_CFG), 3, str(out), stream=open(tmp_path / "stream.txt", "w"))
     assert not res.ok and res.returncode != 0
     assert res.failed_rank == 2
-    # torchrun may record the crashed rank as SIGTERM when it stops it while it is exiting
+    # torchrun may record the crashed rank as SIGTERM when it stops it while it is exiting, or
+    # lose its exit code, when only its error file tells (as test_experiment's failed ps once did)
     assert re.search(r"ps failed: rank 2 (exited with code 1|failed first \(torchrun then stopped it: "
-                     r"exit code -15 \(SIGTERM\)\))", res.message), res.message
+                     r"exit code -15 \(SIGTERM\)\)|raised an exception \(known from its error file "
+                     r"only\))", res.message), res.message
     assert "injected fault" in res.message
     # every rank's log is kept, and the partial result says what happened
     for r in range(3):
