@@ -26,29 +26,38 @@ from .models import build_model
 ATOL, RTOL = 5e-5, 1e-4
 
 
-def reference_state(cfg: TrainConfig, trainers: int, steps: int) -> dict[str, torch.Tensor]:
+def reference_state(cfg: TrainConfig, trainers: int, steps: int,
+                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The model after ``steps`` steps of epoch 1 (``cfg`` resolved; its lr, momentum, weight
-    decay and seed), as a state dict."""
+    decay and seed), as a state dict. ``dtype`` torch.float64 computes it in double precision
+    (the tests' statements about arithmetic that is exact only in exact arithmetic)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs: the same convolution kernels
     try:
         data = build_datasets(cfg)
         torch.manual_seed(cfg.seed)
         model, _ = build_model(cfg.model, data.num_classes)
+        model.to(dtype)
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                               weight_decay=cfg.weight_decay)
-        batches = []
-        for k in range(trainers):
-            sampler = train_sampler(data.train, trainers, k, cfg.seed)
-            sampler.set_epoch(1)
-            batches.append(iter(DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler,
-                                           drop_last=True)))
+        batches = trainer_batches(data.train, cfg, trainers)
         model.train()
         for _ in range(steps):
-            _step(model, opt, [next(b) for b in batches])
+            _step(model, opt, [(x.to(dtype), y) for x, y in (next(b) for b in batches)])
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     finally:
         torch.set_num_threads(threads)
+
+
+def trainer_batches(train, cfg: TrainConfig, trainers: int) -> list:
+    """Epoch 1's batches of each trainer (an iterator each): trainer k reads shard k, as the
+    loop's DistributedSampler gives it."""
+    out = []
+    for k in range(trainers):
+        sampler = train_sampler(train, trainers, k, cfg.seed)
+        sampler.set_epoch(1)
+        out.append(iter(DataLoader(train, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)))
+    return out
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list) -> None:
