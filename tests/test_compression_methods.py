@@ -185,8 +185,8 @@ def test_averaging_after_every_step_is_ddps_step_in_exact_arithmetic():
         return max((a[k] - ddp[k]).abs().max().item() for k in ddp if ddp[k].is_floating_point())
 
     assert largest(mine) < 1e-12
-    # what 1e-12 tells apart: the steps of one trainer's gradients (a mean that left the other
-    # out) end 1e-4 or more away
+    # what 1e-12 tells apart: one trainer training alone (its own batches, nothing averaged)
+    # ends 1e-4 or more away
     assert largest(averaged_steps(cfg, 1, EXACT_STEPS, torch.float64)) > 1e-4
 
 
