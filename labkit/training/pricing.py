@@ -93,12 +93,12 @@ def per_step_work(tr, data, step: float, reps: int = 200, batches: int = 5) -> d
     cfg, s = tr.cfg, tr.strategy
     epoch = steps_per_epoch(len(data.train), s.trainers, cfg.batch_size, cfg.max_steps_per_epoch)
     per_call = _PerCall(tr.ctx.device, reps, batches)
-    items = _step_work(tr, data, epoch, per_call) + _epoch_checks(tr, epoch, per_call)
+    items = _step_work(tr, data, step, per_call) + _epoch_checks(tr, epoch, per_call)
     return {"epoch_steps": epoch, "step": step,
             "items": [{"work": w, "every": e, "seconds": t, "per_step": t / k} for w, e, t, k in items]}
 
 
-def _step_work(tr, data, epoch: int, per_call: _PerCall) -> list[tuple]:
+def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     """(work, "step", seconds per call, calls' spacing in steps) of the loop's per-step work."""
     from tqdm import tqdm
 
@@ -124,20 +124,24 @@ def _step_work(tr, data, epoch: int, per_call: _PerCall) -> list[tuple]:
     meter = EpochMeter(reps, 0, s, dev, False, StepParts(dev))
     y = torch.zeros(cfg.batch_size, dtype=torch.long, device=dev)
     out = torch.ones((), device=dev), torch.zeros(cfg.batch_size, data.num_classes, device=dev)
-    step = iter(range(10 ** 9))
-    t_meter = per_call(lambda: meter.step_ends(next(step) % reps, out, y))
+    count = iter(range(10 ** 9))
+    t_meter = per_call(lambda: meter.step_ends(next(count) % reps, out, y))
     meter.start()
     bar = tqdm(total=10 ** 9, unit="batch", ncols=100, mininterval=5.0, file=Lines(io.StringIO()))
     t_update = per_call(lambda: bar.update(1))
     images = cfg.batch_size * s.trainers
     t_figures = per_call(lambda: bar.set_postfix_str(meter.running_text(reps - 1, images), refresh=False))
     bar.close()
-    every = max(1, epoch // 50)  # Trainer._update_bar's rule: the figures 50 times an epoch
+    # Trainer._update_bar's rule: the figures once per refresh of the bar, at most every
+    # BAR_REFRESH seconds (a terminal's; a log's are further apart), so every step only where
+    # a step takes longer
+    from .trainer import BAR_REFRESH
+
+    every = max(1.0, BAR_REFRESH / step) if step > 0 else 1.0
     return [("step-part marks (StepParts, StepClock)", "step", t_marks + t_take, 1),
             ("per-step loss and accuracy (EpochMeter.step_ends)", "step", t_meter, 1),
             ("progress bar: update", "step", t_update, 1),
-            (f"progress bar: figures (every {every} step{'s' if every > 1 else ''})", "step",
-             t_figures, every)]
+            (f"progress bar: figures (every {BAR_REFRESH} s)", "step", t_figures, every)]
 
 
 def _epoch_checks(tr, epoch: int, per_call: _PerCall) -> list[tuple]:

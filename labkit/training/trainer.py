@@ -36,6 +36,9 @@ from .checkpoint import atomic_torch_save
 from .timers import PARTS, Lines, StepParts, label
 from .workers import LoaderWatch, batches
 
+#: the progress bar's refresh interval in seconds on a terminal, and in a log (one line each)
+BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
+
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
@@ -118,7 +121,8 @@ class Trainer:
         desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
         tty = sys.stderr.isatty()
         return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=tty, ncols=None if tty else 100,
-                    leave=True, mininterval=0.5 if tty else 5.0, file=sys.stderr if tty else Lines(sys.stderr))
+                    leave=True, mininterval=BAR_REFRESH if tty else LOG_REFRESH,
+                    file=sys.stderr if tty else Lines(sys.stderr))
 
     # -------------------------------------------------------------- one step
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,6 +187,7 @@ class Trainer:
         batches = self._batches(epoch)
         meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main, self.parts)
         bar = self.progress(epoch)
+        self._figures_at = time.perf_counter()  # the bar's figures: _update_bar
         s.timer.pop()
         s.wire.take()  # bytes on the wire: this epoch's steps only
         meter.start()
@@ -232,8 +237,13 @@ class Trainer:
                 return
 
     def _update_bar(self, bar, meter: EpochMeter, step: int) -> None:
+        """One step on the bar; its figures (loss, accuracy, img/s) only as often as the bar can
+        show them (its mininterval) and at the epoch's last step: they read the device, which on
+        a GPU waits for the step's work to finish, a stall the step would not have otherwise."""
         bar.update(1)
-        if (step + 1) % max(1, self.steps // 50) == 0 or step + 1 == self.steps:
+        now = time.perf_counter()
+        if now - self._figures_at >= bar.mininterval or step + 1 == self.steps:
+            self._figures_at = now
             s = self.strategy
             text = (meter.running_text(step, self.cfg.batch_size * s.trainers) if s.is_trainer
                     else s.server_progress(step))
