@@ -25,6 +25,35 @@ STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=None)
 
 
 # ------------------------------------------------------------------ the definitions, by hand
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA events)")
+def test_a_gpus_marks_reuse_their_events_and_still_tile_the_step():
+    """On a GPU the marks are CUDA events from one pool: an epoch's events are recorded again in
+    the next once their times are read, and the parts still add up to each step."""
+    from labkit.training.timers import EVENTS, StepClock
+
+    dev = torch.device("cuda")
+    parts, clock = StepParts(dev), StepClock(dev)
+
+    def epoch():
+        for _ in range(3):
+            parts.begin()
+            clock.mark()
+            torch.cuda._sleep(2_000_000)  # about a millisecond of device work, no host wait
+            parts.mark("compute")
+        clock.mark()
+        parts.close()
+        return parts.take()["parts"], clock.durations()
+
+    got = [epoch()]
+    pool = {id(e) for e in EVENTS.free}
+    got.append(epoch())
+    assert {id(e) for e in EVENTS.free} == pool and len(pool) >= 11  # 3 x 2 marks, close, 4 ends
+    for p, steps in got:
+        assert len(steps) == 3 and all(t > 1e-4 for t in p["compute"])
+        totals = [sum(p[k][i] for k in p) for i in range(3)]
+        assert totals == pytest.approx(steps, rel=0.01, abs=5e-5)
+
+
 def test_split_adds_the_parts_up_to_the_step():
     parts = {"data": [1.0], "pull": [2.0], "compute": [10.0], "sync": [3.0], "optimizer": [0.5],
              "other": [0.25]}

@@ -27,7 +27,8 @@ class EpochMeter:
                  parts: StepParts):
         self.steps, self.warmup, self.s, self.dev = steps, warmup, strategy, device
         self.losses = torch.zeros(steps, device=device)   # per-step loss, summed over trainers
-        self.counts = torch.zeros(2, device=device)       # correct, seen
+        self.correct = torch.zeros((), device=device)     # correct predictions, on the device
+        self.images = 0                                   # images seen, counted on the host
         self.data_time = 0.0
         # rank 0's steady-state steps, one mark per step boundary: the same clock and window as
         # train_throughput, so mean(step_times) is avg_batch_time (labkit.analysis.stats)
@@ -72,8 +73,8 @@ class EpochMeter:
         if out is not None:
             loss, logits = out
             self.losses[step] = loss.float()
-            self.counts[0] += (logits.argmax(1) == y).sum()
-            self.counts[1] += y.numel()
+            self.correct += (logits.argmax(1) == y).sum()
+            self.images += y.numel()
 
     def stop(self) -> None:
         self.clock.mark()
@@ -86,7 +87,7 @@ class EpochMeter:
         """The progress bar's figures after ``step`` (a trainer's view)."""
         elapsed = time.perf_counter() - self.t_start
         ips = batch_images * (step + 1) / max(elapsed, 1e-9)
-        acc = 100.0 * self.counts[0].item() / max(1.0, self.counts[1].item())
+        acc = 100.0 * self.correct.item() / max(1, self.images)
         return f"loss={self.losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
 
     def metrics(self, batch_images: int) -> dict:
@@ -97,14 +98,15 @@ class EpochMeter:
         mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
         per_step = [t if s.is_trainer else 0.0 for row in self.step_comm for t in row]
         vec = torch.tensor([self.data_time] + mine + per_step, device=self.dev, dtype=torch.float64)
+        counts = torch.stack([self.correct, torch.tensor(float(self.images), device=self.dev)])
         all_reduce_sum(self.losses)
-        all_reduce_sum(self.counts)
+        all_reduce_sum(counts)
         all_reduce_sum(vec)
         losses = (self.losses / s.trainers).tolist()
         window_steps, window_time = self.steps - self.warmup, self.t_end - self.t_window
         m = {
             "train_loss": sum(losses) / len(losses),
-            "train_accuracy": 100.0 * self.counts[0].item() / max(1.0, self.counts[1].item()),
+            "train_accuracy": 100.0 * counts[0].item() / max(1.0, counts[1].item()),
             "train_time": self.t_end - self.t_start,
             "train_throughput": batch_images * window_steps / window_time,
             "avg_batch_time": window_time / window_steps,

@@ -94,22 +94,52 @@ class StepClock:
     def mark(self) -> float:
         """Close the previous step and open the next; returns the host time."""
         t = time.perf_counter()
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.marks.append(e)
-        else:
-            self.marks.append(t)
+        self.marks.append(EVENTS.record() if self.cuda else t)
         return t
 
     def durations(self) -> list[float]:
-        """Seconds between consecutive marks (after the device has reached the last one)."""
-        m = self.marks
+        """Seconds between consecutive marks (after the device has reached the last one); then
+        forgets them."""
+        m, self.marks = self.marks, []
         if self.cuda:
             if m:
                 m[-1].synchronize()
-            return [a.elapsed_time(b) / 1000.0 for a, b in zip(m, m[1:])]
+            out = [a.elapsed_time(b) / 1000.0 for a, b in zip(m, m[1:])]
+            EVENTS.reuse(m)
+            return out
         return [b - a for a, b in zip(m, m[1:])]
+
+
+class _EventPool:
+    """CUDA timing events for the marks of every step, made once and recorded again epoch after
+    epoch: making a torch.cuda.Event and looking up the current stream for each mark cost more
+    than recording one (docs/where-the-time-goes.md, "What the instruments cost"). An event
+    goes back to the pool only once its time has been read, after a synchronisation on a later
+    event of the same stream, so it is never recorded again while the device may still reach
+    it. Safe from a future's callback thread: pop and extend are each one step under the GIL."""
+
+    def __init__(self):
+        self.free: list = []
+        self.stream: dict = {}  # device index -> its current stream, looked up once
+
+    def record(self) -> Any:
+        try:
+            e = self.free.pop()
+        except IndexError:
+            e = torch.cuda.Event(enable_timing=True)
+        dev = torch.cuda.current_device()
+        s = self.stream.get(dev)
+        if s is None:
+            s = self.stream[dev] = torch.cuda.current_stream(dev)
+        e.record(s)
+        return e
+
+    def reuse(self, events: list) -> None:
+        self.free.extend(events)
+
+
+#: the one pool of the process (its ranks compute on one stream of one device each)
+EVENTS = _EventPool()
 
 
 class MachineLoad:
@@ -207,11 +237,7 @@ class StepParts:
         self.end: Any = None
 
     def stamp(self) -> Any:
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
+        return EVENTS.record() if self.cuda else time.perf_counter()
 
     def begin(self) -> None:
         """A step begins (it ends where the next begins, or at close())."""
@@ -285,6 +311,8 @@ class StepParts:
         rows = reported[first:]
         also = {c: [_figure(r.get(c), math.nan) for r in rows]
                 for c in sorted({c for r in rows for c in r} - {"busy"})}
+        if self.cuda:  # every time read: the events can be recorded again
+            EVENTS.reuse([e for marks in steps for _, e in marks] + [end])
         return {"parts": parts, "busy": busy, "also": also}
 
 
