@@ -152,6 +152,30 @@ def test_compare_names_the_odd_rank_and_the_first_tensor():
     assert guards.fingerprint([ts[0].flip(0)])[0] == guards.fingerprint([ts[0]])[0]
 
 
+def test_the_gpus_one_pass_checksum_equals_the_per_tensor_one():
+    """guards._word_sums_at_once (a GPU's fingerprint) against _word_sum tensor by tensor (a
+    CPU's), on the CPU: mixed word sizes, empty tensors, and sums far past 2^32 both ways, so the
+    prefix sums wrap. On a GPU, the GPU's fingerprint against the CPU's of the same tensors."""
+    import torch
+
+    from labkit.training import guards
+
+    g = torch.Generator().manual_seed(3)
+    big = torch.randint(-2 ** 31, 2 ** 31 - 1, (50_000,), generator=g, dtype=torch.int32)
+    ts = [torch.randn(1000, generator=g), big.view(torch.float32), torch.tensor(7), torch.zeros(0),
+          torch.tensor([True, False, True]), torch.ones(5, dtype=torch.bfloat16),
+          torch.full((40_000,), 2 ** 31 - 1, dtype=torch.int32), torch.randn(3, 3, generator=g),
+          torch.tensor([3], dtype=torch.uint8), torch.arange(10, dtype=torch.float64)]
+    words = [guards._words(t.contiguous().view(-1)) for t in ts]
+    one_by_one = torch.stack([guards._word_sum(w) for w in words])
+    assert torch.equal(guards._word_sums_at_once(words), one_by_one)
+    assert one_by_one[3] == 0 and len(set(one_by_one.tolist())) == len(ts)  # all distinct
+    # a wrapped sum: 40,000 x (2^31 - 1) modulo 2^32, as a signed 32-bit word
+    assert one_by_one[6] == ((40_000 * (2 ** 31 - 1) + 2 ** 31) % 2 ** 32) - 2 ** 31
+    if torch.cuda.is_available():
+        assert torch.equal(guards.fingerprint([t.cuda() for t in ts]).cpu(), guards.fingerprint(ts))
+
+
 def test_every_json_labkit_writes_is_strict(tmp_path):
     from labkit.core.files import atomic_write_json, finite
 

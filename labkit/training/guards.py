@@ -88,18 +88,49 @@ def fingerprint(ts: list[torch.Tensor]) -> torch.Tensor:
     Summed in int32, not widened to int64 first: widening converted every word before adding,
     8x the time (6.9 ms against 0.8 ms for resnet10_small's 4.9 M parameters on one CPU core),
     which made the replica check most of a percent of a step on the embedded default
-    (docs/where-the-time-goes.md, "What the instruments cost")."""
-    return torch.stack([_word_sum(t.detach().contiguous().view(-1)) for t in ts])
+    (docs/where-the-time-goes.md, "What the instruments cost").
+
+    On a GPU the same sums come from :func:`_word_sums_at_once`: a few kernels for all the
+    tensors instead of two for each, which made the check over a percent of a few-ms step."""
+    words = [_words(t.detach().contiguous().view(-1)) for t in ts]
+    if words and words[0].is_cuda:
+        return _word_sums_at_once(words)
+    return torch.stack([_word_sum(w) for w in words])
 
 
-def _word_sum(raw: torch.Tensor) -> torch.Tensor:
-    """The sum of a 1-D contiguous tensor's words (``_WORDS``), as an int64 scalar tensor."""
+def _words(raw: torch.Tensor) -> torch.Tensor:
+    """A 1-D contiguous tensor's bytes as words of its element size (``_WORDS``)."""
     if raw.dtype == torch.bool:
         raw = raw.to(torch.uint8)
-    words = raw.view(_WORDS[raw.element_size()])
+    return raw.view(_WORDS[raw.element_size()])
+
+
+def _word_sum(words: torch.Tensor) -> torch.Tensor:
+    """The sum of ``_words``, as an int64 scalar tensor (int32 words modulo 2^32)."""
     if words.dtype == torch.int32:
         return words.sum(dtype=torch.int32).to(torch.int64)
     return words.sum(dtype=torch.int64)
+
+
+def _word_sums_at_once(words: list[torch.Tensor]) -> torch.Tensor:
+    """:func:`_word_sum` of each of ``words``, equal to it: the 32-bit words of all the tensors
+    in one buffer, its prefix sums modulo 2^32 (int32), and each tensor's sum as the
+    difference of the prefix sums at its two ends, itself modulo 2^32 (exact: the integers
+    modulo 2^32 are a ring). Tensors of other word sizes (few and small: counters, masks) are
+    summed one by one. Faster on a GPU, where each kernel costs a launch; slower on a CPU,
+    where the buffer is a copy of the whole model (timed: docs/where-the-time-goes.md)."""
+    dev = words[0].device
+    out = torch.zeros(len(words), dtype=torch.int64, device=dev)
+    at = [i for i, w in enumerate(words) if w.dtype == torch.int32 and w.numel()]
+    if at:
+        prefix = torch.cat([words[i] for i in at]).cumsum(0, dtype=torch.int32)
+        ends = torch.tensor([words[i].numel() for i in at]).cumsum(0).sub_(1).to(dev)
+        last = prefix[ends]
+        out[torch.tensor(at, device=dev)] = (last - torch.cat([last.new_zeros(1), last[:-1]])).to(torch.int64)
+    for i, w in enumerate(words):
+        if w.dtype != torch.int32 and w.numel():
+            out[i] = _word_sum(w)
+    return out
 
 
 def gather(mine: torch.Tensor) -> torch.Tensor:
