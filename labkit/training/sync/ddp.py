@@ -112,8 +112,9 @@ class DDPStrategy(Strategy):
         return timed
 
     def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
-        # the reducer's figures are read here, so that the read (about 0.1 ms on 2 CPU cores)
-        # counts in the optimizer's part of the step, not as communication
+        # the reducer's figures are read here, so that the read (its cost: the bench's
+        # instrument rounds, docs/where-the-time-goes.md) counts in the optimizer's part of the
+        # step, not as communication
         if self.stats is not None and self.sync and self.parts is not None:
             self.stats.read(self.parts)
         super().step(optimizer, scaler)
