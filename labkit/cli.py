@@ -156,6 +156,9 @@ def _bench_parser(sub) -> None:
     b.add_argument("--tag", help="suffix of the run folder name (default: bench)")
     b.add_argument("--no-pricing", dest="pricing", action="store_false", help="time each method's own "
                    "loop only, not the rounds that price its instruments (a shorter bench)")
+    b.add_argument("--overhead-control", dest="control", action="store_true",
+                   help="the overhead job runs the plain loop twice, and reports the second against "
+                   "the first (an A/A control: the job's own noise floor), 1.5x its time")
     b.add_argument("--no-report", dest="report", action="store_false",
                    help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
     params.add_arguments(b, TrainConfig, skip=("method", "out"), defaults=False)

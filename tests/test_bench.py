@@ -17,10 +17,11 @@ pytestmark = pytest.mark.xdist_group("bench")
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    """One real bench: ddp, allreduce and ps with 2 gloo processes, profiled."""
+    """One real bench: ddp, allreduce and ps with 2 gloo processes, profiled, the overhead job
+    with its A/A control (test_methods' bench runs it without)."""
     cwd = tmp_path_factory.mktemp("bench")
     p = labkit(["bench", *BENCH, "--nproc", "2", "--variants", "ddp,allreduce,ps",
-                "--profile-steps", "1", "--runs-dir", "runs", "--no-report"], cwd,
+                "--profile-steps", "1", "--runs-dir", "runs", "--no-report", "--overhead-control"], cwd,
                env={"LABKIT_TEST_COUNT": str(cwd / "calls.txt")})  # what checks ran where
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = (cwd / "runs" / "latest").resolve()
@@ -127,20 +128,28 @@ def test_bench_holds_labkits_overhead_against_the_plain_loop(bench_run):
     run, doc, p = bench_run
     [o] = doc["overhead"]
     assert o["nproc"] == 2 and o["trials"] == 2 and o["steps"] == 2 and o["warmup"] == 1
-    assert o["order"] == ["plain", "labkit_ddp", "labkit_ddp", "plain"]  # alternating, ABBA
+    # alternating, each loop before and after each other once (with the A/A control's third
+    # loop: ABC, CBA)
+    assert o["order"] == ["plain", "labkit_ddp", "plain_again", "plain_again", "labkit_ddp", "plain"]
     plain, labkit = o["plain"]["step_time"]["trials"], o["labkit_ddp"]["step_time"]["trials"]
-    assert len(plain) == len(labkit) == 2 and min(plain + labkit) > 0
-    # the geometric mean of the two rounds' ratios
+    again = o["plain_again"]["step_time"]["trials"]
+    assert len(plain) == len(labkit) == len(again) == 2 and min(plain + labkit + again) > 0
+    # the geometric mean of the two rounds' ratios; the control's likewise, the plain loop's
+    # second run against its first
     assert o["ratio"] == pytest.approx((plain[0] / labkit[0] * plain[1] / labkit[1]) ** 0.5)
+    assert o["control_ratio"] == pytest.approx((plain[0] / again[0] * plain[1] / again[1]) ** 0.5)
     low, high = o["ratio_ci"]
     assert 0 < low <= o["ratio"] <= high
+    assert o["control_ratio_ci"][0] <= o["control_ratio"] <= o["control_ratio_ci"][1]
     assert o["params_equal"] is True and o["params_differing"] == 0
+    assert o["control_params_differing"] == 0  # the plain loop twice: the same parameters
     # both loops computed where the methods' jobs did (the overhead job once ignored --device)
     assert o["device"] == doc["device"] == doc["config"]["device"]
     assert {r["device"] for r in doc["results"]} == {doc["device"]}
     assert (run / o["folder"] / "bench_result.json").is_file()
     for text in ((run / "bench.txt").read_text(), p.stdout):
         assert "labkit DDP / plain loop x2: " in text and "95% CI" in text
+        assert f"; A/A control, the plain loop against itself: {o['control_ratio']:.3f}, 95% CI " in text
 
 
 def test_bench_prices_each_instrument_in_paired_rounds(bench_run):

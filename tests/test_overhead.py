@@ -114,6 +114,19 @@ def test_overhead_ratio_is_the_paired_interval_over_the_rounds():
     assert moved["ratio_ci"][1] < 1.0
     line = bench_view.overhead_line(o)
     assert line.startswith(f"labkit DDP / plain loop x2: {r:.3f}, 95% CI ") and "labkit slower" in line
+    # the A/A control (--overhead-control): the plain loop's second run against its first,
+    # paired over the same rounds; none without it
+    assert bench_view.control_interval(o) is None and "A/A" not in line and "control_ratio" not in o
+    again = [2.01, 2.05, 1.97, 2.02]
+    aa = bench_view.derive_overhead({**o, "plain_again": {"step_time": {"trials": again}}})
+    c = np.log(np.asarray(plain) / np.asarray(again))
+    hc = sps.t.ppf(0.975, 3) * c.std(ddof=1) / 2
+    assert aa["control_ratio"] == pytest.approx(math.exp(c.mean()))
+    assert aa["control_ratio_ci"] == pytest.approx([math.exp(c.mean() - hc), math.exp(c.mean() + hc)])
+    assert aa["ratio"] == pytest.approx(r)  # the overhead itself unchanged
+    assert bench_view.overhead_line(aa).endswith(
+        f"; A/A control, the plain loop against itself: {math.exp(c.mean()):.3f}, 95% CI "
+        f"{math.exp(c.mean() - hc):.3f}-{math.exp(c.mean() + hc):.3f}: within the trial-to-trial noise of 4 trials")
     tie = overhead_result(plain, plain[::-1])
     assert "within the trial-to-trial noise of 4 trials" in bench_view.overhead_line(tie)
     one = overhead_result([2.0], [2.1])

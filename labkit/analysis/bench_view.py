@@ -150,13 +150,29 @@ def overhead_interval(o: dict) -> stats.Interval:
                         o["labkit_ddp"]["step_time"]["trials"])
 
 
+#: the overhead job's A/A control (`labkit bench --overhead-control`): the plain loop run a
+#: second time in the same rounds (labkit.training.plain_loop.CONTROL)
+CONTROL, CONTROL_NAME = "plain_again", "A/A control, the plain loop against itself"
+
+
+def control_interval(o: dict) -> Optional[stats.Interval]:
+    """The second plain loop's throughput over the first's, paired over the rounds as the
+    overhead itself: what two identical loops differ by in this job (None: no control ran). Its
+    interval should hold 1.00; one that does not says the job's order or placement shows."""
+    if CONTROL not in o:
+        return None
+    return paired_ratio(o["plain"]["step_time"]["trials"], o[CONTROL]["step_time"]["trials"])
+
+
 def derive_overhead(o: dict) -> dict:
     """Adds the ratio and its interval to an overhead job's result (``ratio``, ``ratio_ci``:
-    [low, high], None without an interval)."""
-    iv = overhead_interval(o)
-    o["ratio"] = iv.value
-    o["ratio_ci"] = [iv.low, iv.high] if iv.available else None
-    o["ratio_confidence"] = iv.confidence
+    [low, high], None without an interval; ``control_ratio``, ``control_ratio_ci`` where the
+    A/A control ran)."""
+    for key, iv in (("ratio", overhead_interval(o)), ("control_ratio", control_interval(o))):
+        if iv is not None:
+            o[key] = iv.value
+            o[f"{key}_ci"] = [iv.low, iv.high] if iv.available else None
+            o[f"{key}_confidence"] = iv.confidence
     return o
 
 
@@ -170,6 +186,10 @@ def overhead_line(o: dict) -> str:
                  f"identical backward passes do on this GPU (its kernels are not deterministic)"
                  if o.get("device_repeatable") is False else
                  f"; WARNING: the two loops' parameters differ ({o.get('params_differing')} tensors)")
+    control = control_interval(o)
+    if control is not None:
+        text += "; " + paired_line(CONTROL_NAME, control, "the second run faster",
+                                   "the second run slower")
     return text
 
 

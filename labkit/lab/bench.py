@@ -62,6 +62,7 @@ class BenchPlan:
     tag: Optional[str] = None
     report: bool = True
     pricing: bool = True  # the instrument rounds beside each job's own loop (labkit.training.pricing)
+    control: bool = False  # the overhead job's A/A control: the plain loop a second time
 
 
 def bench_params(args: dict) -> tuple[TrainConfig, BenchPlan]:
@@ -71,7 +72,7 @@ def bench_params(args: dict) -> tuple[TrainConfig, BenchPlan]:
     from .launch_params import gpu_count, nproc_or_default, split_params, with_machine_defaults
 
     keys = ("variants", "nproc", "steps", "trials", "warmup", "profile_steps", "runs_dir", "tag",
-            "report", "pricing")
+            "report", "pricing", "control")
     kw = {k: args.pop(k) for k in keys if k in args}
     kw["variants"] = parse_list(kw.get("variants", ",".join(DEFAULT_VARIANTS)), "--variants")
     kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpu_count() else "2,4"),
@@ -192,7 +193,7 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
     stream.write(f"\n=== labkit DDP against a plain DDP loop, both loading data: {n} processes ===\n")
     stream.flush()
     extra = ("--overhead", "--steps", str(plan.steps), "--trials", str(plan.trials),
-             "--bench-warmup", str(plan.warmup))
+             "--bench-warmup", str(plan.warmup), *(("--control",) if plan.control else ()))
     res = _launch(vcfg, n, out, stream, OVERHEAD_MODULE, extra)
     if not res.ok:
         doc[Status.FAILED].append({"variant": OVERHEAD, "nproc": n, "error": res.message})

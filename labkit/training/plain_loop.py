@@ -16,7 +16,10 @@ computes the same parameters bit for bit (tests/test_overhead.py).
         trains ``--epochs`` epochs as labkit.train would (without validation) and writes rank
         0's final_model.pt in DIR;
     ... --overhead --steps S --trials T --bench-warmup W --out DIR
-        the bench's overhead job (labkit.lab.bench): bench_result.json in DIR.
+        the bench's overhead job (labkit.lab.bench): bench_result.json in DIR;
+    ... --overhead --control ...
+        the same with the plain loop a second time in every round, its A/A control
+        (`labkit bench --overhead-control`): two identical loops' ratio, the job's noise floor.
 
 Why the overhead is one job that alternates the two loops in the same processes, in rounds
 of one trial each (plain, labkit | labkit, plain | plain, labkit ...: :func:`rounds`), rather
@@ -64,6 +67,7 @@ from .preflight import add_resolved, rank_config
 
 PROG = "labkit.plain_loop"  # how the rank names itself in its one-line errors
 LOOPS = ("plain", "labkit_ddp")  # the overhead job's two loops (rounds() says in which order)
+CONTROL = "plain_again"  # --control: the plain loop a second time, its A/A control
 
 
 class PlainDDP:
@@ -171,9 +175,13 @@ def unsupported(cfg: TrainConfig) -> Optional[str]:
     return None
 
 
-def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> dict:
-    """This rank's part of the overhead job; rank 0 returns the document (others: {})."""
-    from .bench_rank import _slowest, _stats
+def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
+                     control: bool = False) -> dict:
+    """This rank's part of the overhead job; rank 0 returns the document (others: {}).
+    ``control``: a third loop, the plain loop again (its own model from the same weights), in
+    the same rounds: the plain loop against itself is the job's A/A control, what two identical
+    loops differ by in this job (labkit.analysis.bench_view.control_interval)."""
+    from .bench_rank import _stats
     from .data import build_datasets, steps_per_epoch
     from .dist import env_world, init, teardown
     from .models import build_model
@@ -184,8 +192,9 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
     warmup, steps = trial_steps(steps_per_epoch(len(data.train), world, cfg.batch_size,
                                                 cfg.max_steps_per_epoch), warmup, steps)
     n = warmup + steps + 1
+    loops = LOOPS + ((CONTROL,) if control else ())
     models = []
-    for _ in LOOPS:  # the same initial weights for both, as labkit.training.rank makes them
+    for _ in loops:  # the same initial weights for all, as labkit.training.rank makes them
         torch.manual_seed(cfg.seed)
         models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
@@ -201,16 +210,13 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
 
         tr.step_callbacks.append(stamp)
         run = {"plain": lambda e: plain.train_epoch(e, n, stamp), "labkit_ddp": tr.train_epoch}
-        times: dict[str, list[float]] = {k: [] for k in LOOPS}
-        order = rounds(trials)
-        for trial, pair in enumerate(order):
-            for name in pair:
-                stamps.clear()
-                torch.manual_seed(cfg.seed + trial)  # augmentation in this process draws alike
-                run[name](trial + 1)
-                window = stamps[warmup + steps] - stamps[warmup]
-                times[name].append(_slowest(window, ctx.device) / steps)
+        if control:
+            again = PlainDDP(cfg, data, models[2], ctx)
+            run[CONTROL] = lambda e: again.train_epoch(e, n, stamp)
+        order = rounds(trials, loops)
+        times = _time_rounds(run, order, stamps, warmup, steps, cfg.seed, ctx.device)
         differ = _differing(plain.model, tr.model, ctx.device)
+        control_differ = _differing(plain.model, again.model, ctx.device) if control else None
         # on a GPU, the device's own difference or the loops'? (pricing.repeatable)
         repeatable = _repeatable(tr, plain) if differ and ctx.device.type == "cuda" else None
         if ctx.rank != 0:
@@ -224,10 +230,27 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int) -> 
             **{k: {"step_time": _stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
             "paired_ratios": [p / q for p, q in zip(times["plain"], times["labkit_ddp"])],
             "params_equal": differ == 0, "params_differing": differ,
+            **({"control_params_differing": control_differ} if control else {}),
             "device_repeatable": repeatable,  # None: not probed (nothing differed, or not a GPU)
         }
     finally:
         teardown()
+
+
+def _time_rounds(run: dict, order: list, stamps: list, warmup: int, steps: int, seed: int,
+                 device: torch.device) -> dict[str, list[float]]:
+    """Each loop's seconds per step in each round (``run[name](epoch)`` trains one trial, its
+    steps stamped into ``stamps``), the slowest rank's."""
+    from .bench_rank import _slowest
+
+    times: dict[str, list[float]] = {k: [] for k in run}
+    for trial, loops in enumerate(order):
+        for name in loops:
+            stamps.clear()
+            torch.manual_seed(seed + trial)  # augmentation in this process draws alike
+            run[name](trial + 1)
+            times[name].append(_slowest(stamps[warmup + steps] - stamps[warmup], device) / steps)
+    return times
 
 
 def _repeatable(tr, plain: PlainDDP) -> bool:
@@ -256,6 +279,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
+    p.add_argument("--control", action="store_true",
+                   help="with --overhead: the plain loop a second time, an A/A control")
     add_resolved(p)
     a = p.parse_args(argv)
 
@@ -274,7 +299,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not a.overhead:
             train(cfg)
             return
-        doc = measure_overhead(cfg, a.steps, a.trials, a.bench_warmup)
+        doc = measure_overhead(cfg, a.steps, a.trials, a.bench_warmup, a.control)
         if env_world()[0] == 0:
             atomic_write_json(os.path.join(cfg.out, layout.BENCH_RESULT), doc)
 
