@@ -29,10 +29,12 @@ STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=None)
 def test_a_gpus_marks_reuse_their_events_and_still_tile_the_step():
     """On a GPU the marks are CUDA events from one pool: an epoch's events are recorded again in
     the next once their times are read, and the parts still add up to each step."""
-    from labkit.training.timers import EVENTS, StepClock
+    from labkit.training.timers import StepClock, events
 
     dev = torch.device("cuda")
     parts, clock = StepParts(dev), StepClock(dev)
+    pool = events(dev)
+    assert parts.events is clock.events is pool  # one pool per device
 
     def epoch():
         for _ in range(3):
@@ -45,9 +47,9 @@ def test_a_gpus_marks_reuse_their_events_and_still_tile_the_step():
         return parts.take()["parts"], clock.durations()
 
     got = [epoch()]
-    pool = {id(e) for e in EVENTS.free}
+    first = {id(e) for e in pool.free}
     got.append(epoch())
-    assert {id(e) for e in EVENTS.free} == pool and len(pool) >= 11  # 3 x 2 marks, close, 4 ends
+    assert {id(e) for e in pool.free} == first and len(first) >= 11  # 3 x 2 marks, close, 4 ends
     for p, steps in got:
         assert len(steps) == 3 and all(t > 1e-4 for t in p["compute"])
         totals = [sum(p[k][i] for k in p) for i in range(3)]

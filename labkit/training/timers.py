@@ -89,12 +89,13 @@ class StepClock:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.events = events(device) if self.cuda else None
         self.marks: list = []
 
     def mark(self) -> float:
         """Close the previous step and open the next; returns the host time."""
         t = time.perf_counter()
-        self.marks.append(EVENTS.record() if self.cuda else t)
+        self.marks.append(self.events.record() if self.cuda else t)
         return t
 
     def durations(self) -> list[float]:
@@ -105,41 +106,49 @@ class StepClock:
             if m:
                 m[-1].synchronize()
             out = [a.elapsed_time(b) / 1000.0 for a, b in zip(m, m[1:])]
-            EVENTS.reuse(m)
+            self.events.reuse(m)
             return out
         return [b - a for a, b in zip(m, m[1:])]
 
 
 class _EventPool:
-    """CUDA timing events for the marks of every step, made once and recorded again epoch after
-    epoch: making a torch.cuda.Event and looking up the current stream for each mark cost more
-    than recording one (docs/where-the-time-goes.md, "What the instruments cost"). An event
+    """CUDA timing events for the marks of every step on one device, made once and recorded
+    again epoch after epoch: making a torch.cuda.Event and looking up the current stream for
+    each mark cost more than recording one (docs/performance.md, "On one GPU, night"). An event
     goes back to the pool only once its time has been read, after a synchronisation on a later
     event of the same stream, so it is never recorded again while the device may still reach
-    it. Safe from a future's callback thread: pop and extend are each one step under the GIL."""
+    it. Every event is recorded on the device's current stream as the first mark found it (the
+    stream the loop computes on), also from a future's callback thread, whose own current
+    device and stream need not be the rank's. Safe from such a thread: pop and extend are each
+    one step under the GIL."""
 
-    def __init__(self):
-        self.free: list = []
-        self.stream: dict = {}  # device index -> its current stream, looked up once
+    def __init__(self, device: torch.device):
+        self.device, self.free, self.stream = device, [], None
 
     def record(self) -> Any:
         try:
             e = self.free.pop()
         except IndexError:
             e = torch.cuda.Event(enable_timing=True)
-        dev = torch.cuda.current_device()
-        s = self.stream.get(dev)
-        if s is None:
-            s = self.stream[dev] = torch.cuda.current_stream(dev)
-        e.record(s)
+        if self.stream is None:
+            self.stream = torch.cuda.current_stream(self.device)
+        e.record(self.stream)
         return e
 
     def reuse(self, events: list) -> None:
         self.free.extend(events)
 
 
-#: the one pool of the process (its ranks compute on one stream of one device each)
-EVENTS = _EventPool()
+_POOLS: dict = {}  # device index -> its _EventPool
+
+
+def events(device: torch.device) -> _EventPool:
+    """The process's pool of timing events on ``device`` (a CUDA device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = _POOLS.get(index)
+    if pool is None:
+        pool = _POOLS[index] = _EventPool(torch.device("cuda", index))
+    return pool
 
 
 class MachineLoad:
@@ -231,13 +240,14 @@ class StepParts:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.events = events(device) if self.cuda else None
         self.steps: list[list[tuple[str, Any]]] = []   # per step: (part, stamp at its end)
         self.comm: list[list[list]] = []               # per step: [issued, completed] stamps
         self.reported: list[dict] = []                 # per step: {channel: [seconds or None]}
         self.end: Any = None
 
     def stamp(self) -> Any:
-        return EVENTS.record() if self.cuda else time.perf_counter()
+        return self.events.record() if self.cuda else time.perf_counter()
 
     def begin(self) -> None:
         """A step begins (it ends where the next begins, or at close())."""
@@ -312,7 +322,7 @@ class StepParts:
         also = {c: [_figure(r.get(c), math.nan) for r in rows]
                 for c in sorted({c for r in rows for c in r} - {"busy"})}
         if self.cuda:  # every time read: the events can be recorded again
-            EVENTS.reuse([e for marks in steps for _, e in marks] + [end])
+            self.events.reuse([e for marks in steps for _, e in marks] + [end])
         return {"parts": parts, "busy": busy, "also": also}
 
 
