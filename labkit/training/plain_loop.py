@@ -292,6 +292,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ConfigError("--out is required")
         if cfg.method != "ddp":
             raise ConfigError(f"the plain loop is DDP's floor (got --method {cfg.method})")
+        if a.control and not a.overhead:
+            raise ConfigError("--control is the overhead job's A/A control: it needs --overhead")
         why = unsupported(cfg)
         if why:
             raise ConfigError(why)
