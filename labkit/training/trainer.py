@@ -239,8 +239,8 @@ class Trainer:
     def _update_bar(self, bar, meter: EpochMeter, step: int) -> None:
         """One step on the bar; its figures (loss, accuracy, img/s) only as often as the bar can
         show them (its mininterval) and at the epoch's last step: they read the device, which on
-        a GPU waits for the step's work to finish, a stall the step would not have otherwise."""
-        bar.update(1)
+        a GPU waits for the step's work to finish, a stall the step would not have otherwise.
+        Set before the update, so the refresh that update makes shows this step's figures."""
         now = time.perf_counter()
         if now - self._figures_at >= bar.mininterval or step + 1 == self.steps:
             self._figures_at = now
@@ -248,6 +248,7 @@ class Trainer:
             text = (meter.running_text(step, self.cfg.batch_size * s.trainers) if s.is_trainer
                     else s.server_progress(step))
             bar.set_postfix_str(text, refresh=False)
+        bar.update(1)
 
     # -------------------------------------------------------------- compute-only calibration
     def calibrate(self, n: int, untimed: int = 2) -> dict:
