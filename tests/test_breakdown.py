@@ -215,16 +215,21 @@ def test_no_overlap_hides_nothing_and_overlap_hides_some(tmp_path):
     behind backward, and the interval says so. Each run against itself, step by step: without
     overlap every step's collectives ran inside that step's sync wait, so none of their time
     is hidden (exactly 0, no slack); with it, the collectives outlast the sync wait, and the
-    overlap's interval over the run's own steps is above 0."""
+    overlap's interval over the run's own steps is above 0. Two epochs (82 steady-state steps):
+    with one (41 steps in 6 blocks) a loaded CI machine once gave an overlap of 0.19 whose
+    interval reached down to 0 (2026-11-27)."""
     got, epochs = {}, {}
     for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
         out = tmp_path / name
-        check_ok(torchrun(2, STEPS + ["--method", "allreduce", "--bucket-mb", "1", *extra,
-                                      "--out", str(out)], cwd=tmp_path))
+        check_ok(torchrun(2, STEPS + ["--epochs", "2", "--method", "allreduce", "--bucket-mb", "1",
+                                      *extra, "--out", str(out)], cwd=tmp_path))
         doc = load_json(out / "results_all_reduce.json")
-        got[name], [epochs[name]] = breakdown.of_result(doc), doc["epochs"]
-    busy = {n: np.asarray(e["comm_busy_times"], dtype=float) for n, e in epochs.items()}
-    sync = {n: np.asarray(e["step_parts"]["sync"], dtype=float) for n, e in epochs.items()}
+        got[name], epochs[name] = breakdown.of_result(doc), doc["epochs"]
+        assert len(epochs[name]) == 2
+    busy = {n: np.concatenate([np.asarray(e["comm_busy_times"], dtype=float) for e in es])
+            for n, es in epochs.items()}
+    sync = {n: np.concatenate([np.asarray(e["step_parts"]["sync"], dtype=float) for e in es])
+            for n, es in epochs.items()}
     off, on = got["no_overlap"].overlap, got["overlap"].overlap
     assert (busy["no_overlap"] <= sync["no_overlap"]).all(), busy["no_overlap"] - sync["no_overlap"]
     assert off.value == 0.0 and off.high == 0.0, off
