@@ -27,6 +27,34 @@ def plain_torchrun(nproc: int, args: list[str], cwd, timeout: float = 240):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU case runs everywhere)"))])
+def test_the_plain_loop_takes_its_batches_as_labkits_loop_does_on_the_device(device):
+    """The overhead job compares two loops, not two data paths: on a GPU labkit's loop gathers an
+    in-memory set's batches on the device, and a plain loop that copied host batches in was
+    slower on the one-GPU default (ResNet-50 at 224 px), which the job reported as labkit's
+    gain (docs/performance.md). Same kind of loader, and the same batches epoch by epoch."""
+    from helpers import TINY_CFG
+    from labkit.core.config import TrainConfig, resolve
+    from labkit.training.data import build_datasets
+    from labkit.training.dist import DistContext
+    from labkit.training.models import build_model
+    from labkit.training.plain_loop import PlainDDP
+    from labkit.training.trainer import Trainer
+
+    cfg = resolve(TrainConfig(**{**TINY_CFG, "device": device}), device == "cuda")
+    ctx = DistContext(0, 1, 0, 1, "gloo", torch.device(device, 0 if device == "cuda" else None))
+    data = build_datasets(cfg)
+    plain = PlainDDP(cfg, data, build_model(cfg.model, data.num_classes, None)[0], ctx)
+    tr = Trainer(cfg, ctx, None, data, build_model(cfg.model, data.num_classes, None)[0], 5)
+    assert type(plain.loader) is type(tr.train_loader)
+    for epoch in (1, 2):
+        plain.sampler.set_epoch(epoch)
+        plain.generator.manual_seed(cfg.seed + epoch)  # as train_epoch does for rank 0
+        (x, y), (x2, y2) = next(iter(plain.loader)), next(tr._batches(epoch))
+        assert x.device == x2.device and torch.equal(x, x2) and torch.equal(y, y2)
+
+
 @pytest.mark.slow
 def test_plain_loop_computes_labkits_ddp_parameters_bit_for_bit(ddp_run, tmp_path):
     """TINY on 2 gloo ranks: labkit's DDP (labkit.train, its timing comm hook, meters and

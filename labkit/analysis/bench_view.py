@@ -210,8 +210,8 @@ def overhead_rows(doc: dict) -> list[dict]:
 
 
 OVERHEAD_NOTE = ("labkit's own overhead: a plain PyTorch DDP loop and labkit's DDP training loop, "
-                 "trials alternating in one job, both loading their data through a DataLoader "
-                 "(same data, same batches, same initial weights); a step timed from the start of "
+                 "trials alternating in one job, both loading their data as labkit's loop does on "
+                 "that device (same data, same batches, same initial weights); a step timed from the start of "
                  "one to the start of the next, warm-up left out; the ratio and its CI are over the "
                  "rounds (one trial of each loop, back to back)")
 

@@ -1,9 +1,11 @@
 """The floor labkit's own overhead is measured against: a plain PyTorch DDP loop, and the rank
 side of the `labkit bench` job that times it beside labkit's DDP.
 
-The loop (:class:`PlainDDP`) is what a user's script does and nothing else: a torch DataLoader
-(torch's defaults: no persistent workers, the default prefetch, pinned memory only on a GPU;
-its workers start from a fork server, as labkit's do, since forking a rank can hang),
+The loop (:class:`PlainDDP`) is what a user's script does and nothing else: on a CPU a torch
+DataLoader (torch's defaults: no persistent workers, the default prefetch; its workers start
+from a fork server, as labkit's do, since forking a rank can hang), on a GPU the batches as
+labkit's loop takes them there (an in-memory set gathered on the device, an image folder
+decoded there: labkit.training.gpu_data), so the job compares the loops, not two data paths;
 forward, cross-entropy, backward through ``DistributedDataParallel`` with its defaults (no comm
 hook), ``torch.optim.SGD`` with the run's lr, momentum and weight decay. No timers, meters,
 progress bars or hooks. It reads THE SAME data as labkit's DDP: the datasets of
@@ -30,8 +32,8 @@ run in the same processes, process group, placement and warm caches, trial after
 drift of the machine hits both loops of a round alike and each round's ratio holds only the
 loops' difference (the figure and its interval are over the rounds:
 labkit.analysis.bench_view.overhead_interval). Both load their data through their own
-DataLoader (the bench's method jobs cycle batches already on the device, which would leave
-loading out), from the same datasets; each trial is one epoch of W + S + 1 steps, both sides timed by the same clock: a
+loaders, made by the same function from the same datasets (the bench's method jobs cycle
+batches already on the device, which would leave loading out); each trial is one epoch of W + S + 1 steps, both sides timed by the same clock: a
 timestamp at the start of every step (for labkit, from a step callback of Trainer.train_epoch;
 on a GPU after synchronising), S full steps from the start of step W (warm-up and worker
 start left out), the slowest rank's. Both models start from the same weights and see the same
@@ -55,7 +57,6 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, build_parser
@@ -76,8 +77,8 @@ class PlainDDP:
     def __init__(self, cfg: TrainConfig, data, model: torch.nn.Module, ctx: DistContext):
         from torch.nn.parallel import DistributedDataParallel
 
-        from .data import default_workers, train_sampler
-        from .workers import loader_options
+        from .data import ShardSampler, default_workers, train_sampler
+        from .gpu_data import make_loaders
 
         cuda = ctx.device.type == "cuda"
         self.device, self.rank, self.seed = ctx.device, ctx.rank, cfg.seed
@@ -87,14 +88,16 @@ class PlainDDP:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                          weight_decay=cfg.weight_decay)
         self.sampler = train_sampler(data.train, ctx.world_size, ctx.rank, cfg.seed)
-        self.generator = torch.Generator()
         self.workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
-        # workers from the rank's fork server, as labkit's loaders: torch's default, fork, can
-        # hang a process with threads at an epoch boundary (labkit.training.workers)
-        self.loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=self.sampler,
-                                 num_workers=self.workers, pin_memory=cuda, drop_last=True,
-                                 generator=self.generator,
-                                 **loader_options(self.workers))
+        # its batches come as labkit's loop takes them on this device (make_loaders): on a CPU
+        # a DataLoader with torch's defaults (workers from the rank's fork server, as labkit's:
+        # fork can hang a process with threads at an epoch boundary); on a GPU an in-memory
+        # set's batches gathered on the device, an image folder decoded there. Two data paths
+        # would put their difference into the job's ratio (docs/where-the-time-goes.md)
+        self.loader = make_loaders(cfg, data, self.sampler,
+                                   ShardSampler(len(data.val), ctx.world_size, ctx.rank),
+                                   self.workers, ctx.device, seed=cfg.seed + ctx.rank)[0]
+        self.generator = self.loader.generator  # reseeded per epoch, as labkit's _batches
 
     def train_epoch(self, epoch: int, steps: int,
                     at_step: Optional[Callable[[int], None]] = None) -> None:
