@@ -41,6 +41,11 @@ class EpochMeter:
         self.parts = parts  # where each step went, on this rank (marked by the loop)
 
     def start(self) -> None:
+        # the machine's load over the whole epoch, sampled here and at stop(): a sample reads
+        # /proc for every process on the machine (milliseconds), which at the warm-up's end
+        # held up the other ranks' first steady-state step in its collective
+        if self.load is not None:
+            self.load.start()
         sync_device(self.dev)
         self.t_start = self.t_window = time.perf_counter()
 
@@ -50,8 +55,6 @@ class EpochMeter:
         if step == self.warmup:
             if self.warmup:
                 sync_device(self.dev)
-            if self.load is not None:
-                self.load.start()
             self.t_window = self.clock.mark()
         elif step > self.warmup:
             self.clock.mark()
