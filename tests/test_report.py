@@ -269,6 +269,25 @@ def test_table1_interval_and_verdicts_from_known_step_times(tmp_path):
     assert "a single seed cannot separate them" in text
 
 
+def test_synthetic_data_compares_speed_and_says_why_not_accuracy(tmp_path):
+    """Synthetic labels are random: the report still judges speed, but compares no accuracy and
+    times no time to accuracy, saying why in one line; one method on real data brings them back."""
+    docs = constructed(1)
+    for d in docs.values():
+        d["config"].update(dataset="synthetic", num_classes=1000)
+    res = report.load_run(write_run(tmp_path / "synthetic", docs))
+    text = report.discussion(res)
+    assert any(l.startswith("Manual All-Reduce: ") and "faster than DDP" in l for l in text)
+    said = [l for l in text if l.startswith("Accuracy")]
+    assert said == [report.tables.chance_only(res)] and "0.10% with 1000 classes" in said[0]
+    assert not any("validation accuracy (" in l or "a single seed cannot" in l for l in text)
+    assert {(r["Time to target (s)"], r["Steps to target"]) for r in report.comparison_rows(res)} == {("-", "-")}
+    docs["ddp"]["config"]["dataset"] = "digits"
+    res = report.load_run(write_run(tmp_path / "mixed", docs))
+    assert report.tables.chance_only(res) is None
+    assert any(l.startswith("Accuracy (best validation accuracy against DDP)") for l in report.discussion(res))
+
+
 def test_repeats_judge_without_the_one_launch_caveat():
     """Three repeats of a clear win: the interval is over the repeats (launches), so the
     caveat of a single run (report.text.ONE_LAUNCH) is not added."""

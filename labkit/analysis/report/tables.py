@@ -23,9 +23,26 @@ def _serves(method: str) -> bool:
     return bool(s and s.serves)
 
 
+def chance_only(res: RunResults) -> Optional[str]:
+    """Why no accuracy is compared, when every method trained on synthetic data: its labels
+    are drawn at random (labkit.training.data.SyntheticImages), so no model can beat chance and
+    time to accuracy would time noise. None otherwise."""
+    cfgs = [d.get("config") or {} for d in res.ok.values()]
+    if not cfgs or any(c.get("dataset") != "synthetic" for c in cfgs):
+        return None
+    classes = cfgs[0].get("num_classes")
+    chance = f", {100 / classes:.2f}% with {classes} classes" if classes else ""
+    return ("Accuracy: not compared. Synthetic data's labels are random, so every method's "
+            f"validation accuracy is chance (1 in the number of classes{chance}) and there is "
+            "no time to accuracy; synthetic data measures throughput. An image folder "
+            "(--data-dir) or the embedded digits (--dataset digits) measure accuracy.")
+
+
 def target(res: RunResults) -> Optional[float]:
     """The validation accuracy (%) of time to accuracy: the experiment's --target-accuracy,
-    else a share of the best any method reached."""
+    else a share of the best any method reached; None on synthetic data (chance_only)."""
+    if chance_only(res):
+        return None
     return breakdown.target_accuracy(res.ok, res.target_accuracy)
 
 
@@ -33,7 +50,8 @@ def target_text(res: RunResults) -> str:
     """The target as Table 1's caption states it."""
     t = target(res)
     if t is None:
-        return "the target (no validation accuracy recorded)"
+        return ("none (synthetic data: its labels are random)" if chance_only(res) else
+                "the target (no validation accuracy recorded)")
     how = ("set by --target-accuracy" if res.target_accuracy is not None else
            f"{100 * breakdown.TARGET_SHARE:.0f}% of the best validation accuracy any method reached")
     return f"{t:.2f}% ({how})"

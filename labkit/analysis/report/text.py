@@ -20,7 +20,7 @@ from .projection import projection_text
 from .seeds import seeds_text
 from .repeats import repeats_text
 from .tables import (comparison_rows, communication_rows, efficiency_rows, epoch_rows, method_runs,
-                     target, text_table)
+                     chance_only, target, text_table)
 
 
 RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
@@ -138,6 +138,9 @@ def verdict_lines(res: RunResults) -> list[str]:
                      f"but without confidence intervals these files cannot say whether the "
                      f"differences exceed the measurement noise.")
     lines += bound_lines(res) + kind_lines(res)
+    chance = chance_only(res)
+    if chance:
+        return lines + [chance]
     lines.append("Accuracy (best validation accuracy against DDP):")
     lines += [v.sentence + "." for v in accuracy_verdicts(res)]
     tta = time_to_accuracy_line(res)
