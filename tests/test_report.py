@@ -282,6 +282,7 @@ def test_synthetic_data_compares_speed_and_says_why_not_accuracy(tmp_path):
     assert said == [report.tables.chance_only(res)] and "0.10% with 1000 classes" in said[0]
     assert not any("validation accuracy (" in l or "a single seed cannot" in l for l in text)
     assert {(r["Time to target (s)"], r["Steps to target"]) for r in report.comparison_rows(res)} == {("-", "-")}
+    assert "none here" in report.target_text(res)  # Table 1's caption
     docs["ddp"]["config"]["dataset"] = "digits"
     res = report.load_run(write_run(tmp_path / "mixed", docs))
     assert report.tables.chance_only(res) is None

@@ -50,7 +50,8 @@ def target_text(res: RunResults) -> str:
     """The target as Table 1's caption states it."""
     t = target(res)
     if t is None:
-        return ("none (synthetic data: its labels are random)" if chance_only(res) else
+        return ("a target (none here: synthetic data's labels are random, so accuracy stays at "
+                "chance)" if chance_only(res) else
                 "the target (no validation accuracy recorded)")
     how = ("set by --target-accuracy" if res.target_accuracy is not None else
            f"{100 * breakdown.TARGET_SHARE:.0f}% of the best validation accuracy any method reached")
