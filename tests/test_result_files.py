@@ -139,3 +139,38 @@ def test_steady_malloc_fixes_glibcs_thresholds():
     with mock.patch.object(dist, "_malloc", None), mock.patch("ctypes.CDLL") as libc:
         libc.return_value.mallopt.return_value = 0  # the C library refuses
         assert dist.steady_malloc() is None and dist.determinism(0, "gloo")["malloc"] is None
+
+
+def test_an_epochs_loss_and_accuracy_are_its_steps_own():
+    """The meter keeps each step's loss and right predictions as the step left them and folds
+    them in as the bar reads them and at the epoch's end: the bar's figures after step 3 and the
+    epoch's all_losses, train_loss and train_accuracy are the steps' own, computed here apart."""
+    import torch
+
+    from labkit.core.config import TrainConfig
+    from labkit.training.dist import DistContext
+    from labkit.training.meter import EpochMeter
+    from labkit.training.sync.ddp import DDPStrategy
+    from labkit.training.timers import StepParts
+
+    cpu = torch.device("cpu")
+    s = DDPStrategy(TrainConfig(), DistContext(0, 1, 0, 1, "gloo", cpu))
+    meter = EpochMeter(7, 2, s, cpu, True, StepParts(cpu))
+    g = torch.Generator().manual_seed(0)
+    losses, right, images = [], 0, 0
+    meter.start()
+    for step in range(7):
+        meter.step_begins(step)
+        logits, y = torch.randn(5, 3, generator=g), torch.randint(0, 3, (5,), generator=g)
+        loss = torch.rand((), generator=g)
+        meter.step_ends(step, (loss, logits), y)
+        losses.append(loss.item())
+        right, images = right + sum(int(a == b) for a, b in zip(logits.argmax(1).tolist(), y.tolist())), images + 5
+        if step == 3:
+            shown = meter.running_text(step, 5)
+            assert shown.startswith(f"loss={sum(losses) / 4:.4f} acc={100 * right / images:.2f}% ")
+    meter.stop()
+    m = meter.metrics(5)
+    assert m["all_losses"] == pytest.approx(losses, rel=1e-6)
+    assert m["train_loss"] == pytest.approx(sum(losses) / 7, rel=1e-6)
+    assert m["train_accuracy"] == pytest.approx(100 * right / images)

@@ -29,6 +29,10 @@ class EpochMeter:
         self.losses = torch.zeros(steps, device=device)   # per-step loss, summed over trainers
         self.correct = torch.zeros((), device=device)     # correct predictions, on the device
         self.images = 0                                   # images seen, counted on the host
+        # the steps' losses and right predictions since the last fold(), as the steps left them
+        # on the device: a step adds no kernel of the meter's own (writing each loss into
+        # ``losses`` and summing each step's hits into ``correct`` took three more per step)
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, loss, hits)
         self.data_time = 0.0
         # rank 0's steady-state steps, one mark per step boundary: the same clock and window as
         # train_throughput, so mean(step_times) is avg_batch_time (labkit.analysis.stats)
@@ -75,9 +79,18 @@ class EpochMeter:
             self.seen = now
         if out is not None:
             loss, logits = out
-            self.losses[step] = loss.float()
-            self.correct += (logits.argmax(1) == y).sum()
+            self.pending.append((step, loss, logits.argmax(1) == y))
             self.images += y.numel()
+
+    def fold(self) -> None:
+        """The pending steps into ``losses`` and ``correct``: a few kernels for all of them, as
+        often as the bar shows its figures and once at the epoch's end."""
+        if not self.pending:
+            return
+        steps, losses, hits = zip(*self.pending)
+        self.pending = []
+        self.losses[list(steps)] = torch.stack(losses).float()
+        self.correct += torch.cat(hits).sum()
 
     def stop(self) -> None:
         self.clock.mark()
@@ -90,6 +103,7 @@ class EpochMeter:
         """The progress bar's figures after ``step`` (a trainer's view)."""
         elapsed = time.perf_counter() - self.t_start
         ips = batch_images * (step + 1) / max(elapsed, 1e-9)
+        self.fold()
         acc = 100.0 * self.correct.item() / max(1, self.images)
         return f"loss={self.losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
 
@@ -97,6 +111,7 @@ class EpochMeter:
         """The epoch's figures, reduced over the ranks. A PS server contributes zeros (its own
         pull and push would count the same transfer twice), so sums are over trainers."""
         s, n = self.s, len(self.s.phases)
+        self.fold()
         comm = s.timer.pop()
         mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
         per_step = [t if s.is_trainer else 0.0 for row in self.step_comm for t in row]

@@ -126,6 +126,14 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     out = torch.ones((), device=dev), torch.zeros(cfg.batch_size, data.num_classes, device=dev)
     count = iter(range(10 ** 9))
     t_meter = per_call(lambda: meter.step_ends(next(count) % reps, out, y))
+    # what the steps left pending is folded once per refresh of the bar and at the epoch's end
+    # (EpochMeter.fold): its share, spread over the steps it folds
+    folded = len(meter.pending)
+    sync_device(dev)
+    t0 = time.perf_counter()
+    meter.fold()
+    sync_device(dev)
+    t_meter += per_call.slowest((time.perf_counter() - t0) / max(1, folded), dev)
     meter.start()
     bar = tqdm(total=10 ** 9, unit="batch", ncols=100, mininterval=5.0, file=Lines(io.StringIO()))
     t_update = per_call(lambda: bar.update(1))
