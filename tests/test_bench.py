@@ -246,6 +246,16 @@ def test_profile_trace_labels_the_phases(bench_run):
     assert {"labkit.forward", "labkit.backward", "labkit.sync", "labkit.step"} <= names["ddp"]
     assert "labkit.comm" in names["allreduce"] and any("all_reduce" in n for n in names["allreduce"] if n)
     assert {"labkit.pull", "labkit.push"} <= names["ps"]  # rank 0 is the server
+    # the overhead job traces the same step of each loop (--profile-steps 1), after its checks:
+    # labkit's phases in labkit's trace only, DDP's forward in both
+    steps = {}
+    for loop in ("plain", "labkit_ddp"):
+        trace = json.loads((run / "bench" / "overhead_x2" / f"trace_{loop}_rank0.json").read_text())
+        names[loop] = {e.get("name") for e in trace["traceEvents"]} - {None}
+        steps[loop] = {n for n in names[loop] if n.startswith("ProfilerStep#")}
+        assert any("DistributedDataParallel.forward" in n for n in names[loop]), loop
+    assert len(steps["plain"]) == 1 and steps["plain"] == steps["labkit_ddp"]
+    assert "labkit.forward" in names["labkit_ddp"] and not any(n.startswith("labkit.") for n in names["plain"])
 
 
 def test_cost_model_calibrates_on_a_real_bench(bench_run):

@@ -193,7 +193,8 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
     stream.write(f"\n=== labkit DDP against a plain DDP loop, both loading data: {n} processes ===\n")
     stream.flush()
     extra = ("--overhead", "--steps", str(plan.steps), "--trials", str(plan.trials),
-             "--bench-warmup", str(plan.warmup), *(("--control",) if plan.control else ()))
+             "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps),
+             *(("--control",) if plan.control else ()))
     res = _launch(vcfg, n, out, stream, OVERHEAD_MODULE, extra)
     if not res.ok:
         doc[Status.FAILED].append({"variant": OVERHEAD, "nproc": n, "error": res.message})

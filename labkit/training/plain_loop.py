@@ -179,15 +179,15 @@ def unsupported(cfg: TrainConfig) -> Optional[str]:
 
 
 def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
-                     control: bool = False) -> dict:
+                     control: bool = False, profile_steps: int = 0) -> dict:
     """This rank's part of the overhead job; rank 0 returns the document (others: {}).
     ``control``: a third loop, the plain loop again (its own model from the same weights), in
     the same rounds: the plain loop against itself is the job's A/A control, what two identical
-    loops differ by in this job (labkit.analysis.bench_view.control_interval)."""
+    loops differ by in this job (labkit.analysis.bench_view.control_interval).
+    ``profile_steps``: then a trace of that many steps of each loop (:func:`_trace`)."""
     from .bench_rank import _stats
     from .data import build_datasets, steps_per_epoch
     from .dist import env_world, init, teardown
-    from .models import build_model
     from .trainer import Trainer
 
     data = build_datasets(cfg)
@@ -196,15 +196,12 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
                                                 cfg.max_steps_per_epoch), warmup, steps)
     n = warmup + steps + 1
     loops = LOOPS + ((CONTROL,) if control else ())
-    models = []
-    for _ in loops:  # the same initial weights for all, as labkit.training.rank makes them
-        torch.manual_seed(cfg.seed)
-        models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
+    models = _same_weights(cfg, data.num_classes, len(loops))
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
         plain = PlainDDP(cfg, data, models[0], ctx)
         # its progress bar counts the trials as epochs ("epoch 2/12"), not the run's --epochs
-        tr = Trainer(dataclasses.replace(cfg, epochs=trials), ctx, None, data, models[1], n)
+        tr = Trainer(dataclasses.replace(cfg, epochs=trials + bool(profile_steps)), ctx, None, data, models[1], n)
         stamps: list[float] = []
 
         def stamp(*_) -> None:  # the one clock of both loops: as a step begins
@@ -222,6 +219,8 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
         control_differ = _differing(plain.model, again.model, ctx.device) if control else None
         # on a GPU, the device's own difference or the loops'? (pricing.repeatable)
         repeatable = _repeatable(tr, plain) if differ and ctx.device.type == "cuda" else None
+        if profile_steps:  # after the checks above: one more trial of each loop, traced
+            _trace(plain, tr, trials + 1, n, warmup, profile_steps, ctx, cfg.out)
         if ctx.rank != 0:
             return {}
         gb = cfg.batch_size * world
@@ -238,6 +237,46 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
         }
     finally:
         teardown()
+
+
+def _same_weights(cfg: TrainConfig, num_classes: int, count: int) -> list[torch.nn.Module]:
+    """``count`` models from the same initial weights, as labkit.training.rank makes them."""
+    from .models import build_model
+
+    out = []
+    for _ in range(count):
+        torch.manual_seed(cfg.seed)
+        out.append(build_model(cfg.model, num_classes, cfg.weights)[0])
+    return out
+
+
+def _trace(plain: PlainDDP, tr, epoch: int, n: int, warmup: int, steps: int, ctx: DistContext,
+           out: str) -> None:
+    """A torch.profiler trace of each loop over ``steps`` steps from step ``warmup`` of one
+    more trial (``epoch``: the same batches for both), each step a ProfilerStep range and both
+    synchronised as a step begins, as in the rounds: trace_plain_rank<r>.json and
+    trace_labkit_ddp_rank<r>.json in ``out`` (Chrome trace format: chrome://tracing or
+    ui.perfetto.dev), to read where labkit's steps spend what the plain loop's do not. The
+    profiler stops as a step begins, with no collective in flight."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from labkit.core.files import atomic_path
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    when = schedule(wait=warmup, warmup=1, active=max(1, min(steps, n - warmup)), repeat=1)
+    for name in LOOPS:
+        with profile(activities=acts, schedule=when) as prof:
+            if name == "plain":
+                plain.train_epoch(epoch, n, lambda *_: (sync_device(ctx.device), prof.step()))
+            else:  # its step callbacks already synchronise (measure_overhead's stamp)
+                step = lambda *_: prof.step()  # noqa: E731
+                tr.step_callbacks.append(step)
+                try:
+                    tr.train_epoch(epoch)
+                finally:
+                    tr.step_callbacks.remove(step)
+        with atomic_path(os.path.join(out, f"trace_{name}_rank{ctx.rank}.json")) as tmp:
+            prof.export_chrome_trace(tmp)
 
 
 def _time_rounds(run: dict, order: list, stamps: list, warmup: int, steps: int, seed: int,
@@ -284,6 +323,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--bench-warmup", dest="bench_warmup", type=int, default=3)
     p.add_argument("--control", action="store_true",
                    help="with --overhead: the plain loop a second time, an A/A control")
+    p.add_argument("--profile-steps", dest="profile_steps", type=int, default=0,
+                   help="with --overhead: then a torch.profiler trace of this many steps of each loop")
     add_resolved(p)
     a = p.parse_args(argv)
 
@@ -297,6 +338,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ConfigError(f"the plain loop is DDP's floor (got --method {cfg.method})")
         if a.control and not a.overhead:
             raise ConfigError("--control is the overhead job's A/A control: it needs --overhead")
+        if a.profile_steps and not a.overhead:
+            raise ConfigError("--profile-steps traces the overhead job's loops: it needs --overhead")
         why = unsupported(cfg)
         if why:
             raise ConfigError(why)
@@ -304,7 +347,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not a.overhead:
             train(cfg)
             return
-        doc = measure_overhead(cfg, a.steps, a.trials, a.bench_warmup, a.control)
+        doc = measure_overhead(cfg, a.steps, a.trials, a.bench_warmup, a.control, a.profile_steps)
         if env_world()[0] == 0:
             atomic_write_json(os.path.join(cfg.out, layout.BENCH_RESULT), doc)
 
