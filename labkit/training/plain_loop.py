@@ -21,7 +21,9 @@ computes the same parameters bit for bit (tests/test_overhead.py).
         the bench's overhead job (labkit.lab.bench): bench_result.json in DIR;
     ... --overhead --control ...
         the same with the plain loop a second time in every round, its A/A control
-        (`labkit bench --overhead-control`): two identical loops' ratio, the job's noise floor.
+        (`labkit bench --overhead-control`): two identical loops' ratio, the job's noise floor;
+    ... --overhead --profile-steps K ...
+        then a torch.profiler trace of K steps of each loop (`labkit bench --profile`), in DIR.
 
 Why the overhead is one job that alternates the two loops in the same processes, in rounds
 of one trial each (plain, labkit | labkit, plain | plain, labkit ...: :func:`rounds`), rather
