@@ -216,8 +216,8 @@ def test_no_overlap_hides_nothing_and_overlap_hides_some(tmp_path):
     overlap every step's collectives ran inside that step's sync wait, so none of their time
     is hidden (exactly 0, no slack); with it, the collectives outlast the sync wait, and the
     overlap's interval over the run's own steps is above 0. Two epochs (82 steady-state steps):
-    with one (41 steps in 6 blocks) a loaded CI machine once gave an overlap of 0.19 whose
-    interval reached down to 0 (2026-11-27)."""
+    with one (41 steps in 6 blocks) a loaded CI machine once gave an overlap whose interval
+    reached down to 0."""
     got, epochs = {}, {}
     for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
         out = tmp_path / name

@@ -38,7 +38,7 @@ class EpochMeter:
         # train_throughput, so mean(step_times) is avg_batch_time (labkit.analysis.stats)
         self.clock = StepClock(device)
         # rank 0 (the one that writes the file): how busy the rest of the machine was meanwhile
-        self.load = MachineLoad() if main else None
+        self.main, self.load = main, None  # MachineLoad, from start() to stop()
         self.step_comm: list[list[float]] = []  # per steady-state step, seconds in each phase
         self.seen = [0.0] * len(strategy.phases)
         self.machine: Optional[dict] = None
@@ -48,8 +48,8 @@ class EpochMeter:
         # the machine's load over the whole epoch, sampled here and at stop(): a sample reads
         # /proc for every process on the machine (milliseconds), which at the warm-up's end
         # held up the other ranks' first steady-state step in its collective
-        if self.load is not None:
-            self.load.start()
+        if self.main:
+            self.load = MachineLoad()  # its first sample
         sync_device(self.dev)
         self.t_start = self.t_window = time.perf_counter()
 

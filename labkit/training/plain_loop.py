@@ -124,14 +124,12 @@ def train(cfg: TrainConfig) -> None:
     writes the final model (final_model.pt) in ``cfg.out``."""
     from .data import build_datasets, steps_per_epoch
     from .dist import env_world, init, teardown
-    from .models import build_model
     from .checkpoint import atomic_torch_save
 
     data = build_datasets(cfg)
     world = env_world()[1]
     steps = steps_per_epoch(len(data.train), world, cfg.batch_size, cfg.max_steps_per_epoch)
-    torch.manual_seed(cfg.seed)  # as labkit.training.rank: same initial weights
-    model, _ = build_model(cfg.model, data.num_classes, cfg.weights)
+    [model] = _same_weights(cfg, data.num_classes, 1)
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
         loop = PlainDDP(cfg, data, model, ctx)
