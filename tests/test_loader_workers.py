@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,9 +89,25 @@ class Tree:
         return left
 
 
-def start(cmd: list[str], cwd: Path) -> subprocess.Popen:
-    """``cmd`` running, its output into files (a pipe nobody reads would stop it when full)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+@pytest.fixture
+def run_tmp():
+    """The run's own $TMPDIR, to see what a run leaves there: short, since the fork server's
+    socket (multiprocessing's pymp-* directory in it) must fit a Unix socket's 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="lw-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def pymp_dirs(tmp: Path) -> list[str]:
+    """multiprocessing's directories left in a run's $TMPDIR (torch's there, its compile cache
+    and torchrun's log directory, are torch's to keep or remove)."""
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("pymp-"))
+
+
+def start(cmd: list[str], cwd: Path, tmp: Path) -> subprocess.Popen:
+    """``cmd`` running, its output into files (a pipe nobody reads would stop it when full),
+    its temporary files in ``tmp``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
     with open(cwd / "stdout.txt", "w") as out, open(cwd / "stderr.txt", "w") as err:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err)
 
@@ -119,14 +137,14 @@ def worker_pids(tree: Tree) -> set[int]:
     return pids
 
 
-def test_many_epoch_boundaries_never_hang_and_leave_nothing(tree, tmp_path):
+def test_many_epoch_boundaries_never_hang_and_leave_nothing(tree, tmp_path, run_tmp):
     # 35 epochs x 2 ranks x 3 training workers (new each epoch) + the validation loaders'
     # workers: 216 worker starts, each while the rank's threads run (SIGTERM taker, heartbeat,
     # tqdm's monitor, gloo, the previous loader's queue threads shutting down) and a checkpoint
     # is written after every epoch
     epochs, out = 35, tmp_path / "run"
     proc = start(torchrun([*ARGS, "--workers", "3", "--data-dir", str(tree), "--epochs", str(epochs),
-                           "--out", str(out)]), tmp_path)
+                           "--out", str(out)]), tmp_path, run_tmp)
     t = Tree(proc)
     starts, deadline = set(), time.monotonic() + 400
     while proc.poll() is None and time.monotonic() < deadline:
@@ -144,14 +162,16 @@ def test_many_epoch_boundaries_never_hang_and_leave_nothing(tree, tmp_path):
     # the workers really were started anew every epoch (polling sees most, not all, of them)
     assert len(starts) >= epochs, len(starts)
     assert not t.gone_within(10), t.alive()
+    # nor in $TMPDIR: each rank's fork server had a directory there for its socket
+    assert not pymp_dirs(run_tmp), pymp_dirs(run_tmp)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 @pytest.mark.parametrize("when", ["workers-starting", "mid-run"])
-def test_a_killed_run_leaves_no_process(tree, tmp_path, sig, when):
+def test_a_killed_run_leaves_no_process(tree, tmp_path, run_tmp, sig, when):
     out = tmp_path / "run"
     proc = start(torchrun([*ARGS, "--data-dir", str(tree), "--epochs", "1000",
-                           "--out", str(out)]), tmp_path)
+                           "--out", str(out)]), tmp_path, run_tmp)
     t = Tree(proc)
     deadline = time.monotonic() + 120
     # workers-starting: the first moment a worker exists; mid-run: after a few checkpoints
@@ -165,6 +185,14 @@ def test_a_killed_run_leaves_no_process(tree, tmp_path, sig, when):
     proc.wait(60)
     left = t.gone_within(60)
     assert not left, left
+    # the ranks die of SIGTERM either way (torchrun's, or their own when torchrun is killed),
+    # taken by the rank's SIGTERM thread, not by its main thread, whose fork server's start
+    # had unblocked it: the thread removed the fork server's directory, and mid-run rank 0
+    # marked its result file
+    assert not pymp_dirs(run_tmp), pymp_dirs(run_tmp)
+    if when == "mid-run":
+        doc = json.loads((out / "results_baseline_ddp.json").read_text())
+        assert doc["status"] == "failed" and "SIGTERM" in doc["error"], doc["status"]
 
 
 def _epochs_done(out: Path) -> int:
@@ -174,12 +202,12 @@ def _epochs_done(out: Path) -> int:
         return 0
 
 
-def test_a_stopped_worker_is_one_line_naming_its_rank_and_loader(tree, tmp_path):
+def test_a_stopped_worker_is_one_line_naming_its_rank_and_loader(tree, tmp_path, run_tmp):
     bound = 8.0
     out = tmp_path / "ddp"
     proc = start([sys.executable, "-m", "labkit", "run", "ddp", "--nproc", "2", *ARGS,
                   "--data-dir", str(tree), "--epochs", "1000", "--no-progress",
-                  "--loader-timeout", str(bound), "--out", str(out)], tmp_path)
+                  "--loader-timeout", str(bound), "--out", str(out)], tmp_path, run_tmp)
     t = Tree(proc)
     deadline, stopped = time.monotonic() + 120, []
     while time.monotonic() < deadline and proc.poll() is None and not stopped:
@@ -211,3 +239,4 @@ def test_a_stopped_worker_is_one_line_naming_its_rank_and_loader(tree, tmp_path)
     assert took < bound + 45, took
     print(f"stopped workers reported after {took:.1f} s (bound {bound:g} s)")
     assert not t.gone_within(60), t.alive()  # the stopped workers too (SIGKILL reaches them)
+    assert not pymp_dirs(run_tmp), pymp_dirs(run_tmp)

@@ -53,8 +53,10 @@ def _unblock() -> None:
 
 
 def _wait_for_sigterm() -> None:
+    from . import workers
+
     signal.sigwait({signal.SIGTERM})
-    for cb in list(_callbacks):
+    for cb in [*_callbacks, workers.remove_temp_dir]:
         try:
             cb()
         except Exception:  # noqa: BLE001 - the process must still die as asked
@@ -96,6 +98,7 @@ def leave(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code == 0 and not workers.running():
+        workers.remove_temp_dir()  # the one finaliser of the teardown skipped here that matters
         os._exit(code)
     if code != 0:
         workers.kill_all()

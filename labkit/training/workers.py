@@ -17,7 +17,9 @@ the rank), so crops, resumed runs and the plain loop's equality are unchanged.
 Why nothing outlives the rank. The fork server dies with the rank (it asks for SIGKILL on its
 parent's exit, :mod:`labkit.core.procs`), and each worker with the fork server
 (:func:`worker_init`): a worker that is stopped, stuck in a system call or in a deadlock ends
-with its run, and none is left as an orphan.
+with its run, and none is left as an orphan. Nor is the server's socket directory (the rank's
+``$TMPDIR/pymp-*``): a rank that ends without the interpreter's teardown removes it
+(:func:`remove_temp_dir`), and starting the server leaves SIGTERM to the rank's SIGTERM thread.
 
 Why a worker that stops delivering is one line. While the rank's main thread waits for a
 batch, :class:`LoaderWatch` keeps time; past its bound it interrupts the wait with SIGALRM,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+from multiprocessing import resource_tracker
 import signal
 import threading
 import time
@@ -61,6 +64,14 @@ def context() -> multiprocessing.context.BaseContext:
     global _SERVER_READY
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(SERVER_PRELOAD)
+    # multiprocessing starts its resource tracker with SIGTERM blocked, then unblocks it in
+    # the calling thread: in this one, that would undo lifecycle.take_sigterm, and SIGTERM
+    # would kill the rank in its main thread before rank 0 marked its result file. So the
+    # tracker is started from a thread of its own, whose mask (blocked, as this one's) is the
+    # tracker's; the server's start below finds it running and leaves masks alone.
+    tracker = threading.Thread(target=resource_tracker.ensure_running, name="labkit-tracker")
+    tracker.start()
+    tracker.join()
     multiprocessing.forkserver.ensure_running()
     if not _SERVER_READY:
         # the server imports torch before it forks anything (seconds on a busy machine): one
@@ -187,6 +198,18 @@ def running() -> list:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def remove_temp_dir() -> None:
+    """Remove this process's multiprocessing directory (``$TMPDIR/pymp-*``, where the fork
+    server's socket lives). multiprocessing removes it in a finaliser at the interpreter's
+    exit, which a rank never reaches when it ends with ``os._exit`` (:func:`lifecycle.leave`)
+    or dies of its own SIGTERM: each such run left one directory per rank in /tmp."""
+    import shutil
+
+    path = multiprocessing.current_process()._config.get("tempdir")  # util.get_temp_dir's
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def kill_all() -> None:
