@@ -1,6 +1,8 @@
 """Writes are atomic, run folders are never reused."""
 from __future__ import annotations
 
+import builtins
+import errno
 import json
 
 import pytest
@@ -35,3 +37,51 @@ def test_bad_tag_is_rejected(tmp_path):
     from labkit.core.config import ConfigError
     with pytest.raises(ConfigError, match="tag"):
         new_run_dir(str(tmp_path), "../escape")
+
+
+class _Interrupted:
+    """A file whose writes raise ``exc`` once ``after`` bytes have gone through, as a Ctrl-C
+    (or a full disk) in the middle of torch.save's zip records."""
+
+    def __init__(self, f, exc: BaseException, after: int = 100_000):
+        self.f, self.exc, self.left = f, exc, after
+
+    def write(self, b) -> int:
+        self.left -= len(b)
+        if self.left < 0:
+            raise self.exc
+        return self.f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left")],
+                         ids=["ctrl-c", "disk-full"])
+def test_a_checkpoint_write_stopped_half_way_says_what_stopped_it(tmp_path, monkeypatch, exc):
+    """torch's zip writer, closed while the Ctrl-C unwinds through torch.save, raises an "enforce
+    fail ... unexpected pos" RuntimeError over it: the rank reported that as a crash (exit 1)
+    and its result file's error said so. The Ctrl-C (or the full disk) is what comes out, the
+    old checkpoint is whole and no temp file is left."""
+    import torch
+
+    from labkit.training import checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.atomic_torch_save({"epoch": 1}, str(path))
+    monkeypatch.setattr(checkpoint, "open", raising=False,
+                        value=lambda p, mode: _Interrupted(builtins.open(p, mode), exc))
+    with pytest.raises(type(exc)) as got:
+        checkpoint.atomic_torch_save({"epoch": 2, "w": torch.zeros(100_000)}, str(path))
+    if isinstance(exc, OSError):
+        assert got.value.errno == errno.ENOSPC and got.value.filename == str(path)
+    else:
+        assert got.value is exc
+    assert torch.load(path) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]

@@ -10,7 +10,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 
 @contextmanager
@@ -38,20 +38,26 @@ def atomic_path(path: str) -> Iterator[str]:
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        cause = _os_error(e)  # torch's writer wraps the OSError of its file in a RuntimeError
+        # torch's zip writer, closed while an exception unwinds through it, raises one of its
+        # own over it ("enforce fail ... unexpected pos"): what happened is the first one, a
+        # Ctrl-C during the write (the run was interrupted, not crashed) or its file's OSError
+        stop = _first(e, lambda x: isinstance(x, KeyboardInterrupt))
+        if stop is not None and stop is not e:
+            raise stop from None
+        cause = _first(e, lambda x: isinstance(x, OSError) and bool(x.errno))
         if cause is not None and cause.filename in (None, tmp):
             raise OSError(cause.errno, cause.strerror, path) from e
         raise
 
 
-def _os_error(e: BaseException) -> Optional[OSError]:
-    """The first OSError with an errno in ``e`` and what it was raised from or while handling."""
+def _first(e: Optional[BaseException], test: Callable[[BaseException], bool]
+           ) -> Optional[BaseException]:
+    """The first exception that passes ``test`` in ``e`` and what it was raised from or while
+    handling."""
     for _ in range(8):
-        if isinstance(e, OSError) and e.errno:
+        if e is None or test(e):
             return e
         e = e.__cause__ or e.__context__
-        if e is None:
-            return None
     return None
 
 

@@ -24,6 +24,11 @@ HEARTBEAT_S = 30.0
 STALE_S = 10 * HEARTBEAT_S
 
 
+# why a run stopped by Ctrl-C ended, in its result file: its rank 0 writes it as the SIGINT
+# reaches it, or the launcher, if rank 0 could not (killed after the grace period)
+INTERRUPTED_BY_USER = "interrupted by the user (Ctrl-C)"
+
+
 class Status(StrEnum):
     """The state of a run, a method, a repeat or a sweep point."""
     PENDING = "pending"          # not started yet (a sweep's later points)

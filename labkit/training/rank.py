@@ -17,7 +17,7 @@ import torch
 
 from labkit.core.config import TrainConfig, build_parser
 from labkit.core.errors import RunFailed
-from labkit.core.status import Status
+from labkit.core.status import INTERRUPTED_BY_USER, Status
 
 from . import budget, exhaustion, lifecycle
 from . import checkpoint
@@ -90,8 +90,11 @@ def _finish(results: ResultFile, e: BaseException) -> None:
     A disk still too full to write it leaves it running: the launcher marks it, or readers
     see its writer gone (labkit.core.status.as_seen)."""
     try:
-        results.finish(Status.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Status.FAILED,
-                       error=str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}")
+        if isinstance(e, KeyboardInterrupt):
+            results.finish(Status.INTERRUPTED, error=INTERRUPTED_BY_USER)
+        else:
+            results.finish(Status.FAILED, error=str(e) if isinstance(e, RunFailed)
+                           else f"{type(e).__name__}: {e}")
     except OSError:
         pass
 
