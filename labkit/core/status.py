@@ -24,9 +24,10 @@ HEARTBEAT_S = 30.0
 STALE_S = 10 * HEARTBEAT_S
 
 
-# why a run stopped by Ctrl-C ended, in its result file: its rank 0 writes it as the SIGINT
-# reaches it, or the launcher, if rank 0 could not (killed after the grace period)
-INTERRUPTED_BY_USER = "interrupted by the user (Ctrl-C)"
+# why an interrupted run ended, in its result file: Ctrl-C, SIGTERM to the launcher or a
+# notebook's stop, each of which stops the ranks as Ctrl-C does (SIGINT); rank 0 writes it as
+# the SIGINT reaches it, or the launcher, where rank 0 could not (killed after the grace period)
+INTERRUPTED_WHY = "interrupted (Ctrl-C, SIGTERM or a notebook's stop)"
 
 
 class Status(StrEnum):

@@ -28,7 +28,7 @@ from labkit.core.methods import absolute, server_ranks
 from labkit.core.procs import die_with_parent
 from labkit.core.resources import oom_kills
 from labkit.core.run_folder import read_json
-from labkit.core.status import INTERRUPTED_BY_USER, Status
+from labkit.core.status import INTERRUPTED_WHY, Status
 
 from labkit.training import budget
 
@@ -178,7 +178,7 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
         returncode, text = _run(cmd, _environment(nproc, env, nodes.max_restarts),
                                 Throttle(stream, throttle_s))
     except KeyboardInterrupt:
-        mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_BY_USER)
+        mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         raise
     res = LaunchResult(cfg.method, returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
     if not res.ok:

@@ -17,7 +17,7 @@ import torch
 
 from labkit.core.config import TrainConfig, build_parser
 from labkit.core.errors import RunFailed
-from labkit.core.status import INTERRUPTED_BY_USER, Status
+from labkit.core.status import INTERRUPTED_WHY, Status
 
 from . import budget, exhaustion, lifecycle
 from . import checkpoint
@@ -91,7 +91,7 @@ def _finish(results: ResultFile, e: BaseException) -> None:
     see its writer gone (labkit.core.status.as_seen)."""
     try:
         if isinstance(e, KeyboardInterrupt):
-            results.finish(Status.INTERRUPTED, error=INTERRUPTED_BY_USER)
+            results.finish(Status.INTERRUPTED, error=INTERRUPTED_WHY)
         else:
             results.finish(Status.FAILED, error=str(e) if isinstance(e, RunFailed)
                            else f"{type(e).__name__}: {e}")
