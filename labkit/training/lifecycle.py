@@ -53,10 +53,8 @@ def _unblock() -> None:
 
 
 def _wait_for_sigterm() -> None:
-    from . import workers
-
     signal.sigwait({signal.SIGTERM})
-    for cb in [*_callbacks, workers.remove_temp_dir]:
+    for cb in [*_callbacks, _remove_temp_dir]:
         try:
             cb()
         except Exception:  # noqa: BLE001 - the process must still die as asked
@@ -66,6 +64,13 @@ def _wait_for_sigterm() -> None:
     signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
     time.sleep(1)
     os._exit(128 + signal.SIGTERM)
+
+
+def _remove_temp_dir() -> None:
+    """The fork server's directory (labkit.training.workers), where a rank has one."""
+    workers = sys.modules.get("labkit.training.workers")  # a rank without loaders has none
+    if workers is not None:
+        workers.remove_temp_dir()
 
 
 # ------------------------------------------------------------------ heartbeat (writer side)
