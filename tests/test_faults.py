@@ -125,4 +125,4 @@ def test_ctrl_c_on_the_launcher_stops_every_process(tmp_path):
     doc = load_json(result)
     # rank 0's own words, or the launcher's where rank 0 could not write them: the same
     assert doc["status"] == "interrupted"
-    assert doc["error"] == "interrupted (Ctrl-C, SIGTERM or a notebook's stop)"
+    assert doc["error"] == "stopped by Ctrl-C, SIGTERM or a notebook's stop"

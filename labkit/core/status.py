@@ -27,7 +27,7 @@ STALE_S = 10 * HEARTBEAT_S
 # why an interrupted run ended, in its result file: Ctrl-C, SIGTERM to the launcher or a
 # notebook's stop, each of which stops the ranks as Ctrl-C does (SIGINT); rank 0 writes it as
 # the SIGINT reaches it, or the launcher, where rank 0 could not (killed after the grace period)
-INTERRUPTED_WHY = "interrupted (Ctrl-C, SIGTERM or a notebook's stop)"
+INTERRUPTED_WHY = "stopped by Ctrl-C, SIGTERM or a notebook's stop"
 
 
 class Status(StrEnum):
