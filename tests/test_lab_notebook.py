@@ -140,6 +140,9 @@ def test_runs_lists_every_kind_with_its_status(runs_dir, capsys, monkeypatch):
         "fail": ("experiment", "failed"), "term": ("experiment", "interrupted"),
         "killed": ("experiment", "stopped without finishing")}
     assert rows["edited"]["problem"] == "unreadable: config.json is not valid JSON (line 1, column 16)"
+    # a sweep's methods and code, from sweep.json and its points (its folder has no record)
+    assert rows["sweep"]["methods"] == ["ddp"]
+    assert rows["sweep"]["commit"] == rows["a"]["commit"] and rows["a"]["commit"]
     a = rows["a"]["results"]["ddp"]
     assert a["low"] < a["throughput"] < a["high"]  # with its 95% CI
     # runs/latest is a link, not a row

@@ -122,8 +122,12 @@ def _sweep(folder: RunFolder, row: Row) -> None:
     row.status = status_of(doc, Status.RUNNING).value
     row.params = {"sweep": " ".join(f"{k}={','.join(map(str, v))}"
                                     for k, v in (doc.get("grid") or {}).items())}
-    row.methods = sorted({m for p in doc.get("points") or []
-                          for m in (p.get("params") or {}).get("methods") or []})
+    points = doc.get("points") or []
+    row.methods = list(doc.get("methods") or sorted(
+        {m for p in points for m in (p.get("params") or {}).get("methods") or []}))
+    # the sweep's folder records no environment of its own: its points' name the code
+    row.commit = row.commit or next(
+        (c for p in points if (c := _commit(RunFolder(folder.path / str(p.get("dir")))))), "")
     rep = folder.path / layout.REPORT_DIR / "sweep.html"
     row.report = str(rep) if rep.exists() else doc.get("report")
     if doc.get("slurm"):
