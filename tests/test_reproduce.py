@@ -338,8 +338,12 @@ def test_labkit_reproduce_bad_input_is_one_line_exit_2(tmp_path, capsys):
     good = {"experiment": {"methods": ["ddp"], "nproc": 2},
             "resolved": {"ddp": TrainConfig(method="ddp", dataset="digits").to_dict()}}
     (tmp_path / "plain").mkdir()
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    fake_run(tmp_path / "sweep", "bucket_mb-25.0", good)
     cases = [
         ([str(tmp_path / "plain")], "is not a run folder (no config.json"),
+        ([str(tmp_path / "sweep")], "is a sweep's folder: give one of its points (bucket_mb-25.0)"),
         ([str(fake_run(tmp_path, "noconfig", None))], "has no config.json"),
         ([str(fake_run(tmp_path, "corrupt", '{"experiment": {"me'))], "config.json' is not valid JSON (line 1"),
         ([str(fake_run(tmp_path, "good", good)), "--methods", "ddp,ps"], "has no method ps (it ran: ddp)"),

@@ -214,6 +214,10 @@ class RunFolder:
         self = cls(run)
         self.discover()  # methods of one's own: named as their result files record them
         if not self.has(layout.CONFIG):
+            if self.has(layout.SWEEP):  # each point is an experiment's folder
+                points = sorted(p.name for p in run.iterdir() if (p / layout.CONFIG).is_file())
+                raise RunFolderError(f"{str(run)!r} is a sweep's folder: give one of its points "
+                                     f"({', '.join(points) or 'none has started'})")
             if self.has(layout.EXPERIMENT) or self.has(layout.ENVIRONMENT):
                 raise RunFolderError(f"{str(run)!r} has no config.json: the run folder is "
                                      f"incomplete and cannot be reproduced")
