@@ -65,6 +65,16 @@ def test_a_diverged_seed_is_named():
     assert s.failed == ["seed 2: diverged at epoch 1 step 4 (of 20)"] and s.reached == 2
 
 
+def test_an_interrupted_seed_is_left_out_not_counted_as_a_miss():
+    """A run the user stopped (Ctrl-C, a sweep stopped half way) ended early through no fault
+    of the method: its last accuracy is not final, and not reaching the target is no miss."""
+    stopped = doc(2, [70], status="interrupted")
+    s = seeds.score(results(ddp=[doc(0, [85]), doc(1, [85]), stopped]), "ddp", GOAL)
+    assert (s.n, s.reached) == (2, 2) and s.final_accuracy().n == 2
+    only = results(ddp=[doc(0, [85]), doc(1, [85])], allreduce=[stopped])
+    assert seeds.judged(only) == ["ddp"]
+
+
 def test_the_verdict_says_faster_and_accuracy_lost_only_beyond_the_noise():
     ddp = [doc(s, [70, 84 + 0.1 * s], epoch_s=10 + 0.2 * s) for s in range(4)]
     # the same accuracy curve's target in half the time per epoch, but 2 points lower at the end

@@ -87,10 +87,13 @@ def _mean_interval(values: list[float], note: str) -> stats.Interval:
 
 def _runs(res: RunResults, m: str) -> list[dict]:
     """Every run of ``m`` (a method, or a variant such as ddp-bf16), one per seed, failed ones
-    included (they count)."""
+    included (they count), interrupted ones not: the user stopped them before their last epoch,
+    so their last accuracy is not a final one, nor their miss the method's."""
     if m in SPECS:
-        return list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
-    return variant_runs(res.run_dir, m) if res.run_dir is not None else []
+        docs = list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
+    else:
+        docs = variant_runs(res.run_dir, m) if res.run_dir is not None else []
+    return [d for d in docs if status_of(d) != Status.INTERRUPTED]
 
 
 def _name(m: str) -> str:
