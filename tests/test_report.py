@@ -129,6 +129,20 @@ def test_failed_run_keeps_finished_epochs_in_the_report(guide_dir, tmp_path):
     assert [r["Method"] for r in rows] == ["Baseline DDP", "Manual All-Reduce", "Parameter Server"]
 
 
+def test_a_method_the_experiment_did_not_finish_is_named_in_its_problem(guide_dir, tmp_path):
+    """experiment.json's status for a method that wrote no result (interrupted as it started):
+    the report's problem line names the method, not only the status."""
+    (tmp_path / "ddp").mkdir()
+    (tmp_path / "ddp" / "results_baseline_ddp.json").write_text(
+        (guide_dir / "results_baseline_ddp.json").read_text())
+    (tmp_path / "experiment.json").write_text(json.dumps({"status": "interrupted", "methods": {
+        "ddp": {"status": "completed"}, "allreduce": {"status": "interrupted"},
+        "ps": {"status": "failed", "error": "LaunchError: rank 2 died "}}}))
+    lines = [line for line in report.discussion(report.load_run(tmp_path)) if "Problem" in line]
+    assert lines == ["Problem: Manual All-Reduce: interrupted",
+                     "Problem: Parameter Server: failed: LaunchError: rank 2 died"]
+
+
 def test_nothing_to_report_is_one_message(tmp_path):
     p = labkit_report([str(tmp_path)], cwd=tmp_path)
     assert p.returncode == 2 and "no result files" in p.stderr and "Traceback" not in p.stderr

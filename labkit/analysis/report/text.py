@@ -269,8 +269,9 @@ def discussion(res: RunResults) -> list[str]:
                  if all(d.get("config", {}).get("pin_cpus") for d in cpu) else "")
         lines.append(f"These are CPU (gloo) figures: processes share the CPU cores{bound}, so "
                      f"communication and computation compete; GPU/NCCL runs separate them.")
-    for k, p in res.problems.items():
-        lines.append(f"Problem: {p}")
+    for k, p in res.problems.items():  # keyed by method, or by the file that is wrong
+        lines.append(f"Problem: {SHORT[k]}: {p}" if k in SHORT and SHORT[k] not in p else
+                     f"Problem: {p}")
     return lines
 
 
