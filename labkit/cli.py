@@ -286,8 +286,10 @@ def cmd_experiment(args: dict) -> int:
         from .lab.continuation import continue_experiment
         run_dir = args.pop("continue_run")
         if args:
+            typed = [params.flag(k) if v is not False else "--no-" + params.flag(k)[2:]
+                     for k, v in args.items()]  # --no-progress as given, not --progress
             raise ConfigError(f"--continue takes no other flags (the run's recorded parameters "
-                              f"are used), got {', '.join(params.flag(k) for k in args)}")
+                              f"are used), got {', '.join(typed)}")
         run, status = continue_experiment(run_dir, allow)
     else:
         if allow:

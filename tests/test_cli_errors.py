@@ -121,3 +121,11 @@ def test_help_lists_each_flag_under_its_concern():
             under[line.split()[0].split("/")[0].rstrip(",")] = heading
     for f in fields:
         assert under.get(flag(f.name)) == GROUPS[f.metadata["group"]], (f.name, under.get(flag(f.name)))
+
+
+def test_continue_with_other_flags_names_them_as_typed(tmp_path, capsys):
+    code = cli.main(["experiment", "--continue", str(tmp_path), "--no-progress", "--epochs", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("labkit experiment: error: --continue takes no other flags"), err
+    assert sorted(err[0].split(" got ")[1].split(", ")) == ["--epochs", "--no-progress"], err
