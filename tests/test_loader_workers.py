@@ -137,18 +137,35 @@ def worker_pids(tree: Tree) -> set[int]:
     return pids
 
 
+def server_sockets(tree: Tree) -> set[str]:
+    """The paths of the Unix sockets the ranks' fork servers listen on."""
+    paths = set()
+    for p in list(tree.seen.values()):
+        try:
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
+                paths |= {c.laddr for c in p.net_connections("unix") if c.laddr}
+        except psutil.Error:
+            pass
+    return paths
+
+
 def test_many_epoch_boundaries_never_hang_and_leave_nothing(tree, tmp_path, run_tmp):
     # 35 epochs x 2 ranks x 3 training workers (new each epoch) + the validation loaders'
     # workers: 216 worker starts, each while the rank's threads run (SIGTERM taker, heartbeat,
     # tqdm's monitor, gloo, the previous loader's queue threads shutting down) and a checkpoint
-    # is written after every epoch
+    # is written after every epoch. With a $TMPDIR as long as a cluster job's, too long for a
+    # Unix socket's path under it: the fork servers failed there ("AF_UNIX path too long").
     epochs, out = 35, tmp_path / "run"
-    proc = start(torchrun([*ARGS, "--workers", "3", "--data-dir", str(tree), "--epochs", str(epochs),
-                           "--out", str(out)]), tmp_path, run_tmp)
+    long_tmp = run_tmp / ("t" * 80)
+    long_tmp.mkdir()
+    proc = start(torchrun([*ARGS, "--workers", "3", "--data-dir", str(tree),
+                           "--epochs", str(epochs), "--out", str(out)]), tmp_path, long_tmp)
     t = Tree(proc)
-    starts, deadline = set(), time.monotonic() + 400
+    starts, sockets, deadline = set(), set(), time.monotonic() + 400
     while proc.poll() is None and time.monotonic() < deadline:
         starts |= worker_pids(t)
+        if len(sockets) < 2:
+            sockets |= server_sockets(t)
         time.sleep(0.05)
     if proc.poll() is None:
         stack = subprocess.run(["pgrep", "-af", "labkit.train|forkserver"], capture_output=True,
@@ -162,8 +179,12 @@ def test_many_epoch_boundaries_never_hang_and_leave_nothing(tree, tmp_path, run_
     # the workers really were started anew every epoch (polling sees most, not all, of them)
     assert len(starts) >= epochs, len(starts)
     assert not t.gone_within(10), t.alive()
-    # nor in $TMPDIR: each rank's fork server had a directory there for its socket
-    assert not pymp_dirs(run_tmp), pymp_dirs(run_tmp)
+    # each rank's fork server had its socket in a directory of its own, in a short temp dir
+    # (not under the long $TMPDIR), and that directory is gone with the run
+    assert len(sockets) == 2, sockets
+    assert all(len(s) <= 107 and str(long_tmp) not in s for s in sockets), sockets
+    assert not [s for s in sockets if Path(s).parent.exists()], sockets
+    assert not pymp_dirs(long_tmp), pymp_dirs(long_tmp)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

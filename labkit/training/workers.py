@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import os
 from multiprocessing import resource_tracker
 import signal
 import threading
@@ -64,6 +65,7 @@ def context() -> multiprocessing.context.BaseContext:
     global _SERVER_READY
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(SERVER_PRELOAD)
+    _short_temp_dir()  # before multiprocessing makes its own directory for the server's socket
     # multiprocessing starts its resource tracker with SIGTERM blocked, then unblocks it in
     # the calling thread: in this one, that would undo lifecycle.take_sigterm, and SIGTERM
     # would kill the rank in its main thread before rank 0 marked its result file. So the
@@ -87,6 +89,30 @@ def context() -> multiprocessing.context.BaseContext:
 _SERVER_READY = False
 
 
+# A Unix socket's path holds at most 107 bytes: the server's is <tempdir>/pymp-XXXXXXXX/
+# listener-XXXXXXXX, 32 more than the temp dir's own path
+_SOCKET_ROOM = 107 - 32
+
+
+def _short_temp_dir() -> None:
+    """Where $TMPDIR is too long for the server's socket (a cluster's per-job temp dir often is:
+    the server then failed with "OSError: AF_UNIX path too long"), make multiprocessing's
+    directory under the first short one of /tmp, /var/tmp and /dev/shm instead, before
+    multiprocessing makes its own; removed at exit as its own would be."""
+    import shutil
+    import tempfile
+    from multiprocessing import util
+
+    config = multiprocessing.current_process()._config  # util.get_temp_dir's
+    if config.get("tempdir") is not None or len(tempfile.gettempdir()) <= _SOCKET_ROOM:
+        return
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            config["tempdir"] = path = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
+            return
+
+
 def _ready() -> None:
     """The fork server's first child: nothing to do (see context())."""
 
@@ -95,8 +121,6 @@ def worker_init(worker_id: int) -> None:
     """First thing in every loader worker: SIGKILL when the fork server (its parent) exits. A
     server that ended while this worker was still starting (its rank killed at that moment)
     sends nothing: the worker sees that its parent is no fork server any more and ends."""
-    import os
-
     die_with_parent(signal.SIGKILL)
     try:
         parent = " ".join(psutil.Process(os.getppid()).cmdline())
