@@ -103,7 +103,8 @@ def test_plain_loop_refuses_what_it_does_not_do(tmp_path, capsys):
     for args, needle in ((["--method", "allreduce"], "the plain loop is DDP's floor"),
                          (["--compress", "fp16"], "the plain loop has no --compress"),
                          (["--control"], "--control is the overhead job's A/A control: it needs --overhead"),
-                         (["--profile-steps", "2"], "--profile-steps traces the overhead job's loops: it needs --overhead")):
+                         (["--profile-steps", "2"], "--profile-steps traces the overhead job's loops: it needs --overhead"),
+                         (["--overhead", "--profile-steps", "-1"], "--profile-steps must be 0 or more (got -1)")):
         code = plain_loop.main(TINY + args + ["--out", str(tmp_path / "x")])
         err = capsys.readouterr().err
         assert code == 2 and needle in err and "Traceback" not in err, err

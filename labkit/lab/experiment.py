@@ -21,7 +21,7 @@ from labkit.core.files import atomic_write_json, now_str
 from labkit.core.log import transcript
 from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name, key_of
 from labkit.core.run_folder import RunFolder, read_json
-from labkit.core.status import Status, stamp
+from labkit.core.status import INTERRUPTED_WHY, Status, stamp
 
 from .kernels import kernel_name
 from labkit.training import budget
@@ -292,7 +292,7 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
         log.error("\n%s FAILED: %s", label, entry["error"])
     except KeyboardInterrupt:
         # the kernel, and with it the launcher, is gone: mark the method's result file here
-        mark_ended(str(mdir), cfg.result_file, Status.INTERRUPTED, "interrupted by the user")
+        mark_ended(str(mdir), cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         entry["status"] = Status.INTERRUPTED
         raise
     entry["wall_time"] = time.monotonic() - t0

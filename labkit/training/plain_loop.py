@@ -340,6 +340,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ConfigError("--control is the overhead job's A/A control: it needs --overhead")
         if a.profile_steps and not a.overhead:
             raise ConfigError("--profile-steps traces the overhead job's loops: it needs --overhead")
+        if a.profile_steps < 0:
+            raise ConfigError(f"--profile-steps must be 0 or more (got {a.profile_steps})")
         why = unsupported(cfg)
         if why:
             raise ConfigError(why)
