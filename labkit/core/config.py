@@ -178,6 +178,10 @@ class TrainConfig:
                                          "minutes on a CPU), eager")
     timeout: float = _f("run", 600.0, "seconds a collective may wait before the run is aborted (a hung "
                         "or dead rank ends the run after this long)")
+    debug_collectives: bool = _f("run", False, "check before every collective that all ranks call the "
+                                 "same one with the same shapes, and name the ranks and shapes "
+                                 "when they differ (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL; "
+                                 "slower: for debugging a method, not for measuring)")
     loader_timeout: float = _f("run", 120.0, "seconds a rank waits for a batch from its DataLoader "
                                "workers before the run fails naming the rank and the loader (a "
                                "worker stopped, stuck or far too slow); unused with --workers 0")

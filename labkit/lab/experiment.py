@@ -70,7 +70,7 @@ def prepare(cfg: TrainConfig, exp: Experiment,
     check_machine(p.resolved, p.nproc, p.exp)
     # a method of one's own that claims exactness: checked first (seconds), or nothing runs
     checked = [line for c in p.resolved.values()
-               if (line := check_before_measuring(c.method, p.nproc))]
+               if (line := check_before_measuring(c.method, p.nproc, c.timeout))]
     # packages, code, data fingerprints: before any folder
     return dataclasses.replace(p, snap=snapshot(p.resolved, p.cfg.seed), plan=p.plan + checked)
 

@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Optional
 
-from labkit.core import layout
+from labkit.core import layout, stacks
 from labkit.core.errors import RUN_FAILED_LINE
 from labkit.core.run_folder import read_json
 
@@ -32,17 +32,20 @@ from .torchrun_output import rendezvous_failed
 ERROR_FILE = "error.json"  # torchrun's name (TORCHELASTIC_ERROR_FILE)
 # errors a rank gets because another rank is gone: not the cause
 _SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
-                        r"NCCL communicator was aborted", re.I)
+                        r"monitoredBarrier|NCCL communicator was aborted", re.I)
 
 
 def is_consequence(text: str) -> bool:
     """Whether a rank's error only says it lost its peers, timed out waiting for them, or was
-    stopped by torchrun: not why the run failed."""
+    stopped by torchrun: not why the run failed. A rank that stalled in its own code (its
+    watchdog's line, which names --timeout) is a cause."""
+    if stacks.STALLED in text:
+        return False
     return bool(_SECONDARY.search(text)) or text.startswith("stopped by SIGTERM")
 
 
 _OWN_ERROR = re.compile(r"labkit\.(train|bench): error:")  # the one line a rank prints on failure
-_TIMEOUT = re.compile(r"timed out|Timeout", re.I)
+_TIMEOUT = stacks.TIMED_OUT
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Failure:
     error_file: Optional[str] = None
     raised_at: float = float("inf")  # when, from the error file (seconds since the epoch)
     lines: list[str] = field(default_factory=list)  # the last lines of its log
+    where: str = ""                # where it stood in the method's code (labkit.core.stacks)
+    mismatch: Optional[str] = None  # its collective differed from another rank's
 
 
 @dataclass
@@ -72,13 +77,19 @@ def rank_logs(log_dir: str, local_rank: int) -> list[str]:
     return sorted(glob.glob(pat, recursive=True), key=os.path.getmtime)
 
 
-def tail(path: str, n: int = 15) -> list[str]:
+def read_lines(path: str) -> list[str]:
+    """A log's non-blank lines ([] if it cannot be read)."""
     try:
         with open(path, errors="replace") as f:
             text = f.read().replace("\r", "\n")
     except OSError:
         return []
-    return [l for l in text.splitlines() if l.strip()][-n:]
+    return [l for l in text.splitlines() if l.strip()]
+
+
+def tail(path: str, n: int = 15) -> list[str]:
+    """A log's last ``n`` lines, the rank's stack dump (labkit.core.stacks) left out."""
+    return [l for l in read_lines(path) if not stacks.is_dump(l)][-n:]
 
 
 def rank_error_lines(log_dir: str, local_rank: int) -> list[str]:
@@ -121,7 +132,18 @@ def collect(output: str, log_dir: str) -> list[Failure]:
         f.error, f.error_file, f.raised_at = text, path, when
     for f in seen.values():
         f.lines = rank_error_lines(log_dir, f.local_rank)
+        _where(f, log_dir)
     return sorted(seen.values(), key=lambda f: f.rank)
+
+
+def _where(f: Failure, log_dir: str) -> None:
+    """Where ``f``'s rank stood (its own marker line, else faulthandler's dump of a rank that
+    died of a signal) and whether its collective differed from another rank's."""
+    every = [l for p in rank_logs(log_dir, f.local_rank) for l in read_lines(p)]
+    marks = stacks.read_marks(every)
+    f.where = marks[-1].where if marks else stacks.faulthandler_position(every)
+    text = "\n".join([f.error or ""] + [l for l in every if not stacks.is_dump(l)])
+    f.mismatch = stacks.mismatch(text)
 
 
 # ------------------------------------------------------------------ deciding
@@ -149,6 +171,9 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
     with several nodes, ``output`` and ``log_dir`` cover this node's ranks only. ``oom``: whether
     the kernel's out-of-memory killer killed a process meanwhile (None: not known here)."""
     failures = collect(output, log_dir)
+    differ = _differ(method, failures, log_dir)
+    if differ is not None:
+        return differ
     said = _run_failed(failures, log_dir)
     if said is not None:
         return said
@@ -164,8 +189,8 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
         who = timed_out[0]
         return Explanation(
             f"{method} failed: rank {', '.join(map(str, hung))} hung: the other ranks timed out "
-            f"waiting for it in a collective (--timeout); rank {who.rank} said:\n"
-            + _quote(who.lines), hung[0], who.lines, who.error_file)
+            f"waiting for it in a collective (--timeout){_positions(failures, log_dir)}; "
+            f"rank {who.rank} said:\n" + _quote(who.lines), hung[0], who.lines, who.error_file)
     if multi_node:
         f = failures[0]
         ranks = ", ".join(str(x.rank) for x in failures)
@@ -179,13 +204,45 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
 
 def _run_failed(failures: list[Failure], log_dir: str) -> Optional[Explanation]:
     """A run that failed without crashing (labkit.core.errors.RunFailed: a diverged loss,
-    replicas that differ): rank 0's one line says it all, and alone."""
-    for line in [l for f in failures for l in f.lines] + rank_error_lines(log_dir, 0):
+    replicas that differ), or a rank that names its own failure (Exhausted, a method of one's
+    own that raised): that one line says it all, and alone. A line that only says a rank lost
+    its peer or timed out waiting is a consequence: never chosen (the rest of
+    explain_failure then finds the cause)."""
+    ordered = sorted(failures, key=lambda f: (f.raised_at, f.rank))
+    for line in [l for f in ordered for l in f.lines] + rank_error_lines(log_dir, 0):
         m = RUN_FAILED_LINE.search(line)
-        if m:  # a rank that ran out of something names itself (labkit.core.errors.Exhausted)
-            said = re.search(r" failed: rank (\d+): ", m.group(1))
-            return Explanation(m.group(1), int(said.group(1)) if said else 0, [m.group(1)])
+        if m and not is_consequence(m.group(1)):
+            said = re.search(r" failed: rank (\d+):? ", m.group(1))
+            # a stalled rank: where the others stood too (each dumped its stack when stopped)
+            more = _positions(failures, log_dir) if stacks.STALLED in m.group(1) else ""
+            return Explanation(m.group(1) + more, int(said.group(1)) if said else 0, [m.group(1)])
     return None
+
+
+def _differ(method: str, failures: list[Failure], log_dir: str) -> Optional[Explanation]:
+    """Ranks whose collectives differ (sizes, or calls): named as such, not as a crash or a
+    hang (labkit.core.stacks.mismatch reads torch's and gloo's words for it)."""
+    found = [f for f in failures if f.mismatch]
+    if not found:
+        return None
+    # torch's fingerprints (the debug switch) name every rank's call: prefer them to gloo's
+    f = min(found, key=lambda f: ("calls" not in (f.mismatch or ""), f.raised_at, f.rank))
+    at = f" at {f.where}" if f.where else ""
+    logs = rank_logs(log_dir, f.local_rank)
+    where = f" (logs: {os.path.dirname(os.path.dirname(logs[-1]))})" if logs else ""
+    return Explanation(f"{method} failed: {f.mismatch}; rank {f.rank} stopped{at}{where}",
+                       f.rank, f.lines, f.error_file)
+
+
+def _positions(failures: list[Failure], log_dir: str) -> str:
+    """"; where each rank stood: rank 0 at mine.py:14 (after_backward) in all_reduce; rank 1
+    at ... (stacks in <logs>)", from the ranks' marker lines; empty when none said."""
+    said = [f"rank {f.rank} at {f.where}" for f in failures if f.where]
+    if not said:
+        return ""
+    logs = rank_logs(log_dir, failures[0].local_rank)
+    at = f" (stacks in {os.path.dirname(os.path.dirname(logs[-1]))})" if logs else ""
+    return "; where each rank stood: " + "; ".join(said) + at
 
 
 def _blame(method: str, f: Failure, log_dir: str, oom: Optional[bool] = None) -> Explanation:
@@ -206,6 +263,8 @@ def _blame(method: str, f: Failure, log_dir: str, oom: Optional[bool] = None) ->
     if code == -signal.SIGKILL:  # it said nothing; its log's last lines are not why
         return Explanation(f"{method} failed: rank {f.rank} {how}: {killed(oom)}{where}", f.rank,
                            f.lines, f.error_file)
+    if f.where:
+        how += f" at {f.where}"
     lines = f.lines if f.lines else ([f.error] if f.error else [])
     if f.error and not any(f.error.split(":")[0] in l for l in lines):
         lines = lines + [f.error]  # the exception, from torchrun's error file

@@ -24,7 +24,7 @@ from labkit.core import resolved as resolved_file
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.log import transcript
-from labkit.core.methods import absolute, server_ranks
+from labkit.core.methods import absolute, key_of, server_ranks
 from labkit.core.procs import die_with_parent
 from labkit.core.resources import oom_kills
 from labkit.core.run_folder import read_json
@@ -183,7 +183,7 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     res = LaunchResult(cfg.method, returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
     if not res.ok:
         after = oom_kills()
-        why = explain_failure(cfg.method, returncode, text, log_dir, nodes.multi,
+        why = explain_failure(key_of(cfg.method), returncode, text, log_dir, nodes.multi,
                               oom=None if kills is None or after is None else after > kills)
         res.message, res.failed_rank, res.log_tail = why.message, why.rank, why.lines
         res.explained_from = why.error_file

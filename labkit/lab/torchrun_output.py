@@ -16,7 +16,8 @@ What is streamed: the reporting ranks' lines (torchrun prefixes them ``[rank0]:`
 ``[default0]:`` without --log-line-prefix-template). What is not (it stays in torchrun.log and
 the rank logs): torchrun's own warnings, its traceback and failure summary, the profiler's
 log, a rank's traceback (from its "Traceback" line until its one-line error or its next
-epoch), blank lines, and a failed run's one line (labkit.core.errors.RunFailed), which the
+epoch), a rank's stack dump (labkit.core.stacks: where it stood), blank lines, and a failed
+run's one line (labkit.core.errors.RunFailed), which the
 launcher says itself.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import re
 from typing import Iterator, NamedTuple
 
 from labkit.core.errors import RUN_FAILED_LINE
+from labkit.core.stacks import is_dump
 
 PREFIX_TEMPLATE = "[rank${rank}]: "  # --log-line-prefix-template: a rank's lines read [rank3]:
 
@@ -72,7 +74,8 @@ class TorchrunOutput:
     def _shown(self, piece: str) -> bool:
         rank_line = is_rank_line(piece)
         self.dump = self.dump or (not rank_line and piece.startswith("Traceback (most recent call last)"))
-        return not (not _RANK.sub("", piece).strip() or is_noise(piece) or self._hides(piece)
+        return not (not _RANK.sub("", piece).strip() or is_noise(piece) or is_dump(piece)
+                    or self._hides(piece)
                     or (self.dump and not rank_line) or RUN_FAILED_LINE.search(piece))
 
     def _hides(self, line: str) -> bool:

@@ -206,7 +206,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
     for _ in loops:  # the same initial weights for every loop, the job's built first
         torch.manual_seed(cfg.seed)
         models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
-    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device, cfg.debug_collectives)
     try:
         tr = Trainer(cfg, ctx, None, data, models[0], steps)
         s = tr.strategy

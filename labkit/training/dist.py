@@ -124,11 +124,16 @@ def bind_cpus(local_rank: int, local_world_size: int) -> Optional[list[int]]:
 
 
 def init(backend: str, timeout_s: float, pin_cpus: bool = False,
-         device_type: Optional[str] = None) -> DistContext:
+         device_type: Optional[str] = None, debug_collectives: bool = False) -> DistContext:
     """The process group from torchrun's environment. ``pin_cpus``: on CPU (not with nccl),
     ``bind_cpus`` first, so gloo's threads start bound. ``device_type`` "cuda" with gloo: the
     ranks share the GPUs there are (local rank modulo their number), gloo moving CUDA tensors
-    (several ranks on one GPU: the CUDA code paths tested without one GPU per rank)."""
+    (several ranks on one GPU: the CUDA code paths tested without one GPU per rank).
+    ``debug_collectives``: torch's DETAIL debug level, whose process group wrapper compares
+    every collective's kind and shapes across the ranks before running it, so a method whose
+    ranks call different collectives fails naming them instead of hanging or aborting."""
+    if debug_collectives:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
     rank, world, local_rank, local_world = env_world()
     if backend == "nccl" or device_type == "cuda":
         device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))

@@ -28,6 +28,8 @@ from typing import Callable
 
 from labkit.core.status import HEARTBEAT_S
 
+from . import stackdump
+
 _callbacks: list[Callable[[], None]] = []
 
 
@@ -54,7 +56,9 @@ def _unblock() -> None:
 
 def _wait_for_sigterm() -> None:
     signal.sigwait({signal.SIGTERM})
-    for cb in [*_callbacks, _remove_temp_dir]:
+    # where this rank stood, into its log: torchrun stops the ranks that waited for one that
+    # failed or hung, and a hung rank's position is what its author needs (labkit.lab.failures)
+    for cb in [_dump_stacks, *_callbacks, _remove_temp_dir]:
         try:
             cb()
         except Exception:  # noqa: BLE001 - the process must still die as asked
@@ -64,6 +68,10 @@ def _wait_for_sigterm() -> None:
     signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
     time.sleep(1)
     os._exit(128 + signal.SIGTERM)
+
+
+def _dump_stacks() -> None:
+    stackdump.dump_live("stopped by SIGTERM")
 
 
 def _remove_temp_dir() -> None:
@@ -108,6 +116,18 @@ def leave(code: int) -> None:
     if code != 0:
         workers.kill_all()
     sys.exit(code)
+
+
+def leave_now(code: int) -> None:
+    """End this process at once from any thread (its main thread is stuck): loader workers
+    killed, the fork server's folder removed, streams flushed."""
+    workers = sys.modules.get("labkit.training.workers")
+    if workers is not None:
+        workers.kill_all()
+        workers.remove_temp_dir()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # ------------------------------------------------------------------ a rank's life
@@ -170,10 +190,12 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
         return 130
     except Exhausted as e:
         traceback.print_exc()
+        stackdump.mark_raised(e.__cause__ or e)
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:  # noqa: BLE001 - a crash: its traceback is in the log, then one line
         traceback.print_exc()
+        stackdump.mark_raised(e)
         print(f"{prog}: error: rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
     # a failed run: said on every node (by its local rank 0), so each node's launcher shows it

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Optional
 
 import torch
 
 from labkit.core.config import TrainConfig, build_parser
 from labkit.core.errors import RunFailed
+from labkit.core.methods import key_of
 from labkit.core.status import INTERRUPTED_WHY, Status
 
-from . import budget, exhaustion, lifecycle
+from . import budget, exhaustion, lifecycle, stackdump
 from . import checkpoint
 from .preflight import add_resolved, from_resolved, rank_config
 from .data import build_datasets, steps_per_epoch
@@ -52,7 +54,7 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
     if note and rank == 0:
         print(note, flush=True)
 
-    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
+    ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device, cfg.debug_collectives)
     results = trainer = None
     try:
         trainer = Trainer(cfg, ctx, out, data, model, steps)
@@ -66,6 +68,7 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
             lifecycle.on_sigterm(lambda: results.stop(
                 "stopped by SIGTERM (torchrun stops the other ranks when one fails; or the job was killed)"))
             lifecycle.heartbeat(results.beat)
+        _watch_for_stalls(cfg, ctx.rank, trainer, results)
         trainer.fit(results, start)
         if results is not None:
             results.finish(Status.COMPLETED)
@@ -83,6 +86,29 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
         raise
     finally:
         teardown()
+
+
+def _watch_for_stalls(cfg: TrainConfig, rank: int, trainer: Trainer,
+                      results: Optional[ResultFile]) -> None:
+    """End this rank when a training step has not finished for twice --timeout: it waits in
+    code where no collective times out (every rank in a method's own wait, say). Its stacks go
+    into its log, one line says where it stood, rank 0's result file says failed, and the
+    rank exits 1 (torchrun then stops the others, which dump theirs). Only training steps are
+    watched: a long validation or checkpoint is not a stall, and its collectives are bounded
+    by --timeout already."""
+    bound, key = 2 * cfg.timeout, key_of(cfg.method)
+
+    def progress():
+        return (trainer.doing, trainer.global_step) if trainer.doing == "train" else time.monotonic()
+
+    def give_up(where: str) -> None:
+        line = stackdump.stalled_line(key, rank, bound, where)
+        if results is not None:
+            _finish(results, RunFailed(key, line.split(" failed: ", 1)[1]))
+        print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+        lifecycle.leave_now(1)
+
+    stackdump.watch(progress, bound, give_up)
 
 
 def _finish(results: ResultFile, e: BaseException) -> None:
