@@ -4,6 +4,7 @@ runs through `-m labkit.train`, `labkit run` and the report with nothing in labk
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -267,7 +268,8 @@ def test_a_method_raising_in_its_first_step_fails_in_one_line(tmp_path):
     p = _labkit(tmp_path, "run", "exact.py:FailsFirstStep", "--nproc", "2", *TINY, "--out", "o")
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and not (tmp_path / "o").exists(), p.stderr
-    assert "could not be checked: " in lines[0] and f"{tmp_path / 'exact.py'}:9 (at epoch 1" in lines[0]
+    assert re.search(r"could not be checked \(its logs: \S+\): ", lines[0]), lines[0]
+    assert f"{tmp_path / 'exact.py'}:9 (at epoch 1" in lines[0]
     (tmp_path / "fails.py").write_text(FAILS)
     p = _labkit(tmp_path, "run", "fails.py:FailsFirstStep", "--nproc", "2", *TINY, "--out", "out")
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
@@ -399,9 +401,11 @@ def test_a_method_that_is_not_exact_fails_its_check_and_nothing_else_runs(tmp_pa
     (tmp_path / "wrong.py").write_text(WRONG)
     p = _labkit(tmp_path, "check", "wrong.py:SkipsOneAverage")
     assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
-    assert p.stdout.startswith("labkit check: skips_one_average is not exact: after 3 steps on 2 "
-                               "trainers parameter fc.weight differs from the single-process "
-                               "reference by "), p.stdout
+    first, verdict = p.stdout.splitlines()[:2]  # what it checks and how long it may take, then
+    assert first.startswith("labkit check: checking that skips_one_average is exact: 3 steps on 2 ranks")
+    assert verdict.startswith("labkit check: skips_one_average is not exact: after 3 steps on 2 "
+                              "trainers parameter fc.weight differs from the single-process "
+                              "reference by "), p.stdout
     p = _labkit(tmp_path, "experiment", "--methods", "ddp,wrong.py:SkipsOneAverage", "--nproc", "2",
                 *TINY, "--runs-dir", "runs")
     lines = p.stderr.strip().splitlines()
@@ -464,7 +468,9 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
     # same verdict: test_labkit_run_takes_a_users_method)
     p = _labkit(tmp_path, "check", f"{ZERO1}:ShardedOptimizer")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.startswith("labkit check: sharded_optimizer is exact: after 3 steps on 2 trainers"), p.stdout
+    first, verdict = p.stdout.splitlines()[:2]
+    assert first.startswith("labkit check: checking that sharded_optimizer is exact"), p.stdout
+    assert verdict.startswith("labkit check: sharded_optimizer is exact: after 3 steps on 2 trainers"), p.stdout
 
 
 def test_a_method_registered_elsewhere_is_no_row_of_another_runs_tables(ddp_run):

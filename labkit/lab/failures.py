@@ -211,12 +211,25 @@ def _run_failed(failures: list[Failure], log_dir: str) -> Optional[Explanation]:
     ordered = sorted(failures, key=lambda f: (f.raised_at, f.rank))
     for line in [l for f in ordered for l in f.lines] + rank_error_lines(log_dir, 0):
         m = RUN_FAILED_LINE.search(line)
-        if m and not is_consequence(m.group(1)):
+        if m and not _raised_as_consequence(m.group(1)):
             said = re.search(r" failed: rank (\d+):? ", m.group(1))
             # a stalled rank: where the others stood too (each dumped its stack when stopped)
             more = _positions(failures, log_dir) if stacks.STALLED in m.group(1) else ""
             return Explanation(m.group(1) + more, int(said.group(1)) if said else 0, [m.group(1)])
     return None
+
+
+# a rank's own line that wraps an exception (a method of one's own that raised, a crash):
+# "<key> failed: rank 0: RuntimeError: <message> at mine.py:14 (...)"
+_RAISED = re.compile(r" failed: rank \d+: [\w.]+: (.*)")
+
+
+def _raised_as_consequence(line: str) -> bool:
+    """Whether a rank's one line only wraps a consequence (its peer closed, a collective timed
+    out waiting for another rank). Lines in labkit's own words (a full disk, a stalled loader
+    that names --loader-timeout) are causes whatever words they use."""
+    m = _RAISED.search(line)
+    return bool(m) and is_consequence(m.group(1))
 
 
 def _differ(method: str, failures: list[Failure], log_dir: str) -> Optional[Explanation]:
