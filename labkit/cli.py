@@ -46,6 +46,13 @@ def _add_nodes(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-restarts", dest="max_restarts", type=int,
                    help="torchrun restarts of the worker group after a failure; each restart "
                         "resumes from the last epoch checkpoint (default 0)")
+    c = p.add_argument_group("an emulated cluster on this machine (docs/emulated-cluster.md)")
+    c.add_argument("--emulate-nodes", dest="emulate_nodes", type=int,
+                   help="run on N emulated nodes of --nproc ranks each: network namespaces "
+                        "with their own hostnames, joined by shaped links (default: none)")
+    c.add_argument("--link", help="with --emulate-nodes: each node's link, each way: 100mbit, "
+                   "1gbit, 2.5gbit, ... or unshaped (default); a one-way delay as 100mbit:5ms "
+                   "(needs sch_netem)")
 
 
 def _percent(text: str) -> float:

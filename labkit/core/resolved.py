@@ -56,7 +56,7 @@ def read(path: str) -> tuple[TrainConfig, int, dict[str, Any]]:
 def check_world(path: str, nproc: int, nodes: dict[str, Any], world: int) -> None:
     """A resolved config holds for the processes it was checked for only (the default learning
     rate, a parameter server's ranks depend on them): refuse another world size."""
-    planned = nproc * int(nodes.get("nnodes") or 1)
+    planned = nproc * int(nodes.get("emulate_nodes") or nodes.get("nnodes") or 1)
     if world != planned:
         raise ConfigError(f"{os.path.basename(path)} was resolved for {planned} processes, not "
                           f"the {world} torchrun started: launch it as it was resolved, or run "

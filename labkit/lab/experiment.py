@@ -27,6 +27,7 @@ from .kernels import kernel_name
 from labkit.training import budget
 
 from .check import check_before_measuring
+from .emulated import cluster_spec
 from .launch import check_out, mark_ended, validate, warn, write_resolved
 from .launch_params import Nodes, nproc_or_default, plan_lines, with_absolute_paths
 from .record import snapshot, write_record
@@ -67,6 +68,7 @@ def prepare(cfg: TrainConfig, exp: Experiment,
             resolved: Optional[dict[str, TrainConfig]] = None) -> Prepared:
     """All bad input fails here, in seconds, before a folder or a process exists."""
     p = plan(cfg, exp, resolved)
+    cluster_spec(p.exp.nodes, p.nproc)  # an emulated cluster this machine cannot build: one line
     check_machine(p.resolved, p.nproc, p.exp)
     # a method of one's own that claims exactness: checked first (seconds), or nothing runs
     checked = [line for c in p.resolved.values()
@@ -103,7 +105,7 @@ def plan(cfg: TrainConfig, exp: Experiment,
         exp = dataclasses.replace(exp, methods=list(resolved))
     resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
     return Prepared(cfg, exp, nproc, resolved, None,
-                    plan_lines(resolved, nproc, exp.nproc, exp.nodes.nnodes))
+                    plan_lines(resolved, nproc, exp.nproc, exp.nodes.node_count))
 
 
 def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment) -> None:
@@ -308,6 +310,5 @@ def _write_resolved(cfg: TrainConfig, mdir: Path, p: Prepared) -> dict:
     check_out(dataclasses.replace(cfg, out=str(mdir)))
     cfg, nodes = dataclasses.replace(cfg, out="."), p.exp.nodes
     path = write_resolved(cfg, p.nproc, str(mdir), nodes)
-    return {**cfg.to_dict(), "nproc": p.nproc, "nnodes": nodes.nnodes,
-            "node_rank": nodes.node_rank, "rdzv_endpoint": nodes.rdzv_endpoint,
-            "max_restarts": nodes.max_restarts, "resolved": os.path.relpath(path, mdir)}
+    return {**cfg.to_dict(), "nproc": p.nproc, **dataclasses.asdict(nodes),
+            "resolved": os.path.relpath(path, mdir)}

@@ -80,7 +80,7 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
     if nproc < 1:
         raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, "
                           f"2 sharing a single GPU, else 4")
-    world = nproc * nodes.nnodes
+    world = nproc * nodes.node_count
     cfg = preflight(cfg, world=world, local_world=nproc)
     trainers = cfg.trainers(world)
     if cfg.dataset == "imagefolder":
@@ -167,15 +167,19 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     checked config is written to ``out_dir`` for the ranks.
     """
     stream = stream or transcript(__name__)  # the reporting ranks' lines, at INFO
+    if nodes.emulated:  # one torchrun per emulated node (labkit.lab.emulated)
+        from .emulated import launch_emulated
+
+        return launch_emulated(cfg, nproc, out_dir, nodes, stream, env, throttle_s, module,
+                               extra, resolved)
     if resolved is None:
-        cfg, resolved = _checked(cfg, nproc, out_dir, nodes, module)
-    log_dir = _log_dir(out_dir, nodes)
-    # rank 0, and the first trainer where ranks serve (a parameter server's training bar)
-    show = tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
+        cfg, resolved = checked_config(cfg, nproc, out_dir, nodes, module)
+    log_dir = log_dir_of(out_dir, nodes)
+    show = shown_ranks(cfg, nproc)
     cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra, resolved)
     t0, kills = time.monotonic(), oom_kills()
     try:
-        returncode, text = _run(cmd, _environment(nproc, env, nodes.max_restarts),
+        returncode, text = _run(cmd, environment(nproc, env, nodes.max_restarts),
                                 Throttle(stream, throttle_s))
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
@@ -191,7 +195,7 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     return res
 
 
-def _checked(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes,
+def checked_config(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes,
              module: str) -> tuple[TrainConfig, Optional[str]]:
     """``cfg`` validated for ``out_dir``; for the training ranks also the machine checked and
     the result written where they read it (the bench's ranks take flags: (cfg, None))."""
@@ -210,6 +214,12 @@ def write_resolved(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes) -> 
     path = os.path.join(out_dir, layout.resolved_file(nodes.node_rank))
     resolved_file.write(path, cfg, nproc, dataclasses.asdict(nodes))
     return path
+
+
+def shown_ranks(cfg: TrainConfig, nproc: int) -> tuple[int, ...]:
+    """The ranks whose lines are streamed: rank 0, and the first trainer where ranks serve (a
+    parameter server's training bar)."""
+    return tuple(sorted({0, min(nproc - 1, server_ranks(cfg.method, cfg.ps_servers))}))
 
 
 def _record(res: LaunchResult, cfg: TrainConfig, nproc: int, nodes: Nodes, text: str) -> None:
@@ -239,7 +249,7 @@ def warn(lines: list[str]) -> None:
         log.warning("labkit: warning: %s", line)
 
 
-def _log_dir(out_dir: str, nodes: Nodes) -> str:
+def log_dir_of(out_dir: str, nodes: Nodes) -> str:
     log_dir = os.path.join(out_dir, layout.LOGS_DIR)
     if nodes.multi:
         # every node may be given the same --out on a shared filesystem: each keeps its own logs
@@ -249,7 +259,7 @@ def _log_dir(out_dir: str, nodes: Nodes) -> str:
     return log_dir
 
 
-def _environment(nproc: int, env: Optional[dict], restarts: int = 0) -> dict:
+def environment(nproc: int, env: Optional[dict], restarts: int = 0) -> dict:
     full = {**os.environ, **(env or {})}
     full.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     full["PYTHONUNBUFFERED"] = "1"

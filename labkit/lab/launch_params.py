@@ -30,12 +30,36 @@ class Nodes:
     rdzv_endpoint: Optional[str] = _f(None, "host:port of the torchrun c10d rendezvous")
     max_restarts: int = _f(0, "torchrun restarts after a failure (each resumes from the last "
                               "checkpoint)")
+    emulate_nodes: int = _f(0, "nodes of a cluster emulated on this machine, each with nproc "
+                               "ranks (network namespaces joined by shaped links; "
+                               "docs/emulated-cluster.md); 0: none")
+    link: str = _f("unshaped", "with emulate_nodes: each node's link, each way (100mbit, 1gbit, "
+                               "2.5gbit, ...; unshaped), and a one-way delay as 100mbit:5ms "
+                               "(kernels with sch_netem)")
     #: torchrun's --rdzv-id for every labkit job (a constant, not a parameter)
     rdzv_id: ClassVar[str] = "labkit"
+
+    def __post_init__(self):
+        if not self.emulate_nodes and self.link not in (None, "", "unshaped"):
+            raise ConfigError(f"--link {self.link} shapes the links of an emulated cluster: give "
+                              f"--emulate-nodes N too")
 
     @property
     def multi(self) -> bool:
         return self.nnodes > 1 or self.rdzv_endpoint is not None
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes the ranks run on: real ones, or emulated ones on this machine."""
+        return self.emulate_nodes or self.nnodes
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.emulate_nodes)
+
+    def node(self, k: int, endpoint: str) -> "Nodes":
+        """Node ``k`` of the emulated cluster as a node of the multi-node path."""
+        return Nodes(self.emulate_nodes, k, endpoint, self.max_restarts)
 
     @classmethod
     def of_record(cls, doc: Optional[dict]) -> "Nodes":
@@ -57,7 +81,7 @@ class LaunchParams(Nodes):
     def nodes(self) -> Nodes:
         """The multi-node part (None, as a YAML file may give it, read as the default)."""
         return Nodes(self.nnodes or 1, self.node_rank or 0, self.rdzv_endpoint,
-                     self.max_restarts or 0)
+                     self.max_restarts or 0, self.emulate_nodes or 0, self.link or "unshaped")
 
 
 LAUNCH_PARAMS = tuple(f.name for f in dataclasses.fields(LaunchParams))

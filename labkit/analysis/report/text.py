@@ -228,6 +228,30 @@ def shared_device_line(res: RunResults) -> Optional[str]:
     return None
 
 
+def link_lines(res: RunResults) -> list[str]:
+    """One sentence per emulated link the methods ran on (the result file's ``link``, written
+    by labkit.lab.emulated): the link as set, the goodput each method's probe measured on it
+    (lowest to highest), and what the emulation does not model."""
+    links: dict[str, list[float]] = {}
+    cc: dict[str, str] = {}
+    for d in res.ok.values():
+        link = d.get("link")
+        if not isinstance(link, dict):
+            continue
+        text = (f"an emulated cluster of {link.get('nodes')} nodes x {link.get('ranks_per_node')} "
+                f"rank(s), each node's link {link.get('link')} each way (burst "
+                f"{link.get('burst_bytes')} B, queue {link.get('queue')}, delay: {link.get('delay')})")
+        links.setdefault(text, []).extend(
+            g[k] for g in link.get("goodput_mbit") or [] for k in ("up", "down")
+            if isinstance(g.get(k), (int, float)))
+        cc[text] = link.get("tcp_congestion_control", "?")
+    return [f"Network: {text}" + (f"; its probe measured {min(got):.0f}-{max(got):.0f} Mbit/s each "
+                                  f"way at once before each method's first step (TCP {cc[text]})"
+                                  if got else "")
+            + ". It models bandwidth and one port per node; all nodes share this machine's CPU, "
+              "so the compute is not a GPU cluster's." for text, got in links.items()]
+
+
 def discussion(res: RunResults) -> list[str]:
     """Short findings computed from the measured numbers (no claims the numbers don't make)."""
     docs = res.ok
@@ -263,6 +287,7 @@ def discussion(res: RunResults) -> list[str]:
     lines += waits_lines(res)
     shared = shared_device_line(res)
     lines += [shared] if shared else []
+    lines += link_lines(res)
     cpu = [d for d in docs.values() if d.get("world", {}).get("device") == "cpu"]
     if cpu:
         bound = (", each rank bound to its share of them (--pin-cpus)"
@@ -282,7 +307,8 @@ def terminal_summary(res: RunResults) -> str:
         return ""
     seeds = seeds_text(res)  # several seeds: time to accuracy and its verdicts, too
     return "\n".join([heading("comparison"), "", text_table(comparison_rows(res)), "",
-                       *verdict_lines(res), *health_lines(res), *([""] + seeds if seeds else [])])
+                       *link_lines(res), *verdict_lines(res), *health_lines(res),
+                       *([""] + seeds if seeds else [])])
 
 
 def reproduction_summary(doc: dict) -> str:
