@@ -9,6 +9,9 @@ rank, the ranks' loader-worker fork server and each loader worker ask for it
 from __future__ import annotations
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: set (to the node count) in every process of an emulated cluster (labkit.lab.emulated), whose
+#: PID namespace holds the whole run: its ranks count every node's processes as the run's own
+EMULATED_NODES = "LABKIT_EMULATED_NODES"
 
 
 def die_with_parent(sig: int) -> bool:

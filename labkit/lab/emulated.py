@@ -23,6 +23,7 @@ from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json
 from labkit.core.methods import key_of
+from labkit.core.procs import EMULATED_NODES
 from labkit.core.resources import oom_kills
 from labkit.core.run_folder import read_json
 from labkit.core.status import INTERRUPTED_WHY, Status
@@ -72,8 +73,9 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     streamer = _Streamer(logs, spec, set(show), Throttle(stream, throttle_s))
     t0, kills = time.monotonic(), oom_kills()
     try:
-        res = run_cluster(spec, cmds, logs, env=environment(nproc * spec.nodes, env, nodes.max_restarts),
-                          cwd=os.getcwd(), probe_s=PROBE_S)
+        env = {**environment(nproc * spec.nodes, env, nodes.max_restarts),
+               EMULATED_NODES: str(spec.nodes)}
+        res = run_cluster(spec, cmds, logs, env=env, cwd=os.getcwd(), probe_s=PROBE_S)
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         raise

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from labkit.core.procs import EMULATED_NODES
+
 from .dist import sync_device
 
 
@@ -161,6 +163,9 @@ class MachineLoad:
     its descendants, i.e. every local rank and its data-loader workers), and ``steal``, taken
     by the hypervisor on a virtual machine. Both are fractions of all CPU time the kernel
     accounted over the window (``cpus`` CPUs x wall time), from psutil. Only this node is seen.
+    On an emulated cluster (labkit.lab.emulated sets ``LABKIT_EMULATED_NODES``) every node's
+    ranks share this machine: the run is everything in the cluster's PID namespace, whose
+    init (PID 1, the switch) started every node's torchrun, not only this node's agent.
     """
 
     def __init__(self):
@@ -169,6 +174,8 @@ class MachineLoad:
         me = psutil.Process()
         # under torchrun the parent is the elastic agent, whose tree is the whole local run
         self.root = me.parent() if "TORCHELASTIC_RUN_ID" in os.environ and me.parent() else me
+        if os.environ.get(EMULATED_NODES):
+            self.root = psutil.Process(1)
         self.start()
 
     def _ours(self) -> float:
