@@ -229,3 +229,50 @@ def test_continue_finishes_a_killed_experiment(killed, tmp_path, capsys, monkeyp
         assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), m
     again = in_process(["experiment", "--continue", run], tmp_path, capsys, monkeypatch)
     assert again.returncode == 2 and "complete, nothing to continue" in again.stderr
+
+
+def test_runs_and_diff_show_the_emulated_link_as_set_and_measured(experiment, tmp_path, capsys,
+                                                                  monkeypatch):
+    """Issue 57, item 3: `labkit runs` and `labkit diff` show the link a run had. The session's
+    experiment copied twice; the second made a run on 2 emulated nodes at 100mbit as labkit
+    records one (config.json's nodes, each result file's link)."""
+    runs = tmp_path / "runs"
+    a = shutil.copytree(experiment.run, runs / "2026-01-01_00-00-00_loop", symlinks=True)
+    b = shutil.copytree(experiment.run, runs / "2026-01-01_00-10-00_slow", symlinks=True)
+    config = load_json(b / "config.json")
+    config["experiment"]["nodes"].update(emulate_nodes=2, link="100mbit")
+    (b / "config.json").write_text(json.dumps(config))
+    results = sorted(b.rglob("results_*.json"))  # every method's, every repeat's
+    assert len(results) >= 3
+    for i, f in enumerate(results):
+        doc = load_json(f)
+        doc["link"] = {"nodes": 2, "ranks_per_node": 1, "link": "100mbit", "rate_bit": 10 ** 8,
+                       "goodput_mbit": [{"node": "node0", "up": 91.0 + i, "down": 94.0},
+                                        {"node": "node1", "up": 93.0, "down": 92.0}]}
+        f.write_text(json.dumps(doc))
+    p = in_process(["diff", a, b], tmp_path, capsys, monkeypatch)
+    assert p.returncode == 0, p.stderr
+    changed = [l.strip() for l in p.stdout.split("changed:")[1].split("what came of it")[0].splitlines()]
+    assert "emulate_nodes: - -> 2" in changed and "link: - -> 100mbit" in changed
+    # the goodput of every method's probe: 91 to 94 (91 + the last result's index)
+    top = 91 + len(results) - 1
+    assert (f"network: one machine -> 2 nodes x 1 ranks, 100mbit, measured 91-{max(94, top)} Mbit/s"
+            in changed), changed
+    assert not p.stdout.splitlines()[3].startswith("identical")
+    p = in_process(["runs", runs], tmp_path, capsys, monkeypatch)
+    assert p.returncode == 0, p.stderr
+    head, _, first, second = p.stdout.splitlines()[:4]
+    assert "network" in head.split()
+    assert "2 nodes x 1 ranks, 100mbit, measured" in second and "100mbit" not in first
+    # `labkit reproduce` and `labkit experiment --continue` run it on the same link again
+    from labkit.core.run_folder import RunFolder
+    from labkit.lab.continuation import _prepared as continuation
+    from labkit.lab.reproduce import plan as reproduction
+
+    config["experiment"]["repeats"] = 1  # reproduce re-runs single-repeat experiments
+    (b / "config.json").write_text(json.dumps(config))
+    again = reproduction(b, methods=["ddp"], out=str(tmp_path / "again")).prepared.exp.nodes
+    assert (again.emulate_nodes, again.link) == (2, "100mbit")
+    assert not (tmp_path / "again").exists()  # planned only
+    went_on = continuation(RunFolder.experiment(b)).exp.nodes
+    assert (went_on.emulate_nodes, went_on.link) == (2, "100mbit")

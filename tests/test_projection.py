@@ -95,3 +95,39 @@ def test_the_result_file_says_in_how_many_steps_a_rank_sent():
                       {"steps": every.take(), "trainer": True}], 16)
     assert w["sending_steps"] == [1 / 8, 1.0] and w["sent_per_step"] == [10.0, 10.0]
     assert round_bytes(w["sent_per_step"][0], w["sending_steps"][0], 2) == pytest.approx(80.0)
+
+
+def test_table_12_sets_the_models_step_on_the_runs_link_beside_the_measured_one(experiment):
+    """Issue 57, item 5: for a run on an emulated link, Table 11's model of each method's step
+    on that link beside the step it measured, the error per method. The session's experiment
+    (ddp, allreduce, ps on 2 ranks) stands in for a run on 2 nodes x 1 rank at 100mbit: the
+    link is put into its results here, so the prediction follows from the ring arithmetic
+    below and the measured step from its own breakdown."""
+    from labkit.analysis import breakdown
+    from labkit.analysis.report.load import load_run
+    from labkit.analysis.report.projection import TCP_ALPHA, inputs_of, on_link, on_link_text
+
+    res = load_run(experiment.run)
+    assert on_link(res) is None  # no emulated link: no Table 12
+    link = {"nodes": 2, "ranks_per_node": 1, "link": "100mbit", "rate_bit": 100_000_000,
+            "delay_us": 0, "goodput_mbit": [{"up": 90.0, "down": 94.0}, {"up": 92.0, "down": 93.0}]}
+    for d in res.ok.values():
+        d["link"] = link
+    inputs = inputs_of(res)
+    got = on_link(res)
+    assert got is not None
+    rows = {r["method"]: r for r in got[1]}
+    assert set(rows) == set(inputs) >= {"ddp", "ps"}
+    x, p = inputs["ddp"], inputs["ddp"]["trainers"]
+    assert x["round"] < 25 * 2 ** 20  # one DDP bucket: all of its all-reduce is exposed
+    for bit, key in ((100e6, "set"), (93e6, "goodput")):  # the goodput: the median of the four
+        ring = 2 * (p - 1) * TCP_ALPHA + 2 * (p - 1) / p * x["round"] * 8 / bit
+        assert rows["ddp"][key] == pytest.approx(x["compute"] + ring, rel=1e-6)
+    measured = breakdown.of_result(res.docs["ddp"]).measured
+    assert rows["ddp"]["measured"] == pytest.approx(measured)
+    assert rows["ddp"]["set_error"] == pytest.approx(100 * (rows["ddp"]["set"] / measured - 1))
+    # the server's port carries every worker's pull and push of what a worker sent
+    ps = inputs["ps"]
+    assert rows["ps"]["set"] > ps["compute"] + 2 * ps["trainers"] * ps["sent"] * 8 / 100e6
+    text = "\n".join(on_link_text(res))
+    assert "Table 12" in text and "100mbit" in text and f"{rows['ps']['set_error']:+.0f}%" in text

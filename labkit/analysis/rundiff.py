@@ -34,6 +34,7 @@ def diff_runs(a_dir: str | os.PathLike, b_dir: str | os.PathLike) -> dict:
     doc["parameters"] = {k: [pa.get(k), pb.get(k)] for k in sorted(set(pa) | set(pb))}
     doc["changed"] = [k for k, (x, y) in doc["parameters"].items()
                       if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True)]
+    doc["links"] = [a.link(), b.link()]  # the emulated links as the probes measured them
     doc["only_in"] = {"a": [m for m in a.methods if m not in b.methods],
                       "b": [m for m in b.methods if m not in a.methods]}
     for m, v in doc["methods"].items():
@@ -63,6 +64,9 @@ def diff_lines(doc: dict, everything: bool = False) -> list[str]:
         x, y = doc["parameters"][k]
         mark = "" if k in doc["changed"] else "  (same)"
         lines.append(f"  {k}: {_value(x)} -> {_value(y)}{mark}")
+    links = doc.get("links") or ["", ""]
+    if any(links) and (links[0] != links[1] or everything):
+        lines.append(f"  network: {links[0] or 'one machine'} -> {links[1] or 'one machine'}")
     lines += [f"  {e}" for e in doc["environment"]]
     for side, ms in doc["only_in"].items():
         if ms:

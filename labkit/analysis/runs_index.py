@@ -38,6 +38,7 @@ class Row:
     status: str = ""                   # a Status value
     methods: list[str] = field(default_factory=list)
     nproc: Optional[int] = None
+    link: str = ""                     # an emulated cluster's link, as set and as measured
     params: dict[str, Any] = field(default_factory=dict)
     results: dict[str, dict] = field(default_factory=dict)  # method -> throughput, CI, verdict
     report: Optional[str] = None
@@ -103,6 +104,7 @@ def _experiment(folder: RunFolder, row: Row) -> None:
     found = folder.found_methods()
     row.methods = list((config.get("experiment") or {}).get("methods") or config.get("resolved") or found)
     row.nproc = (config.get("experiment") or {}).get("nproc")
+    row.link = folder.link()
     rep = None
     if folder.has(layout.EXPERIMENT):
         st = _json(folder, layout.EXPERIMENT)
@@ -245,6 +247,8 @@ def table(rows: list[Row], all_params: bool = False) -> list[dict]:
     for r in rows:
         d = {"run": r.name, "when": r.when, "tag": r.tag, "kind": r.kind, "commit": r.commit,
              "status": r.status_label, "methods": ",".join(r.methods), "nproc": r.nproc}
+        if any(x.link for x in rows):
+            d["network"] = r.link or "-"
         d.update({p: r.params.get(p) for p in params})
         d.update({f"{SHORT[m]} img/s": _result_cell(r.results[m]) if m in r.results else "-"
                   for m in methods})

@@ -44,7 +44,27 @@ def parameters(config: dict) -> dict[str, Any]:
     """What a run measured with, from its config.json: the training config and the
     experiment's parameters in one dict (the experiment's win), without NOT_PARAMETERS."""
     exp, train = config.get("experiment") or {}, config.get("train") or {}
-    return {k: v for k, v in {**train, **exp}.items() if k not in NOT_PARAMETERS}
+    nodes = exp.get("nodes") if isinstance(exp.get("nodes"), dict) else {}
+    # an emulated cluster is what the run measured on (a real node's place is not)
+    emulated = ({"emulate_nodes": nodes["emulate_nodes"], "link": nodes.get("link") or "unshaped"}
+                if nodes.get("emulate_nodes") else {})
+    return {k: v for k, v in {**train, **exp, **emulated}.items() if k not in NOT_PARAMETERS}
+
+
+def goodputs(link: dict) -> list[float]:
+    """Every goodput (Mbit/s) an emulated link's probe measured: each node, up and down."""
+    return [g[k] for g in link.get("goodput_mbit") or [] for k in ("up", "down")
+            if isinstance(g.get(k), (int, float))]
+
+
+def describe_link(link: Optional[dict]) -> str:
+    """An emulated link as a result file records it (labkit.lab.cluster.link_record), in a few
+    words: "2 nodes x 2 ranks, 100mbit, measured 93-95 Mbit/s"; "" for none."""
+    if not isinstance(link, dict):
+        return ""
+    got = goodputs(link)
+    return (f"{link.get('nodes')} nodes x {link.get('ranks_per_node')} ranks, {link.get('link')}"
+            + (f", measured {min(got):.0f}-{max(got):.0f} Mbit/s" if got else ""))
 
 
 def recorded(doc: dict) -> Optional[MethodSpec]:
@@ -246,3 +266,18 @@ class RunFolder:
             return read_json(self.result_path(method))
         except (OSError, ValueError):
             return None
+
+    def link(self) -> str:
+        """The emulated link its methods ran on (describe_link of the first result file that
+        records one, with the goodputs of all, repeats too), "" for a run on one machine."""
+        links = []
+        for path in sorted(self.path.rglob("results_*.json")):  # every method, every repeat
+            try:
+                link = read_json(path).get("link")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(link, dict):
+                links.append(link)
+        if not links:
+            return ""
+        return describe_link({**links[0], "goodput_mbit": [g for x in links for g in x.get("goodput_mbit") or []]})

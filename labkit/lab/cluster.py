@@ -388,7 +388,7 @@ def link_record(spec: ClusterSpec, goodput: Optional[Goodput] = None) -> dict:
     doc = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node, "link": str(link),
            "rate_bit": link.rate_bit, "burst_bytes": link.burst,
            "queue": f"tbf latency {LATENCY_MS:g} ms ({link.queue_bytes} bytes)" if link.shaped
-           else "none (unshaped veth)", "delay": delay}
+           else "none (unshaped veth)", "delay": delay, "delay_us": link.delay_us}
     if goodput is not None:
         doc["tcp_congestion_control"] = goodput.congestion_control
         doc["goodput_mbit"] = [{"node": node.hostname(k), "up": goodput.up_mbit[k],

@@ -22,6 +22,7 @@ from labkit.core import layout
 from labkit.core.config import TrainConfig
 from labkit.core.log import transcript
 from labkit.core.run_folder import RunFolder
+from .launch_params import Nodes
 
 TAG = "repro"
 
@@ -83,8 +84,11 @@ def plan(run_dir: str | os.PathLike, methods: Optional[Iterable[str]] = None,
     cell_timeout = int(exp.get("cell_timeout") or 3600)
     # bad data dir, nccl without GPUs...: every config checked once, before anything exists
     # (the experiment it runs takes them as checked)
+    # an emulated cluster is part of what was measured: the same nodes and link again
+    emulated = Nodes(emulate_nodes=nodes["emulate_nodes"], link=nodes.get("link") or "unshaped") \
+        if nodes.get("emulate_nodes") else Nodes()
     prepared = prepare(train, Experiment(methods=chosen, nproc=nproc, runs_dir=str(runs_dir), tag=TAG,
-                                         cell_timeout=cell_timeout), configs)
+                                         cell_timeout=cell_timeout, nodes=emulated), configs)
     return Plan(rec, chosen, configs, train, nproc, cell_timeout, runs_dir, prepared)
 
 

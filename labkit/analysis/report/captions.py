@@ -175,6 +175,18 @@ CAPTIONS: dict[str, Caption] = {
         "(docs/bench-and-cost-model.md: nodes of 8 GPUs on NVLink, one link per GPU across "
         "nodes; nominal line rates, not measurements). Not modelled: the compute a method adds "
         "to compress, stragglers, and accuracy (Table 10)."),
+    "projection_on_link": Caption(
+        "Table 12", "Table 11's model on this run's emulated link, against the measured step",
+        "cost model; flat ring over every rank",
+        "Each method's step as Table 11's model predicts it on the link this run had ({link} "
+        "per node, each way), from the same inputs (DDP's compute-only step for every method, "
+        "the bytes each method sent), beside the step the method measured (mean over its "
+        "steps); in brackets the model's error. A ring over every rank crosses each node's "
+        "port once each way, so a port carries what one rank sends; a parameter server's port "
+        "carries every worker's copy in the model, though the workers on the server's own node "
+        "reach it over loopback here. *Model at the probe's goodput*: the same with the "
+        "bandwidth the probe measured before the first step (TCP's overhead taken out). The "
+        "latency is TCP's through the kernel (the model's 10 GbE), plus the link's delay."),
     "accuracy_vs_time": Caption(
         "Figure 12", "Validation accuracy against wall time, every seed (faint) and their mean "
         "(bold); the dashed line is the target of Table 10", "", ""),

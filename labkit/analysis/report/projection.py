@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from labkit.analysis import breakdown
 from labkit.analysis.costmodel import INTERCONNECTS, get_link
+from labkit.analysis.costmodel.alphabeta import Link
 from labkit.analysis.costmodel.measured import (break_even, measured_inputs, project_methods,
-                                                where_it_wins)
+                                                project_one, where_it_wins)
 from labkit.core.config import VARIANTS
 from labkit.core.methods import SPECS
+from labkit.core.run_folder import goodputs
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
@@ -44,7 +47,7 @@ def inputs_of(res: RunResults) -> Optional[dict[str, dict]]:
 
 
 def _ms(seconds: float) -> str:
-    return f"{1e3 * seconds:.3g} ms"
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{1e3 * seconds:.3g} ms"
 
 
 def _when(span: Optional[tuple[float, float]]) -> str:
@@ -122,7 +125,7 @@ def projection_section(res: RunResults) -> list[Block]:
         return [Markdown("No projection: it needs DDP and another method with a compute-only "
                          "calibration and bytes on the wire in this run.")]
     return [Markdown(caption("projection_methods", at=AT)), Html(html_table(rows(got))),
-            Markdown("\n".join(f"- {line}" for line in win_lines(got)))]
+            Markdown("\n".join(f"- {line}" for line in win_lines(got))), *on_link_section(res)]
 
 
 def projection_text(res: RunResults) -> list[str]:
@@ -134,4 +137,81 @@ def projection_text(res: RunResults) -> list[str]:
     from .captions import heading
 
     return [heading("projection_methods"), "", text_table(rows(got)), "",
-            *(f"- {line}" for line in win_lines(got)), ""]
+            *(f"- {line}" for line in win_lines(got)), "", *on_link_text(res)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 12: the same model on the emulated link the run had, against the step it measured
+# ---------------------------------------------------------------------------------------------
+
+#: the per-message latency the model gives the emulated link: TCP through the kernel, as its
+#: 10 GbE (the emulation adds no delay of its own unless the link asks for one)
+TCP_ALPHA = INTERCONNECTS["10gbe"].alpha
+
+
+def emulated(res: RunResults) -> Optional[dict]:
+    """The emulated link the run's methods had (their result files' ``link``), or None."""
+    return next((d["link"] for d in res.ok.values() if isinstance(d.get("link"), dict)
+                 and d["link"].get("rate_bit")), None)
+
+
+def goodput_bit(link: dict) -> Optional[float]:
+    """The probe's goodput (bit/s): the median over the nodes and both directions."""
+    got = sorted(g for g in goodputs(link) if g > 0)
+    return 1e6 * got[len(got) // 2] if got else None
+
+
+def _model_link(name: str, rate_bit: float, delay_s: float) -> Link:
+    return Link.from_bandwidth(name, rate_bit / 8, TCP_ALPHA + delay_s)
+
+
+def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
+    """(the link, one row per method): Table 11's model of the method's step on the run's
+    emulated link (a flat ring over every rank: the ring crosses each node's port once each way,
+    so each port carries what one rank sends; a PS server's port every worker's copy), at the
+    set rate and at the probe's goodput, beside the step the method measured, with the model's
+    error. Its workers are the run's trainers. None for a run without an emulated link or without Table 11's inputs."""
+    link, inputs = emulated(res), inputs_of(res)
+    if link is None or inputs is None:
+        return None
+    delay = float(link.get("delay_us") or 0) / 1e6
+    models = {"set": _model_link(link["link"], link["rate_bit"], delay)}
+    if goodput_bit(link):
+        models["goodput"] = _model_link("goodput", goodput_bit(link), delay)
+    out = []
+    for m, x in inputs.items():
+        b = breakdown.of_result([d for d in _runs(res, m) if d.get("epochs")][0])
+        measured = b.measured or b.total
+        row = {"method": m, "measured": measured}
+        for k, lk in models.items():
+            step = project_one(x, x["trainers"], lk, serves=_serves(m), intra=None)["step"]
+            row[k] = step
+            row[f"{k}_error"] = 100.0 * (step - measured) / measured
+        out.append(row)
+    return link, out
+
+
+def on_link_rows(got) -> list[dict]:
+    link, rows = got
+    return [{"Method": _name(r["method"]), "Measured step": _ms(r["measured"]),
+             f"Model at {link['link']}": f"{_ms(r['set'])} ({r['set_error']:+.0f}%)",
+             **({"Model at the probe's goodput": f"{_ms(r['goodput'])} ({r['goodput_error']:+.0f}%)"}
+                if "goodput" in r else {})} for r in rows]
+
+
+def on_link_section(res: RunResults) -> list[Block]:
+    got = on_link(res)
+    if got is None:
+        return []
+    return [Markdown(caption("projection_on_link", link=got[0]["link"])),
+            Html(html_table(on_link_rows(got)))]
+
+
+def on_link_text(res: RunResults) -> list[str]:
+    got = on_link(res)
+    if got is None:
+        return []
+    from labkit.analysis.texttable import text_table
+    from .captions import heading
+
+    return [heading("projection_on_link"), "", text_table(on_link_rows(got)), ""]

@@ -13,6 +13,7 @@ from labkit.core.files import atomic_path
 from labkit.core.health import diverged_where, replicas_verdict
 from .captions import heading
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core.run_folder import goodputs
 
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
@@ -241,9 +242,7 @@ def link_lines(res: RunResults) -> list[str]:
         text = (f"an emulated cluster of {link.get('nodes')} nodes x {link.get('ranks_per_node')} "
                 f"rank(s), each node's link {link.get('link')} each way (burst "
                 f"{link.get('burst_bytes')} B, queue {link.get('queue')}, delay: {link.get('delay')})")
-        links.setdefault(text, []).extend(
-            g[k] for g in link.get("goodput_mbit") or [] for k in ("up", "down")
-            if isinstance(g.get(k), (int, float)))
+        links.setdefault(text, []).extend(goodputs(link))
         cc[text] = link.get("tcp_congestion_control", "?")
     return [f"Network: {text}" + (f"; its probe measured {min(got):.0f}-{max(got):.0f} Mbit/s each "
                                   f"way at once before each method's first step (TCP {cc[text]})"
