@@ -95,7 +95,7 @@ def test_error_file_names_the_rank_and_its_exception(tmp_path):
 def test_rank_prefix_only_where_torchrun_has_the_option(tmp_path, monkeypatch):
     """torch 2.11's torchrun has no --log-line-prefix-template: passed anyway, it became the
     script to run and every rank died (seen on an H100 box, 2026-11-23)."""
-    from labkit.lab import launch as launch_mod
+    from labkit.lab import torchrun_job as launch_mod  # where the command is built
 
     assert launch_mod.torchrun_knows("--tee") and not launch_mod.torchrun_knows("--no-such-option")
     with_prefix = torchrun_command(TrainConfig(**TINY_CFG), 2, str(tmp_path))
