@@ -430,3 +430,31 @@ def test_terminal_summary_ends_with_the_verdicts(tmp_path):
     assert p.returncode == 0, p.stderr
     tail = p.stdout.rsplit("report: ", 1)[1]
     assert "faster than DDP" in tail and "a single seed cannot separate them" in tail
+
+
+def test_the_accuracy_range_is_the_exact_methods_and_the_bound_is_said_apart():
+    """Issue 59: "ranged from 93.04% to 99.16%: the methods apply the same averaged SGD step"
+    was false where 93.04% was No sync's, whose ranks never average."""
+    from labkit.analysis.report.text import accuracy_lines
+
+    lines = accuracy_lines({"ddp": 99.16, "allreduce": 98.89, "ps": 99.0, "nosync": 93.04,
+                            "powersgd": 97.5})
+    exact = next(l for l in lines if "same averaged SGD step" in l)
+    assert "from 98.89% to 99.16%" in exact and "93.04" not in exact and "97.50" not in exact
+    assert any(l.startswith("No sync (bound) reached 93.04%") and "never average" in l for l in lines)
+    assert any(l.startswith("PowerSGD reached 97.50%") and "approximate" in l for l in lines)
+    # one exact method: no range to speak of
+    assert not any("ranged" in l for l in accuracy_lines({"ddp": 99.0, "nosync": 90.0}))
+
+
+def test_the_bounds_replicas_are_not_called_identical():
+    """Issue 59: "No sync (bound): replicas identical after each of 3 epochs": the lab copies
+    rank 0's parameters to every rank at each epoch's end, so the check cannot fail for it."""
+    from types import SimpleNamespace
+
+    from labkit.analysis.report.text import health_lines
+    from labkit.core.health import REPLICAS
+
+    epochs = [{"epoch": e, REPLICAS: {"identical": True}} for e in (1, 2, 3)]
+    lines = health_lines(SimpleNamespace(docs={"ddp": {"epochs": epochs}, "nosync": {"epochs": epochs}}))
+    assert lines == ["Baseline DDP: replicas identical after each of 3 epochs."]
