@@ -229,3 +229,68 @@ def test_test_modules_import_from_helpers_never_from_each_other(tmp_path):
     (tmp_path / "test_a.py").write_text("def f():\n    from test_b import X\nimport conftest\n")
     (tmp_path / "test_b.py").write_text("from helpers import X\n")
     assert sorted(_test_module_imports(tmp_path)) == ["test_a.py:2 test_b", "test_a.py:3 conftest"]
+
+
+def _accepts_any_exit(tests: Path) -> list[str]:
+    """'file:line' of each comparison `X.returncode in (0, 1)` (any order, tuple, list or set):
+    a test that accepts a command's failure as well as its success."""
+    bad = []
+    for p in sorted(tests.glob("test_*.py")):
+        for n in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(n, ast.Compare) and isinstance(n.left, ast.Attribute)
+                    and n.left.attr == "returncode" and isinstance(n.ops[0], ast.In)
+                    and isinstance(n.comparators[0], (ast.Tuple, ast.List, ast.Set))
+                    and {getattr(e, "value", None) for e in n.comparators[0].elts} >= {0, 1}):
+                bad.append(f"{p.name}:{n.lineno}")
+    return bad
+
+
+def _asserting(trees: list[ast.AST]) -> set[str]:
+    """The names of the functions (of every test file and helper) that assert, themselves or
+    through another such function: an assert, pytest.raises / fail / skip, or a call."""
+    funcs = {n.name: n for t in trees for n in ast.walk(t) if isinstance(n, ast.FunctionDef)}
+
+    def direct(f) -> bool:
+        for n in ast.walk(f):
+            if isinstance(n, ast.Assert):
+                return True
+            if isinstance(n, ast.Attribute) and n.attr in ("raises", "fail", "skip", "warns"):
+                return True
+        return False
+
+    def calls(f) -> set[str]:
+        return {c.func.id if isinstance(c.func, ast.Name) else c.func.attr
+                for c in ast.walk(f) if isinstance(c, ast.Call)
+                and isinstance(c.func, (ast.Name, ast.Attribute))}
+
+    yes = {name for name, f in funcs.items() if direct(f)}
+    while True:
+        more = {name for name, f in funcs.items() if name not in yes and calls(f) & yes}
+        if not more:
+            return yes
+        yes |= more
+
+
+def _assert_free(tests: Path) -> list[str]:
+    """'file:name' of each test function that asserts nothing (directly or in what it calls)."""
+    files = sorted(tests.glob("*.py"))
+    trees = {p: ast.parse(p.read_text()) for p in files}
+    yes = _asserting(list(trees.values()))
+    return [f"{p.name}:{n.name}" for p, t in trees.items() if p.name.startswith("test_")
+            for n in ast.walk(t) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+            and n.name not in yes]
+
+
+def test_no_test_accepts_a_failure_or_asserts_nothing(tmp_path):
+    """Issue 61: a test asserts something that could fail. Grep-able: no `returncode in (0, 1)`;
+    every test function asserts, itself or through a helper that does."""
+    assert _accepts_any_exit(ROOT / "tests") == []
+    assert _assert_free(ROOT / "tests") == []
+    (tmp_path / "helpers.py").write_text("def check(p):\n    assert p\n")
+    (tmp_path / "test_a.py").write_text(
+        "def test_ran():\n    run()\n"
+        "def test_either(p):\n    assert p.returncode in (0, 1)\n"
+        "def test_checked(p):\n    check(p)\n"
+        "def test_raises():\n    with pytest.raises(ValueError):\n        f()\n")
+    assert _accepts_any_exit(tmp_path) == ["test_a.py:4"]
+    assert _assert_free(tmp_path) == ["test_a.py:test_ran"]
