@@ -435,7 +435,7 @@ def test_terminal_summary_ends_with_the_verdicts(tmp_path):
 def test_the_accuracy_range_is_the_exact_methods_and_the_bound_is_said_apart():
     """Issue 59: "ranged from 93.04% to 99.16%: the methods apply the same averaged SGD step"
     was false where 93.04% was No sync's, whose ranks never average."""
-    from labkit.analysis.report.text import accuracy_lines
+    from labkit.analysis.report.findings import accuracy_lines
 
     lines = accuracy_lines({"ddp": 99.16, "allreduce": 98.89, "ps": 99.0, "nosync": 93.04,
                             "powersgd": 97.5})
@@ -452,7 +452,7 @@ def test_the_bounds_replicas_are_not_called_identical():
     rank 0's parameters to every rank at each epoch's end, so the check cannot fail for it."""
     from types import SimpleNamespace
 
-    from labkit.analysis.report.text import health_lines
+    from labkit.analysis.report.findings import health_lines
     from labkit.core.health import REPLICAS
 
     epochs = [{"epoch": e, REPLICAS: {"identical": True}} for e in (1, 2, 3)]

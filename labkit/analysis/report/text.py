@@ -10,11 +10,11 @@ from labkit.analysis import bench_view, breakdown
 from labkit.analysis import stats
 from labkit.core import efficiency, layout
 from labkit.core.files import atomic_path
-from labkit.core.health import diverged_where, replicas_verdict
 from .captions import heading
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 from labkit.core.run_folder import goodputs
 
+from .findings import accuracy_lines, health_lines
 from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
 from .plots import write_plots
 from .projection import projection_text
@@ -148,47 +148,6 @@ def verdict_lines(res: RunResults) -> list[str]:
     if tta:
         lines.append(tta)
     return lines
-
-
-def accuracy_lines(acc: dict[str, float]) -> list[str]:
-    """The best validation accuracies: the range of the exact methods, which apply the same
-    averaged SGD step, and each other method's apart (an approximate one, or the bound, whose
-    ranks never average: the reason is not summation order)."""
-    acc = {m: a for m, a in acc.items() if a == a}
-    spec = {m: SPECS.get(m) for m in acc}
-    exact = {m: a for m, a in acc.items() if spec[m] is not None and spec[m].exact and not spec[m].bound}
-    lines = []
-    if len(exact) >= 2:
-        lo, hi = min(exact.values()), max(exact.values())
-        names = ", ".join(SHORT[m] for m in exact)
-        lines.append(f"Best validation accuracy of the exact methods ({names}) ranged from {lo:.2f}% "
-                     f"to {hi:.2f}%: they apply the same averaged SGD step, so differences come from "
-                     f"float summation order and, for PS, a different number of trainers; repeats "
-                     f"with different seeds (--repeats) measure whether they exceed the "
-                     f"seed-to-seed noise.")
-    for m, a in acc.items():
-        if m in exact and len(exact) >= 2:
-            continue
-        why = ("its ranks never average, so it bounds speed, not accuracy" if spec[m] and spec[m].bound
-               else "an approximate method: Table 10 judges its accuracy over seeds"
-               if spec[m] and not spec[m].exact else "")
-        if why and len(acc) >= 2:
-            lines.append(f"{SHORT.get(m, m)} reached {a:.2f}% best validation accuracy: {why}.")
-    return lines
-
-
-def health_lines(res: RunResults) -> list[str]:
-    """Per method, where its loss diverged and whether its replicas stayed identical
-    (labkit.core.health): "Baseline DDP: replicas identical after each of 3 epochs."."""
-    out = []
-    for m in METHOD_ORDER:
-        d = res.docs.get(m)
-        # the bound's ranks are made equal at each epoch's end: its check cannot fail
-        replicas = None if SPECS[m].bound or not d else replicas_verdict(d)
-        said = [t for t in (diverged_where(d), replicas) if t] if d else []
-        if said:
-            out.append(f"{SHORT[m]}: {'; '.join(said)}.")
-    return out
 
 
 def phase_text(doc: dict, ddp: dict) -> str:
@@ -392,8 +351,6 @@ def write_report(res: RunResults, out_dir: str | os.PathLike, env: Optional[dict
     with atomic_path(str(txt)) as tmp, open(tmp, "w") as f:
         f.write(text_report(res, env))
     return {"plots": pngs, "text": txt}
-
-
 
 
 def load_bench(run_dir: str | os.PathLike) -> Optional[dict]:
