@@ -21,7 +21,7 @@ import pytest
 # modules import from helpers, never from here (tests/test_architecture.py checks it)
 from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, HTML_ONLY, PAIR_FLAGS,
                      PAIR_GRID, TINY, Experiment, Reproduced, check_ok, labkit, make_image_tree,
-                     snapshot_tree, torchrun)
+                     process_state, restore_process_state, snapshot_tree, torchrun)
 
 
 @pytest.fixture(scope="session")
@@ -304,7 +304,8 @@ def _starts_python(args) -> bool:
 @pytest.fixture(autouse=True)
 def _guard(request):
     """Every test: the torch, NumPy and Python random states and torch's thread counts it
-    found are restored after it (an in-process reference seeds and sets one thread); a unit
+    found are restored after it (an in-process reference seeds and sets one thread), and the
+    signal handlers and logging an in-process labkit command sets (process_state); a unit
     test that starts a Python process (a labkit command, torchrun, a kernel) fails, saying to
     mark it."""
     import numpy as np
@@ -312,6 +313,7 @@ def _guard(request):
 
     state = (torch.get_rng_state(), np.random.get_state(), random.getstate(),
              torch.get_num_threads(), torch.get_num_interop_threads())
+    process = process_state()
     unit = request.node.get_closest_marker("unit") is not None
     real = subprocess.Popen.__init__
 
@@ -326,6 +328,7 @@ def _guard(request):
         yield
     finally:
         subprocess.Popen.__init__ = real
+        restore_process_state(process)
         torch.set_rng_state(state[0])
         np.random.set_state(state[1])
         random.setstate(state[2])

@@ -502,3 +502,43 @@ def calls(path) -> dict:
 def of(found: dict, who: str) -> list:
     """The Counters of the processes of one kind (driver, kernel or rank) in ``calls``'s result."""
     return [c for (w, _), c in found.items() if w == who]
+
+
+# ------------------------------------------------------------------ state a test may leak
+def process_state() -> tuple:
+    """What a test run in-process may change and the next test on the worker would inherit:
+    the signal handlers labkit.cli.main installs, labkit's console logger (handlers, level,
+    propagation) and its level variable (labkit.core.log.setup)."""
+    import logging
+    import signal
+
+    from labkit.core.log import ENV, ROOT
+
+    log = logging.getLogger(ROOT)
+    return ({sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)},
+            _own(log.handlers), log.level, log.propagate, os.environ.get(ENV))
+
+
+def _own(handlers: list) -> list:
+    """labkit's own handlers of a logger (pytest adds and removes its capture handlers itself)."""
+    return [h for h in handlers if type(h).__module__.startswith("labkit")]
+
+
+def restore_process_state(state: tuple) -> None:
+    import logging
+    import signal
+
+    from labkit.core.log import ENV, ROOT
+
+    handlers, log_handlers, level, propagate, env = state
+    for sig, h in handlers.items():
+        if signal.getsignal(sig) is not h and h is not None:
+            signal.signal(sig, h)
+    log = logging.getLogger(ROOT)
+    log.handlers[:] = [h for h in log.handlers if h not in _own(log.handlers)] + log_handlers
+    log.setLevel(level)
+    log.propagate = propagate
+    if env is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = env
