@@ -344,12 +344,15 @@ def test_one_run_on_a_busy_machine_is_not_judged():
     assert S.compare_speed("M", reps, base).label == "faster"
 
 
-def _hog(seconds: float, detached: bool):
+def _hog(seconds: float, detached: bool, done=None):
     """A process that burns one CPU for ``seconds``: a child of this process, or (detached) one
-    whose parent has exited, so it belongs to no process tree of ours."""
+    whose parent has exited, so it belongs to no process tree of ours; it creates the file
+    ``done`` (if given) when it has finished burning."""
     import subprocess
     import sys
     burn = f"import time\nt=time.time()\nwhile time.time()-t<{seconds}: pass\n"
+    if done is not None:
+        burn += f"open({str(done)!r}, 'w').close()\n"
     if detached:
         code = f"import os\nif os.fork(): os._exit(0)\n{burn}"
         subprocess.run([sys.executable, "-c", code], check=True)  # the fork's parent returns at once
@@ -357,18 +360,19 @@ def _hog(seconds: float, detached: bool):
     return subprocess.Popen([sys.executable, "-c", burn])
 
 
-def test_machine_load_tells_this_run_from_other_processes():
+def test_machine_load_tells_this_run_from_other_processes(tmp_path):
     """MachineLoad (rank 0's meter): a busy child of this process counts as the run's own CPU
     time; the same work in a process outside its tree counts as background."""
-    import time
+    from helpers import wait_for
     from labkit.training.timers import MachineLoad
     meter = MachineLoad()
     child = _hog(1.5, detached=False)
     child.wait()
     own = meter.stop()
     meter.start()
-    _hog(1.5, detached=True)
-    time.sleep(1.6)
+    done = tmp_path / "burnt"
+    _hog(1.5, detached=True, done=done)
+    wait_for(done.exists, 60, "the detached process to finish burning")  # not ours to wait()
     other = meter.stop()
     assert own["cpus"] >= 1 and 0 <= own["steal"] <= 1
     # one CPU busy of `cpus`: the share is about 1/cpus (less if another job shares the CPUs)
