@@ -186,25 +186,45 @@ def cluster():
         pytest.skip(f"Slurm is not installed ({', '.join(missing)} not found): {INSTALL}")
     if os.geteuid() != 0:
         pytest.skip("the Slurm tests start munged, slurmctld and slurmd as root (CI runs as root)")
-    c = Cluster(Path(tempfile.mkdtemp(prefix="labkit-slurm-")))
+    nodes = ["node1", "node2"]
+    for attempt in range(3):  # the daemons' ports, free when asked, may be taken before they bind
+        c = Cluster(Path(tempfile.mkdtemp(prefix="labkit-slurm-")))
+        try:
+            if _start_cluster(c, nodes):
+                break
+        except BaseException:
+            c.stop()
+            shutil.rmtree(c.root, ignore_errors=True)
+            raise
+        c.stop()
+        shutil.rmtree(c.root, ignore_errors=True)
+    else:
+        pytest.fail("three times a Slurm daemon's port was taken before it could bind it")
     try:
-        for d in ("log", "state"):
-            (c.root / d).mkdir()
-        nodes = ["node1", "node2"]
-        c.conf.write_text(slurm_conf(c.root, os.cpu_count() or 1, [free_port() for _ in range(3)], nodes))
-        _munge(c)
-        c.start("slurmctld", which("slurmctld"), "-D", "-i", "-f", str(c.conf))
-        for n in nodes:
-            c.start(f"slurmd-{n}", which("slurmd"), "-D", "-f", str(c.conf), "-N", n)
-        deadline = time.monotonic() + 60
-        while c.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split() != [
-                w for n in nodes for w in (n, "idle")]:
-            assert time.monotonic() < deadline, "the nodes did not come up:\n" + c.logs()
-            time.sleep(0.5)
         yield c
     finally:
         c.stop()
         shutil.rmtree(c.root, ignore_errors=True)
+
+
+def _start_cluster(c: Cluster, nodes: list[str]) -> bool:
+    """munged, slurmctld and the slurmd up, each node idle: True; False when a daemon exited
+    because its port was in use (taken between free_port and its bind: try new ports)."""
+    for d in ("log", "state"):
+        (c.root / d).mkdir()
+    c.conf.write_text(slurm_conf(c.root, os.cpu_count() or 1, [free_port() for _ in range(3)], nodes))
+    _munge(c)
+    c.start("slurmctld", which("slurmctld"), "-D", "-i", "-f", str(c.conf))
+    for n in nodes:
+        c.start(f"slurmd-{n}", which("slurmd"), "-D", "-f", str(c.conf), "-N", n)
+    deadline = time.monotonic() + 60
+    while c.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split() != [
+            w for n in nodes for w in (n, "idle")]:
+        if any(d.poll() is not None for d in c.daemons) and "Address already in use" in c.logs():
+            return False
+        assert time.monotonic() < deadline, "the nodes did not come up:\n" + c.logs()
+        time.sleep(0.5)
+    return True
 
 
 def no_process_left(job: str, timeout: float = 30) -> None:
