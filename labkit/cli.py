@@ -143,23 +143,22 @@ def _sweep_parser(sub) -> None:
 
 
 def _bench_parser(sub) -> None:
+    from .lab.launch_params import Nodes
     b = sub.add_parser("bench", help="time each method against DDP and the raw collectives "
                        "(compute-only steps, exposed communication, bandwidths)",
                        argument_default=argparse.SUPPRESS)
     b.add_argument("--variants", help="comma-separated, from: " + ", ".join(VARIANTS) +
                    f" (default: {','.join(DEFAULT_VARIANTS)})")
-    b.add_argument("--nproc", help="comma-separated process counts (default: the GPU count with "
-                   "GPUs, 2 sharing a single GPU, else 2,4)")
+    b.add_argument("--nproc", help="comma-separated process counts, per node with --emulate-nodes "
+                   "(default: the GPU count with GPUs, 2 sharing a single GPU, else 2,4)")
     b.add_argument("--steps", type=int, help="steps per trial (default 10)")
-    b.add_argument("--trials", type=int, help="timed trials, synchronised and compute-only each "
-                   "(default 3)")
+    b.add_argument("--trials", type=int, help="timed trials, synchronised and compute-only each (default 3)")
     b.add_argument("--warmup", type=int, help="untimed steps before each kind of trial (default 3)")
     b.add_argument("--profile", action="store_const", const=3, dest="profile_steps",
                    help="also write a torch.profiler Chrome trace of 3 steps per variant and rank")
     b.add_argument("--profile-steps", dest="profile_steps", type=int,
                    help="like --profile, with this many steps")
-    b.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: the "
-                   "project's runs/, from any folder)")
+    b.add_argument("--runs-dir", dest="runs_dir", help="where run folders go (default: the project's runs/)")
     b.add_argument("--tag", help="suffix of the run folder name (default: bench)")
     b.add_argument("--no-pricing", dest="pricing", action="store_false", help="time each method's own "
                    "loop only, not the rounds that price its instruments (a shorter bench)")
@@ -169,6 +168,7 @@ def _bench_parser(sub) -> None:
     b.add_argument("--no-report", dest="report", action="store_false",
                    help="skip the HTML/PDF report (bench.json, bench.txt and bench.png are written)")
     params.add_arguments(b, TrainConfig, skip=("method", "out"), defaults=False)
+    params.add_arguments(b, Nodes, skip=("nnodes", "node_rank", "rdzv_endpoint", "max_restarts"), defaults=False)
 
 
 def _model_parser(sub) -> None:

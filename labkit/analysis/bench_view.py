@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -218,9 +219,50 @@ OVERHEAD_NOTE = ("labkit's own overhead: a plain PyTorch DDP loop and labkit's D
 
 def summary_line(r: dict) -> str:
     st, ct = r["step_time"], r["compute_time"]
+    link = r.get("link")  # a job on an emulated cluster: its link as set and as probed
     return (f"{r['variant']} x{r['nproc']}: step {1000 * st['median']:.1f} ms "
             f"[{1000 * st['min']:.1f}-{1000 * st['max']:.1f}], compute-only {1000 * ct['median']:.1f} ms, "
-            f"exposed comm {1000 * r['exposed_comm']:.1f} ms, {r['throughput']:.1f} img/s")
+            f"exposed comm {1000 * r['exposed_comm']:.1f} ms, {r['throughput']:.1f} img/s"
+            + (f"; {link['nodes']} emulated nodes, link {link['link']}, probe "
+               f"{_mbit(probe_streams([link]))} Mbit/s" if link else ""))
+
+
+# ------------------------------------------------------------------ an emulated cluster's link
+def probe_streams(records: list[dict]) -> list[float]:
+    """Every probed stream's goodput, Mbit/s (each node's up and down) of link ``records``."""
+    return [v for rec in records for g in rec.get("goodput_mbit") or []
+            for v in (g.get("up"), g.get("down")) if isinstance(v, (int, float))]
+
+
+def _mbit(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "not measured"
+
+
+def link_lines(doc: dict) -> list[str]:
+    """A bench on an emulated cluster (``doc["link"]``): the link as set and as its jobs'
+    probes measured it, then per world size the alpha-beta bandwidth against both
+    (``doc["link_fit"]``, labkit.analysis.costmodel.calibrate.link_fit); [] on one machine."""
+    link = doc.get("link")
+    if not link:
+        return []
+    got = probe_streams(link.get("probes") or [])
+    lines = [f"emulated cluster: {link['nodes']} nodes x {','.join(map(str, link['ranks_per_node']))}"
+             f" rank(s), each node's link {link['link']} each way (tbf burst {link['burst_bytes']} "
+             f"bytes, queue {link['queue']}, delay: {link['delay']}); probe goodput "
+             f"{_mbit(got)} Mbit/s (median of {len(got)} streams, both ways, before each job)"]
+    return lines + [link_fit_line(f) for f in doc.get("link_fit") or []]
+
+
+def link_fit_line(f: dict) -> str:
+    """``alpha-beta bandwidth 94.1 Mbit/s: 94% of the set 100mbit, probe 93.8 Mbit/s ...``"""
+    where = f"world {f['world_size']} = {f['nodes']} nodes x {f['ranks_per_node']}"
+    if f["bandwidth_mbit"] is None:
+        return f"alpha-beta bandwidth: no fit ({f['problem']}); {where}"
+    probe = ("no probe" if f["probe_mbit"] is None else
+             f"probe {f['probe_mbit']:.1f} Mbit/s (the fit is {100 * f['of_probe']:.0f}% of it)")
+    return (f"alpha-beta bandwidth {f['bandwidth_mbit']:.1f} Mbit/s: {100 * f['of_set']:.0f}% of "
+            f"the set {f['link']}, {probe}; {where}, alpha {1e6 * f['alpha']:.0f} us, fit rms "
+            f"{f['fit_rms_pct']:.1f}% over {f['points']} sizes ({f.get('left_out') or 0} small enough for tbf's burst left out)")
 
 
 # ------------------------------------------------------------------ table and plot
@@ -276,7 +318,7 @@ def text_table(doc: dict) -> str:
     head = (f"labkit bench: {doc['config'].get('model')} on {doc['config'].get('dataset')}, batch "
             f"{doc['config'].get('batch_size')}/trainer, {doc['backend']} on {doc['device']}; "
             f"{doc['trials']} trials x {doc['steps']} steps after {doc['warmup']} warm-up steps\n"
-            f"{CI_NOTE}")
+            + "".join(line + "\n" for line in link_lines(doc)) + CI_NOTE)
     return "\n".join([head, _table(rs, short_number, right=True), "", *verdicts(doc),
                       *_overhead_text(doc), *instrument_text(doc)]).rstrip()
 

@@ -20,6 +20,12 @@ labkit.training.bench_rank): its synchronised trials run in rounds with those of
 Trainers that differ by one instrument, and the table gives each instrument's paired ratio
 on / off with its interval over the rounds (labkit.analysis.instrument_cost),
 and the loop's per-step work without a switch, timed directly.
+
+On an emulated cluster (``--emulate-nodes N --link RATE``, labkit.lab.emulated) every job runs
+on N nodes of ``--nproc`` ranks each (world N x nproc), the cluster checked once before
+anything is created; the document's ``link`` holds the link as set and each job's probe, and
+``link_fit`` the alpha-beta bandwidth fitted to the all-reduce sweep beside the set rate and
+the probe's goodput (labkit.analysis.costmodel.calibrate.link_fit says why they should agree).
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from labkit.analysis.bench_view import (KIND, compare_to_ddp, derive, derive_overhead, overhead_line,
-                                        summary_line, write_outputs)
+from labkit.analysis.bench_view import (KIND, compare_to_ddp, derive, derive_overhead, link_lines,
+                                        overhead_line, summary_line, write_outputs)
+from labkit.analysis.costmodel.calibrate import link_fit
 from labkit.analysis.instrument_cost import instrument_lines
 from labkit.core import layout
 from labkit.core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
@@ -38,6 +45,8 @@ from labkit.core.methods import absolute, is_name, key_of, spec
 from labkit.core.run_folder import read_json
 from labkit.core.status import Status
 
+from .cluster import link_record
+from .emulated import cluster_spec
 from .kernels import kernel_name
 from .launch import LaunchResult, launch, validate, write_resolved
 from .launch_params import Nodes, with_absolute_paths
@@ -63,6 +72,7 @@ class BenchPlan:
     report: bool = True
     pricing: bool = True  # the instrument rounds beside each job's own loop (labkit.training.pricing)
     control: bool = False  # the overhead job's A/A control: the plain loop a second time
+    nodes: Nodes = dataclasses.field(default_factory=Nodes)  # an emulated cluster, or none
 
 
 def bench_params(args: dict) -> tuple[TrainConfig, BenchPlan]:
@@ -78,6 +88,7 @@ def bench_params(args: dict) -> tuple[TrainConfig, BenchPlan]:
     kw["nprocs"] = parse_list(kw.pop("nproc", str(nproc_or_default(None)) if gpu_count() else "2,4"),
                               "--nproc", int)
     train, launch_params = split_params({**args, "nproc": 1} if kw["nprocs"] == [1] else args)
+    kw["nodes"] = launch_params.nodes()  # --emulate-nodes, --link (a --link alone: refused there)
     return TrainConfig(**with_machine_defaults(train, launch_params.nproc)), BenchPlan(**kw)
 
 
@@ -95,6 +106,8 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
     """Run every (variant, process count) of ``plan``; return (run folder, bench document)."""
     stream = stream or sys.stdout
     _check(plan)
+    # the emulated cluster, checked once against this machine before a folder or process exists
+    spec = cluster_spec(plan.nodes, max(plan.nprocs))
     jobs, skipped = _jobs(with_absolute_paths(cfg), plan)
     overheads = _overhead_jobs(with_absolute_paths(cfg), plan, skipped)
     run = new_run_dir(plan.runs_dir, plan.tag or "bench").resolve()
@@ -109,11 +122,31 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
         "plan": dataclasses.asdict(plan), "results": [], "skipped": skipped, Status.FAILED: [],
         OVERHEAD: [],  # labkit DDP against the plain loop, per process count
     }
+    if spec is not None:  # the link as set; each job's probe joins it (_job_link)
+        doc["link"] = {**link_record(spec), "ranks_per_node": plan.nprocs, "probes": []}
     path = str(run / layout.BENCH)
     atomic_write_json(path, doc)
     stream.write(f"bench: {run}\n")
     for s in skipped:
         stream.write(f"  skipped {s['variant']} with {s['nproc']} processes: {s['reason']}\n")
+    _run_all(run, doc, jobs, overheads, plan, stream)
+    doc["status"] = Status.FAILED if doc[Status.FAILED] else Status.COMPLETED
+    doc["finished"] = now_str()
+    atomic_write_json(path, doc)
+    write_outputs(doc, run)
+    if "link" in doc:
+        stream.write("\n" + "\n".join(link_lines(doc)) + "\n")
+    if plan.report and doc["results"]:
+        _report(run, stream)
+    write_index(run.parent)
+    return run, doc
+
+
+def _run_all(run: Path, doc: dict, jobs: list, overheads: list, plan: BenchPlan,
+             stream: IO[str]) -> None:
+    """Every job, then every overhead job; the document written after each (an interrupted
+    bench keeps what was measured, marked interrupted)."""
+    path = str(run / layout.BENCH)
     try:
         for v, n, vcfg in jobs:
             _run_job(run, doc, v, n, vcfg, plan, stream)
@@ -125,14 +158,6 @@ def bench(cfg: TrainConfig, plan: BenchPlan, stream: Optional[IO[str]] = None) -
         doc["status"] = Status.INTERRUPTED
         atomic_write_json(path, doc)
         raise
-    doc["status"] = Status.FAILED if doc[Status.FAILED] else Status.COMPLETED
-    doc["finished"] = now_str()
-    atomic_write_json(path, doc)
-    write_outputs(doc, run)
-    if plan.report and doc["results"]:
-        _report(run, stream)
-    write_index(run.parent)
-    return run, doc
 
 
 def _check(plan: BenchPlan) -> None:
@@ -160,7 +185,7 @@ def _jobs(cfg: TrainConfig, plan: BenchPlan) -> tuple[list, list]:
             v = v if v in VARIANTS else key_of(absolute(v))
             vcfg = dataclasses.replace(cfg, out=None, **fields)
             try:
-                jobs.append((v, n, validate(vcfg, n)))
+                jobs.append((v, n, validate(vcfg, n, plan.nodes)))
             except ConfigError as e:
                 skipped.append({"variant": v, "nproc": n, "reason": str(e)})
     if not jobs:
@@ -181,7 +206,7 @@ def _overhead_jobs(cfg: TrainConfig, plan: BenchPlan, skipped: list) -> list:
             why = unsupported(vcfg)
             if why:
                 raise ConfigError(why)
-            out.append((n, validate(vcfg, n)))
+            out.append((n, validate(vcfg, n, plan.nodes)))
         except ConfigError as e:
             skipped.append({"variant": OVERHEAD, "nproc": n, "reason": str(e)})
     return out
@@ -195,7 +220,8 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
     extra = ("--overhead", "--steps", str(plan.steps), "--trials", str(plan.trials),
              "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps),
              *(("--control",) if plan.control else ()))
-    res = _launch(vcfg, n, out, stream, OVERHEAD_MODULE, extra)
+    res = _launch(vcfg, n, out, stream, OVERHEAD_MODULE, extra, plan.nodes)
+    _job_link(doc, out, f"{OVERHEAD}_x{n}")
     if not res.ok:
         doc[Status.FAILED].append({"variant": OVERHEAD, "nproc": n, "error": res.message})
         stream.write(f"{OVERHEAD} x{n} FAILED: {res.message}\n")
@@ -207,12 +233,29 @@ def _run_overhead(run: Path, doc: dict, n: int, vcfg: TrainConfig, plan: BenchPl
 
 
 def _launch(vcfg: TrainConfig, n: int, out: Path, stream: IO[str], module: str,
-            extra: tuple[str, ...]) -> LaunchResult:
-    """One job under torchrun: its config, checked once by the planner (_jobs,
-    _overhead_jobs), written into the job's folder for its ranks to read, not checked again."""
+            extra: tuple[str, ...], nodes: Nodes) -> LaunchResult:
+    """One job under torchrun (on each node of an emulated cluster): its config, checked once
+    by the planner (_jobs, _overhead_jobs), written into the job's folder for its ranks to
+    read, not checked again."""
     cfg = dataclasses.replace(vcfg, out=str(out))
-    return launch(cfg, n, str(out), stream=stream, module=module, extra=extra,
-                  resolved=write_resolved(cfg, n, str(out), Nodes()))
+    return launch(cfg, n, str(out), nodes, stream=stream, module=module, extra=extra,
+                  resolved=write_resolved(cfg, n, str(out), nodes))
+
+
+def _job_link(doc: dict, out: Path, job: str) -> Optional[dict]:
+    """An emulated job's link as its launch file records it (the set link and its probe's
+    goodput), added to the document's ``link.probes``; None on one machine."""
+    if "link" not in doc:
+        return None
+    try:
+        link = read_json(out / layout.launch_file(0)).get("emulated")
+    except (OSError, ValueError):
+        link = None
+    if link:
+        doc["link"]["probes"].append({"job": job, **{k: link[k] for k in (
+            "ranks_per_node", "goodput_mbit", "tcp_congestion_control", "goodput_errors")
+            if k in link}})
+    return link
 
 
 def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: BenchPlan,
@@ -223,7 +266,8 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
     extra = ("--steps", str(plan.steps), "--trials", str(plan.trials),
              "--bench-warmup", str(plan.warmup), "--profile-steps", str(plan.profile_steps),
              *(() if plan.pricing else ("--no-pricing",)))
-    res = _launch(vcfg, n, out, stream, RANK_MODULE, extra)
+    res = _launch(vcfg, n, out, stream, RANK_MODULE, extra, plan.nodes)
+    link = _job_link(doc, out, f"{v}_x{n}")
     if not res.ok:
         doc[Status.FAILED].append({"variant": v, "nproc": n, "error": res.message})
         stream.write(f"{v} x{n} FAILED: {res.message}\n")
@@ -232,10 +276,14 @@ def _run_job(run: Path, doc: dict, v: str, n: int, vcfg: TrainConfig, plan: Benc
         r.update(variant=v, nproc=n, folder=str(out.relative_to(run)), compress=vcfg.compress,
                  ps_mode=vcfg.ps_mode if spec(vcfg.method).serves else None,
                  method_spec=spec(vcfg.method).to_dict())  # the report names a user's method
+        if link:
+            r["link"] = link
         doc["results"].append(derive(r))
         stream.write("\n".join([summary_line(doc["results"][-1]),
                                  *instrument_lines(doc["results"][-1])]) + "\n")
     compare_to_ddp(doc["results"])
+    if "link" in doc and doc["results"]:
+        doc["link_fit"] = link_fit(doc)
 
 
 def _report(run: Path, stream: IO[str]) -> None:

@@ -43,7 +43,7 @@ from labkit.core.files import atomic_path, atomic_write_json
 from labkit.core.methods import spec
 
 from . import lifecycle
-from .dist import is_distributed
+from .dist import env_world, is_distributed
 from .preflight import add_resolved, rank_config
 from .pricing import AS_RUN, instrument_loops, instrument_pairs, loops_agree, per_step_work
 from .plain_loop import rounds
@@ -82,12 +82,18 @@ def param_spread(model: torch.nn.Module, device: torch.device) -> float:
     return (hi - lo).max().item()
 
 
+REPS_BUDGET_S, MIN_REPS = 4.0, 3  # time_collective's reps on a slow link: docs/emulated-cluster.md
+
+
 def time_collective(fn: Callable[[], Any], device: torch.device, reps: int) -> list[float]:
-    """The slowest rank's time for ``fn``, ``reps`` times (after one untimed call)."""
+    """The slowest rank's time for ``fn``, ``reps`` times (fewer where they would take over
+    REPS_BUDGET_S, MIN_REPS at least: a slow link), after one call that counts them, every rank alike."""
     clock = Stopwatch(device)
+    clock.start()
     fn()
+    first = _slowest(clock.stop(), device)
     times = []
-    for _ in range(reps):
+    for _ in range(min(reps, max(MIN_REPS, int(REPS_BUDGET_S / first))) if first > 0 else reps):
         _barrier()
         clock.start()
         fn()
@@ -112,8 +118,7 @@ def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
     t_ar = time_collective(lambda: dist.all_reduce(push), device, reps)
     t_red = time_collective(lambda: dist.reduce(push, dst=0), device, reps)
     t_bc = time_collective(lambda: dist.broadcast(pull, src=0), device, reps)
-    sweep = []
-    size = 4096
+    sweep, size = [], 4096
     while size < push_bytes:
         buf = torch.zeros(size // esize, dtype=dtype, device=device)
         sweep.append({"bytes": size, "time": statistics.median(
@@ -195,7 +200,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
     """This rank's part of one bench job; rank 0 returns the measurements (others: {}).
     ``pricing``: the instrument rounds too (labkit.training.pricing), else the job's loop alone."""
     from .data import build_datasets
-    from .dist import env_world, init, teardown
+    from .dist import init, teardown
     from .models import build_model
     from .trainer import Trainer
 
@@ -384,8 +389,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
 
     def work() -> None:
-        from .dist import env_world
-
         cfg = rank_config(a)  # labkit bench's resolved.json (checked there), else the flags
         if not cfg.out:
             raise ConfigError("--out is required (the folder for bench_result.json)")

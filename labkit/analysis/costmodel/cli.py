@@ -10,12 +10,13 @@ import sys
 from typing import Optional
 
 from labkit.analysis.bench_view import BenchError
+from labkit.analysis.bench_view import link_fit_line
 from labkit.analysis.bench_view import load as load_bench
 from labkit.core.cliparser import OneLineParser
 from labkit.core.files import atomic_write_json
 from labkit.analysis.texttable import text_table
 from .alphabeta import BACKWARD_FRACTION, ERROR_TARGET_PCT, GPUS_PER_NODE, INTERCONNECTS, MiB
-from .calibrate import median_of, calibrate, compare_with_bench
+from .calibrate import median_of, calibrate, compare_with_bench, link_fit
 from .project import plot_projection, project, projection_table, validation_table
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "fit rms %": None if c["fit_rms_pct"] is None else round(c["fit_rms_pct"], 1),
                          "compute ms": None if c["compute"] is None else round(1e3 * c["compute"], 1),
                          "problem": c["problem"]} for c in cal.values()]))
+    for f in link_fit(doc):  # a bench on an emulated cluster: the fit against its link
+        print(link_fit_line(f))
     checks = compare_with_bench(doc, cal)
     print(f"\nValidation (target: within {ERROR_TARGET_PCT:g}%):")
     print(_table(validation_table(checks)))
