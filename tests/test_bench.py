@@ -297,10 +297,10 @@ def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
     assert "$" not in md  # formulas readable without a math engine (the HTML export has none)
     text = report.text_report(report.load_run(run), None)
     assert "Benchmark (labkit bench)" in text and "exposed comm ms" in text
-    # a folder without a bench says how to get one
+    # a folder without a bench has no bench part; the report's last line says how to get one
     (tmp_path / "empty").mkdir()
-    only = report.bench_section(tmp_path / "empty", tmp_path / "empty")
-    assert len(only) == 1 and "labkit bench" in only[0].text
+    assert report.bench_section(tmp_path / "empty", tmp_path / "empty") == []
+    assert "bench (`labkit bench" in report.not_in_run(report.RunResults(), tmp_path / "empty")
 
 
 def constructed_bench(ddp_trials, ar_trials, ar_sync=None, raw=None, ps_batch=False):

@@ -247,10 +247,11 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     table = t1.locator("xpath=following-sibling::div[contains(@class,'jp-CodeCell')][1]").locator("table")
     assert all(m in table.text_content() for m in ("Baseline DDP", "All-Reduce", "Parameter Server"))
     figures = page.locator(".jp-OutputArea-output figure")
-    # the five figures in order, each with its caption from the one captions table
+    # the five figures in order, each with its caption from the one captions table: the step
+    # breakdown (Figure 5) with Table 1 in the summary, then Figures 1-4 in the results
     from labkit.analysis import report
-    expected = [report.figure_caption(k) for k in report.PLOTS[:5]]
-    assert [c.split(".")[0] for c in expected] == [f"Figure {i}" for i in range(1, 6)]
+    expected = [report.figure_caption(k) for k in (report.PLOTS[4], *report.PLOTS[:4])]
+    assert [c.split(".")[0] for c in expected] == [f"Figure {i}" for i in (5, 1, 2, 3, 4)]
     assert figures.locator("figcaption").all_text_contents()[:5] == expected
     assert all(img.evaluate("i => i.complete && i.naturalWidth > 100")
                for img in figures.locator("img").all()[:5])

@@ -214,6 +214,47 @@ def test_the_report_pdf_reads_table_1_and_every_verdict(experiment):
 
 
 @on_the_experiment
+def test_the_report_answers_on_page_one_within_eight_pages(experiment):
+    """Issue 59: the summary first, its figures the tables' own; the parts the run has data
+    for (its --repeats 2: Repeats and time to accuracy over seeds), the others named in one
+    line; a table of contents; and the PDF's body, before the appendix, at most 8 pages, with
+    the whole summary on page 1."""
+    from labkit.analysis import report
+    from labkit.lab.export import find_chromium
+
+    run = experiment.run
+    rep = run / "report"
+    res, env = report.load_run(run), report.load_env(run)
+    keys = [k for k, _ in report.outline(res, run)]
+    assert {"summary", "repeats", "seeds", "discussion"} <= set(keys)
+    assert not {"variants", "bench"} & set(keys)
+    html = (rep / "report.html").read_text()
+    assert "Table 6. Repeats" in html and "Table 10. Time to accuracy over seeds" in html
+    for k in keys:  # the table of contents links to every part, and every part has its anchor
+        assert f'href="#{k}"' in html and f'id="{k}"' in html, k
+    missing = report.not_in_run(res, run)
+    assert "repeats (" not in missing and "variants (" in missing and "bench (" in missing
+    assert html_text(missing) in html_text(html)
+    # every figure of the summary is one the text report's tables and discussion state
+    summary = report.summary_lines(res, env)
+    txt = (rep / "performance_report.txt").read_text()
+    rest = "\n".join(l for l in txt.splitlines() if l.lstrip("- ") not in summary)
+    said = set(re.findall(r"\d[\d,]*\.\d+x?|\d+%", " ".join(summary)))
+    assert said and said <= set(re.findall(r"\d[\d,]*\.\d+x?|\d+%", rest)), said
+    assert txt.index("\nSummary\n") < txt.index("Table 1.") < txt.index("\nResults\n")
+    if find_chromium() is None:
+        pytest.skip("no Chromium: no PDF to count pages of (make system-deps installs it)")
+    text = subprocess.run(["pdftotext", str(rep / "report.pdf"), "-"], capture_output=True,
+                          text=True, check=True).stdout
+    pages = text.split("\f")
+    appendix = next(i for i, p in enumerate(pages) if "Appendix A. How to read" in p)
+    print(f"report.pdf: {len(pages) - 1} pages, {appendix} before the appendix")
+    assert 1 <= appendix <= 8, appendix
+    first = html_text(pages[0])
+    assert all(html_text(line) in first for line in summary), [l for l in summary if html_text(l) not in first]
+
+
+@on_the_experiment
 def test_the_runs_index_lists_the_experiment(experiment, tmp_path):
     """`labkit runs` reads the real run folder: one row, complete, with its tag; and
     runs/index.html, written at the experiment's end, has its row."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -458,3 +459,104 @@ def test_the_bounds_replicas_are_not_called_identical():
     epochs = [{"epoch": e, REPLICAS: {"identical": True}} for e in (1, 2, 3)]
     lines = health_lines(SimpleNamespace(docs={"ddp": {"epochs": epochs}, "nosync": {"epochs": epochs}}))
     assert lines == ["Baseline DDP: replicas identical after each of 3 epochs."]
+
+
+# ------------------------------------------------------------------ the write-up (issue 59)
+def numbers(text):
+    """The measured figures of a text: numbers with decimals, percentages and ratios."""
+    return set(re.findall(r"\d[\d,]*\.\d+x?|\d+%", text))
+
+
+def test_a_run_without_repeats_variants_or_bench_shows_none_and_names_them(tmp_path):
+    """No empty sections: a run of one repeat, no variants and no bench has none of those parts
+    (in the outline, the notebook's blocks and the text report), and one line at the end of the
+    body names each with how to add it."""
+    run = write_run(tmp_path / "run", constructed(1))
+    res = report.load_run(run)
+    keys = [k for k, _ in report.outline(res, run)]
+    assert keys[:2] == ["summary", "results"] and keys[-3:] == ["how-to-read", "code", "environment"]
+    assert not {"repeats", "seeds", "variants", "bench"} & set(keys)
+    assert report.repeats_section(res) == [] and report.seeds_section(res) == []
+    assert report.variants_section(run, res, tmp_path) == [] and report.bench_section(run, tmp_path) == []
+    line = report.not_in_run(res, run)
+    assert line.startswith("Not in this run: repeats (`labkit experiment --repeats N`")
+    for what in ("variants (`--methods", "bench (`labkit bench", "the no-communication bound"):
+        assert what in line, what
+    text = report.text_report(res)
+    for heading in ("Repeats", "Time to accuracy over seeds", "Method variants", "Benchmark"):
+        assert f"\n{heading}\n" not in text, heading
+    assert "Present when" not in text
+    body, appendix = text.split("\nAppendix A. How to read this report\n", 1)
+    assert body.rstrip().splitlines()[-1] == line  # the body's last line
+    # the text report follows the outline's order, the notebook's
+    at = [text.index(f"\n{t}\n{'-' * len(t)}\n") for _, t in report.outline(res, run)]
+    assert at == sorted(at)
+
+
+def test_summary_numbers_are_the_tables(tmp_path):
+    """Every figure of the summary is one the report's tables or discussion state (computed by
+    the same functions): a constructed run whose clear win the summary names as faster."""
+    from labkit.analysis.texttable import text_table, two_decimals
+
+    res = report.load_run(write_run(tmp_path / "run", constructed(1, win=0.8)))
+    lines = report.summary_lines(res)
+    assert lines[0].startswith("Highest measured throughput") or lines[0].startswith("Fastest here")
+    rows = {r["Method"]: r for r in report.comparison_rows(res)}
+    ar = rows["Manual All-Reduce"]
+    # the clear win: named first, with Table 1's throughput, speedup and interval and the rule's word
+    assert lines[0].startswith(f"Fastest here (Table 1): Manual All-Reduce, "
+                               f"{two_decimals(ar['Avg throughput (img/s)'])} img/s "
+                               f"(95% CI {ar['Throughput 95% CI']}), {ar['Speedup vs DDP']} DDP "
+                               f"(95% CI {ar['Speedup 95% CI']}: faster than DDP)")
+    tables = "\n".join([text_table(report.comparison_rows(res), two_decimals),
+                        text_table(report.communication_rows(res), two_decimals),
+                        *report.discussion(res)])
+    said = numbers(" ".join(lines))
+    assert said and said <= numbers(tables), said - numbers(tables)
+    assert any(l.startswith("Time to ") and "(Table 1)" in l for l in lines)
+
+
+def test_captions_are_three_lines_and_point_to_the_definitions():
+    """Every caption, its fields filled as a real run fills them, is at most three lines
+    (MAX_CHARS); a table's terms are defined once, in the appendix its caption links to."""
+    from labkit.analysis.report import reading
+    from labkit.analysis.report.captions import MAX_CHARS
+
+    fields = dict(target="94.21% (95% of the best validation accuracy any method reached)", ok=3,
+                  total=4, created="2026-11-27T19:50:18", model="resnet10_small", dataset="digits",
+                  batch_size=32, backend="gloo", device="cpu", trials=10, steps=20, warmup=3,
+                  original="runs/2026-11-27_19-50-18_em-100mbit", tolerance=" (tolerance 1e-06)",
+                  link="100mbit", at=1024, compute="601 ms", drop=5)
+    for key in report.CAPTIONS:
+        text = report.caption(key, **{**fields, "target": 2.0} if key == "costmodel" else fields)
+        plain = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text).replace("*", "").replace("`", "")
+        assert len(plain) <= MAX_CHARS, (key, len(plain))
+        for said_once in ("infinitely slow", "2(n-1)/n", "Welch", "ran while the trainer computed"):
+            assert said_once not in text, (key, said_once)  # the definitions live apart
+    for key in ("comparison", "communication", "seeds", "projection_methods"):
+        assert report.caption(key).endswith(reading.POINTER), key
+    md = report.reading_markdown(report.CAPTIONS)
+    for term in ("95% confidence intervals", "Exposed and hidden", "MLPerf's rule", "On the wire"):
+        assert md.count(f"**{term}") == 1, term
+
+
+def test_table_11_collapses_what_says_the_same_as_ddp():
+    """A method whose every cell is DDP's (1.00x, never faster) is one line, not a row; a
+    method that never wins has its ratios in the row and "never" said once; DDP has no row."""
+    from labkit.analysis.report import projection
+
+    links = ("nvlink", "ib_ndr", "10gbe")
+    got = (0.6, {"ddp": {k: (1.0, False, None) for k in links},
+                 "allreduce": {k: (1.0, False, "never") for k in links},
+                 "ps": {k: (r, False, "never") for k, r in zip(links, (0.87, 0.43, 0.02))},
+                 "powersgd": {"nvlink": (0.99, False, "never"), "ib_ndr": (1.2, True, "any"),
+                              "10gbe": (3.0, True, "below 85 ms")}})
+    rows = {r["Method"]: r for r in projection.rows(got)}
+    assert set(rows) == {"Parameter Server", "PowerSGD"}
+    assert "wins" not in "".join(rows["Parameter Server"].values())
+    assert rows["PowerSGD"]["10 GbE (TCP)"] == "3.00x; wins: below 85 ms"
+    assert rows["PowerSGD"]["NVLink 4 (H100)"] == "0.99x"
+    lines = projection.lines(got)
+    assert [l.split(":")[0] for l in lines] == ["Manual All-Reduce", "Parameter Server"]
+    assert "the same as DDP" in lines[0] and "never beats DDP" in lines[1]
+    assert "PowerSGD on InfiniBand NDR" in projection.sentence(got)

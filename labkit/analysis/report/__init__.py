@@ -9,8 +9,10 @@ still renders. Result files are only read, never modified.
 
 Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the text report),
 ``sections`` (benchmark and cost model, variants, reproduction, package list), ``repeats``
-(--repeats), ``seeds`` (time to accuracy over seeds, with MLPerf's scoring), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (section 3.2, quoting
-the source by marker) and ``captions`` (every caption and number, read by report.ipynb too).
+(--repeats), ``seeds`` (time to accuracy over seeds, with MLPerf's scoring), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (the code listings, quoting
+the source by marker), ``captions`` (every caption and number, read by report.ipynb too),
+``reading`` (the definitions the captions point to), ``summary`` (page one), ``outline`` (the
+report's order and table of contents) and ``textreport`` (performance_report.txt).
 The names below are what notebooks/report.ipynb, explore and the CLI use.
 """
 from __future__ import annotations
@@ -34,4 +36,8 @@ from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, 
                      epoch_rows, html_table, intervals, method_runs, reproduction_rows, target_text, text_table,
                      variant_rows)
 from .text import (accuracy_verdicts, discussion, load_bench, ran_on_gpu, reproduction_summary,
-                   speed_verdicts, terminal_summary, text_report, verdict_lines, write_report)
+                   speed_verdicts, terminal_summary, verdict_lines)
+from .textreport import text_report, write_report
+from .summary import summary_lines
+from .outline import captions_shown, heading_markdown, not_in_run, outline, toc_markdown
+from .reading import reading_markdown

@@ -89,43 +89,72 @@ def projected(res: RunResults) -> Optional[tuple[float, dict[str, dict[str, tupl
     return inputs["ddp"]["compute"], out
 
 
+def _as_ddp(cells: dict[str, tuple]) -> bool:
+    """Whether every cell of a method says what DDP's does: 1.00x, and never faster."""
+    return all(f"{ratio:.2f}" == "1.00" and when == "never" for ratio, _, when in cells.values())
+
+
+def _never(cells: dict[str, tuple]) -> bool:
+    return all(when == "never" for _, _, when in cells.values())
+
+
 def rows(got) -> list[dict]:
-    """One row per method of ``got`` (projected()): its projected throughput at 1024 GPUs
-    relative to DDP's on each interconnect at this run's compute, and the compute times per
-    step at which it would beat DDP there."""
+    """One row per method of ``got`` (projected()) that differs from DDP somewhere: its
+    projected throughput at 1024 GPUs relative to DDP's on each interconnect at this run's
+    compute, and the compute times per step at which it would beat DDP there (said once, in
+    lines(), for a method that never would). DDP's own row (1.00x) and a method whose every
+    cell says the same are no rows: lines() states them in one line."""
     return [{"Method": _name(m),
-             **{INTERCONNECTS[k].name: f"{ratio:.2f}x" + (f"; wins: {when}" if when else "")
+             **{INTERCONNECTS[k].name: f"{ratio:.2f}x" + ("" if _never(cells) or when == "never"
+                                                          else f"; wins: {when}")
                 for k, (ratio, _, when) in cells.items()}}
-            for m, cells in got[1].items()]
+            for m, cells in got[1].items() if m != "ddp" and not _as_ddp(cells)]
 
 
-def win_lines(got) -> list[str]:
-    """Per method of ``got`` (projected()), where it is projected to beat DDP at 1024 GPUs: at
-    this run's compute, and below which compute time per step on each interconnect."""
-    here, lines = _ms(got[0]), []
+def lines(got) -> list[str]:
+    """What the table does not say, once per method: that a method is DDP on every
+    interconnect, or that it never beats DDP at any compute time per step."""
+    out = []
     for m, cells in got[1].items():
         if m == "ddp":
             continue
-        now = [INTERCONNECTS[k].name for k, (_, wins, _) in cells.items() if wins]
-        some = [f"{INTERCONNECTS[k].name}: {when}" for k, (_, _, when) in cells.items()
-                if when != "never"]
-        lines.append(f"{_name(m)}: at this run's compute ({here} per step) "
-                     + (f"projected to beat DDP at {AT} GPUs on {', '.join(now)}" if now else
-                        f"not projected to beat DDP at {AT} GPUs on any interconnect")
-                     + ("; it would with a compute time per step of " + "; ".join(some)
-                        if some else "; at no compute time from 0.1 ms to 10 s")
-                     + " (speed only: Table 10 judges accuracy).")
-    return lines
+        if _as_ddp(cells):
+            out.append(f"{_name(m)}: the same as DDP (1.00x) on every interconnect, at any "
+                       f"compute time per step.")
+        elif _never(cells):
+            out.append(f"{_name(m)}: never beats DDP at {AT} GPUs, on any interconnect, at any "
+                       f"compute time per step from 0.1 ms to 10 s.")
+    return out
+
+
+def sentence(got) -> str:
+    """The projection in one sentence, for the report's summary."""
+    wins = {m: [INTERCONNECTS[k].name for k, (_, now, _) in cells.items() if now]
+            for m, cells in got[1].items() if m != "ddp"}
+    some = {m: when for m, cells in got[1].items() if m != "ddp"
+            for _, _, when in cells.values() if when != "never"}
+    now = "; ".join(f"{_name(m)} on {', '.join(k)}" for m, k in wins.items() if k)
+    head = f"Projected to {AT} GPUs at this run's compute ({_ms(got[0])} per step; Table 11, speed only): "
+    if now:
+        return head + f"faster than DDP: {now}."
+    later = ", ".join(_name(m) for m in some)
+    return head + ("no method beats DDP on any interconnect"
+                   + (f"; {later} would at other compute times per step (Table 11)." if later
+                      else ", at any compute time per step from 0.1 ms to 10 s."))
 
 
 def projection_section(res: RunResults) -> list[Block]:
-    """Display blocks (a line saying why where there is nothing to project)."""
+    """Display blocks (none where there is nothing to project: the report's line of what the
+    run did not include says so)."""
     got = projected(res)
     if got is None:
-        return [Markdown("No projection: it needs DDP and another method with a compute-only "
-                         "calibration and bytes on the wire in this run.")]
-    return [Markdown(caption("projection_methods", at=AT)), Html(html_table(rows(got))),
-            Markdown("\n".join(f"- {line}" for line in win_lines(got))), *on_link_section(res)]
+        return []
+    table = rows(got)
+    said = lines(got)
+    return [Markdown(caption("projection_methods", at=AT, compute=_ms(got[0]))),
+            *([Html(html_table(table))] if table else []),
+            *([Markdown("\n".join(f"- {line}" for line in said))] if said else []),
+            *on_link_section(res)]
 
 
 def projection_text(res: RunResults) -> list[str]:
@@ -136,8 +165,10 @@ def projection_text(res: RunResults) -> list[str]:
     from labkit.analysis.texttable import text_table
     from .captions import heading
 
-    return [heading("projection_methods"), "", text_table(rows(got)), "",
-            *(f"- {line}" for line in win_lines(got)), "", *on_link_text(res)]
+    table = rows(got)
+    return [heading("projection_methods"), f"(at this run's compute, {_ms(got[0])} per step)", "",
+            *([text_table(table), ""] if table else []),
+            *(f"- {line}" for line in lines(got)), "", *on_link_text(res)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,10 +63,10 @@ def aggregate_rows(res: RunResults) -> list[dict]:
 
 
 def repeats_section(res: RunResults) -> list[Block]:
-    """Display blocks; a run without repeats gets one line saying so."""
+    """Display blocks; none for a run without repeats (the report's "Not in this run" line
+    says how to add them)."""
     if not has_repeats(res):
-        return [Markdown("One repeat per method (`labkit experiment --repeats N` runs each method "
-                       "N times in rotated order, each from its own seed).")]
+        return []
     order = run_order(res)
     blocks = [Markdown(caption("repeats"))]
     if order:

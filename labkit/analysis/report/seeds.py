@@ -220,9 +220,8 @@ def verdicts(res: RunResults) -> list[str]:
 def seeds_section(res: RunResults, plots: Optional[list] = None) -> list[Block]:
     """Display blocks: the table, the verdict lines and the two figures (accuracy against wall
     time and against bytes sent); a run with one seed per method gets one line saying so."""
-    if not has_seeds(res):
-        return [Markdown("One seed per method: `labkit experiment --repeats N` trains every "
-                         "method from N seeds and judges time to accuracy over them.")]
+    if not has_seeds(res):  # the report's "Not in this run" line says how to add them
+        return []
     from .plots import figure_html
     from .captions import figure_caption
 

@@ -1,27 +1,23 @@
-"""Findings computed from the numbers, the plain-text report and the files `labkit report` writes."""
+"""Findings computed from the numbers: the verdicts, the bound, the waits, the discussion (the
+plain-text report that prints them: labkit.analysis.report.textreport)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from statistics import mean
-from typing import Any, Optional
+from typing import Optional
 
 from labkit.analysis import bench_view, breakdown
 from labkit.analysis import stats
-from labkit.core import efficiency, layout
-from labkit.core.files import atomic_path
+from labkit.core import efficiency
 from .captions import heading
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 from labkit.core.run_folder import goodputs
 
 from .findings import accuracy_lines, health_lines
-from .load import NAN, RunResults, _epochs, load_reproduction, summary_value
-from .plots import write_plots
-from .projection import projection_text
+from .load import NAN, RunResults, _epochs, summary_value
 from .seeds import seeds_text
-from .repeats import repeats_text
-from .tables import (comparison_rows, communication_rows, efficiency_rows, epoch_rows, method_runs,
-                     chance_only, target, text_table)
+from .tables import comparison_rows, method_runs, chance_only, target, text_table
 
 
 RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
@@ -67,23 +63,33 @@ def kind_lines(res: RunResults) -> list[str]:
 def bound_lines(res: RunResults) -> list[str]:
     """The no-communication bound (``nosync``): how much of DDP's step communication can cost
     at most, from DDP's throughput over the bound's, with its 95% CI."""
-    docs = res.ok
-    bound = next((m for m in METHOD_ORDER if m in docs and _bound(m)), None)
-    if bound is None or "ddp" not in docs:
+    claim = bound_claim(res)
+    if claim is None:
         return []
-    iv = stats.speedup(method_runs(res, "ddp"), method_runs(res, bound))
+    bound = next(m for m in METHOD_ORDER if m in res.ok and _bound(m))
     why = (f"{SHORT[bound]} never communicates in a step: its ranks' parameters drift apart "
            f"within an epoch (rank 0's are copied to every rank at each epoch's end, outside the "
            f"timed steps), so it bounds speed only and is left out of the accuracy verdicts")
+    return [f"{claim} {why}."]
+
+
+def bound_claim(res: RunResults) -> Optional[str]:
+    """What the bound says communication costs, in one sentence (the summary's), or None
+    without a bound and DDP."""
+    docs = res.ok
+    bound = next((m for m in METHOD_ORDER if m in docs and _bound(m)), None)
+    if bound is None or "ddp" not in docs:
+        return None
+    iv = stats.speedup(method_runs(res, "ddp"), method_runs(res, bound))
     if iv.value is None:
-        return [f"No-communication bound: not available ({iv.note or 'no throughput'}). {why}."]
+        return f"No-communication bound: not available ({iv.note or 'no throughput'})."
     if iv.value >= 1:  # a bound measured slower than DDP: the noise of the machine
-        return [f"Communication cost nothing measurable here: DDP trained at {iv.value:.2f}x "
-                f"the throughput of {SHORT[bound]}. {why}."]
+        return (f"Communication cost nothing measurable here: DDP trained at {iv.value:.2f}x "
+                f"the throughput of {SHORT[bound]}.")
     share = lambda r: f"{100 * max(0.0, 1 - r):.0f}%"  # noqa: E731
     ci = "no interval" if iv.low is None else f"95% CI {share(iv.high)} to {share(iv.low)}"
-    return [f"Communication costs at most {share(iv.value)} of a step here ({ci}): "
-            f"DDP trained at {iv.value:.2f}x the throughput of {SHORT[bound]}. {why}."]
+    return (f"Communication costs at most {share(iv.value)} of a step here ({ci}): "
+            f"DDP trained at {iv.value:.2f}x the throughput of {SHORT[bound]}.")
 
 
 def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
@@ -298,59 +304,6 @@ def reproduction_summary(doc: dict) -> str:
                        if (n := verdicts.count(label)))
     return (f"Reproduction of {Path(str(doc['original'])).name}: "
             f"{'reproduced' if doc.get('reproduced') else 'NOT reproduced'} ({counts})")
-
-
-def text_report(res: RunResults, env: Optional[dict] = None) -> str:
-    parts = ["labkit performance report", "=" * 25, ""]
-    if res.run_dir:
-        parts.append(f"run: {res.run_dir}")
-    if env:
-        gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "none"
-        parts.append(f"machine: {env.get('host')} | CPU: {env.get('cpu')} ({env.get('cpu_count')} cores) | "
-                     f"GPUs: {gpus}")
-        parts.append(f"versions: python {env.get('python')}, torch {env.get('torch')}, "
-                     f"CUDA {env.get('cuda')}, NCCL {env.get('nccl')} | git {str(env.get('git', {}).get('commit'))[:10]}"
-                     f"{' (dirty)' if env.get('git', {}).get('dirty') else ''}")
-    for m, d in res.ok.items():
-        cfg = d.get("config", {})
-        parts.append(f"{SHORT[m]}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
-                     + (f", {cfg.get('model')} on {cfg.get('dataset')}, backend {cfg.get('backend')}" if cfg else "")
-                     + f", {len(d['epochs'])} epoch(s), {d.get('start_time')} -> {d.get('end_time')}")
-    rep = load_reproduction(res.run_dir) if res.run_dir else None
-    if rep:
-        parts += ["", reproduction_summary(rep) + f" ({rep['original']})"]
-        parts += [f"  {SHORT.get(m, m)}: {v['verdict']}" + "".join(f"; {r}" for r in v.get("reasons") or [])
-                  for m, v in rep["methods"].items()]
-    t = target(res)
-    parts += ["", heading("comparison"), "",
-              text_table(comparison_rows(res)),
-              f"(time and steps to target: the validation accuracy first reaching {t:.2f}%)"
-              if t is not None else "", "",
-              heading("communication"), "",
-              text_table(communication_rows(res)), ""]
-    if ran_on_gpu(res):  # on a CPU run every column but the data wait would be "-"
-        parts += [heading("efficiency"), "", text_table(efficiency_rows(res)), ""]
-    parts += repeats_text(res)  # nothing without --repeats
-    parts += seeds_text(res)  # nothing with one seed per method
-    parts += projection_text(res)  # nothing without DDP and another method measured
-    for m, d in res.ok.items():
-        parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
-    parts += ["Discussion", ""] + [f"- {l}" for l in discussion(res)] + [""]
-    doc = load_bench(res.run_dir) if res.run_dir else None
-    if doc and doc.get("results"):
-        parts += [heading("bench"), "", bench_view.text_table(doc), ""]
-    return "\n".join(parts)
-
-
-def write_report(res: RunResults, out_dir: str | os.PathLike, env: Optional[dict] = None) -> dict[str, Any]:
-    """plots/*.png and performance_report.txt in ``out_dir``; returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = write_plots(res, out) if res.docs or res.problems else []  # none for a bench folder
-    txt = out / layout.TEXT_REPORT
-    with atomic_path(str(txt)) as tmp, open(tmp, "w") as f:
-        f.write(text_report(res, env))
-    return {"plots": pngs, "text": txt}
 
 
 def load_bench(run_dir: str | os.PathLike) -> Optional[dict]:
