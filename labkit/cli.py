@@ -132,9 +132,9 @@ def _sweep_parser(sub) -> None:
                        "nproc=2,4), then throughput vs processes and scaling efficiency",
                        argument_default=argparse.SUPPRESS)
     s.add_argument("grid", nargs="*", metavar="NAME=V1,V2",
-                   help="a parameter and its values, e.g. nproc=2,3,4 or batch_size=16,32 (any "
-                        "training parameter or nproc; several give their product; also "
-                        "`sweep: {nproc: [2, 4]}` in the -f file)")
+                   help="a parameter and its values, e.g. nproc=2,3,4 or batch_size=16,32 (any training "
+                        "parameter, nproc, or with --emulate-nodes link=100mbit,1gbit; several give "
+                        "their product; also `sweep: {nproc: [2, 4]}` in the -f file)")
     _add_experiment(s, sweep=True)
     s.add_argument("--slurm", action="store_true", help="each grid point a Slurm job (one sbatch "
                    "job array), gathered with the sweep report when they end (docs/sweep.md)")

@@ -35,6 +35,8 @@ def report_command(paths: list[str], out: Optional[str] = None) -> int:
         print(files["text"].read_text() + f"plot: {files['plot']}")
         if "study_text" in files:
             print("\n" + files["study_text"].read_text() + f"plot: {files['study_plot']}")
+        if "link_text" in files:
+            print("\n" + files["link_text"].read_text() + f"plot: {files['link_plot']}")
         return 0 if sw.points and all(not p.res.problems for p in sw.points) else 1
     res = report.load_files(paths)
     single_run = len(paths) == 1 and Path(paths[0]).is_dir()

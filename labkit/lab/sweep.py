@@ -3,6 +3,7 @@ folder, then the scaling report.
 
     labkit sweep nproc=2,3,4 --methods ddp,allreduce --epochs 1      # a scaling study
     labkit sweep nproc=2,4 batch_size=16,32                         # a 2 x 2 grid
+    labkit sweep link=100mbit,1gbit,unshaped --emulate-nodes 2      # the link (docs/sweep.md)
 
 Every grid point is checked (names, values, and the whole experiment it makes, as `labkit
 experiment` checks it) before any folder or process exists; then papermill runs each point's
@@ -27,19 +28,26 @@ from labkit.core.log import transcript
 from labkit.core.params import FieldType
 from labkit.core.status import Status
 
+from .cluster import parse_link
 from .experiment import Prepared, prepare, run_experiment
+from .launch_params import Nodes
 from .render import make_sweep_report, report_or_why
 from .runs_dir import write_index
 
-# what a grid may vary: the process count and the training config; the method is --methods,
-# and the output folder, resuming and the nodes are the sweep's own business
+# what a grid may vary: the process count, an emulated cluster's nodes and link, and the
+# training config; the method is --methods, and the output folder, resuming and real nodes
+# are the sweep's own business
 NOT_SWEPT = ("method", "out", "resume")
+#: the launcher's parameters a grid may vary (the rest of a point is its TrainConfig)
+LAUNCH_SWEPT = ("nproc", "emulate_nodes", "link")
 
 
 def sweepable() -> dict[str, FieldType]:
     """Parameter -> its type, for every parameter a grid may vary."""
     fields = {k: t for k, t in params.field_types(TrainConfig).items() if k not in NOT_SWEPT}
-    return {"nproc": FieldType("nproc", int, False, None), **fields}
+    nodes = params.field_types(Nodes)
+    return {"nproc": FieldType("nproc", int, False, None),
+            **{k: nodes[k] for k in LAUNCH_SWEPT[1:]}, **fields}
 
 
 def parse_grid(specs: list[str] | dict) -> dict[str, list]:
@@ -74,7 +82,15 @@ def _values(name: str, values) -> list:
         raise ConfigError(f"sweep {name}={values}: a value does not parse as {want}") from None
     if not vals:
         raise ConfigError(f"sweep {name}= has no values")
-    if len(set(map(repr, vals))) != len(vals):
+    if name == "link":  # each a link as --link takes it; 1gbit and 1000mbit are one link
+        vals = [v.lower() for v in vals]
+        try:
+            same = [parse_link(v) for v in vals]
+        except ConfigError as e:
+            raise ConfigError(f"sweep link={values}: {e}") from None
+    else:
+        same = list(map(repr, vals))
+    if len(set(same)) != len(vals):
         raise ConfigError(f"sweep {name}={values} repeats a value")
     return vals
 
@@ -141,12 +157,17 @@ def finish(root: Path, doc: dict, cell_timeout: int, stream: IO[str]) -> None:
 
 def prepare_points(cfg: TrainConfig, exp, grid: dict[str, list]) -> list[tuple[dict, Prepared]]:
     """Every grid point's experiment, checked as `labkit experiment` checks one."""
+    if "link" in grid and not exp.nodes.emulate_nodes and "emulate_nodes" not in grid:
+        raise ConfigError(f"sweep link={','.join(grid['link'])} shapes the links of an emulated "
+                          f"cluster: give --emulate-nodes N too")
     points = []
     for values in itertools.product(*grid.values()):
         point = dict(zip(grid, values))
-        train = {k: v for k, v in point.items() if k != "nproc"}
-        pexp = dataclasses.replace(exp, nproc=point.get("nproc", exp.nproc))
+        train = {k: v for k, v in point.items() if k not in LAUNCH_SWEPT}
         try:
+            nodes = dataclasses.replace(exp.nodes, **{k: point[k] for k in LAUNCH_SWEPT[1:]
+                                                      if k in point})
+            pexp = dataclasses.replace(exp, nproc=point.get("nproc", exp.nproc), nodes=nodes)
             prepared = prepare(dataclasses.replace(cfg, **train), pexp)
         except ConfigError as e:
             raise ConfigError(f"sweep point {point_name(point)}: {e}") from None

@@ -72,16 +72,21 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     return sw
 
 
+#: the swept parameters that change the process count: the scaling study's axis
+SCALED = ("nproc", "emulate_nodes")
+
+
 def _processes(doc: dict) -> int:
     return int(doc["world_size"])
 
 
 def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[dict]]]]:
     """(method, the other swept values as text) -> [(processes, its repeats' documents)],
-    by process count. A grid over nproc and batch_size gives one series per method and batch."""
+    by process count (emulated nodes x nproc). A grid over nproc and batch_size gives one
+    series per method and batch."""
     out: dict[tuple[str, str], list[tuple[int, list[dict]]]] = {}
     for p in sw.points:
-        other = ", ".join(f"{k}={v}" for k, v in p.params.items() if k != "nproc")
+        other = ", ".join(f"{k}={v}" for k, v in p.params.items() if k not in SCALED)
         for m in METHOD_ORDER:
             docs = [d for d in (p.res.repeats.get(m) or []) if d.get("epochs")]
             if docs and all(status_of(d) == Status.COMPLETED for d in docs):
@@ -224,7 +229,10 @@ def _figure(png: Path, size: tuple[float, float], panels: int, draw) -> Path:
 
 def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
     """scaling.png and scaling.txt (the efficiency table and the limits) under ``out``; for a
-    sweep over a method's parameter also study.png and study.txt (write_study)."""
+    sweep over a method's parameter also study.png and study.txt (write_study), over the link
+    of an emulated cluster link.png and crossovers.txt (linkaxis.write_link_axis)."""
+    from .linkaxis import write_link_axis
+
     out = Path(out)
     png = _figure(out / "scaling.png", (7, 4.5), 1, lambda ax: plot_scaling(sw, ax))
     txt = out / "scaling.txt"
@@ -233,14 +241,15 @@ def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
             + "\n\n" + "\n".join(f"- {l}" for l in limits(sw)) + "\n")
     with atomic_path(str(txt)) as tmp:
         Path(tmp).write_text(body)
-    return {"plot": png, "text": txt, **write_study(sw, out)}
+    return {"plot": png, "text": txt, **write_study(sw, out), **write_link_axis(sw, out)}
 
 
 # ------------------------------------------------------------------ a study over a method's parameter
 def studied(sw: Sweep) -> list[str]:
-    """The swept parameters other than the process count (local_steps, powersgd_rank, ...):
-    a sweep over one of them is a study of time to accuracy and bytes, not of scaling."""
-    return [k for k in sw.grid if k != "nproc"]
+    """The swept parameters other than the process count and the link (local_steps,
+    powersgd_rank, ...): a sweep over one of them is a study of time to accuracy and bytes, not
+    of scaling (the link's study is labkit.analysis.report.linkaxis)."""
+    return [k for k in sw.grid if k not in (*SCALED, "link")]
 
 
 def study_target(sw: Sweep) -> Optional[float]:
