@@ -71,10 +71,12 @@ experiment: setup
 test: setup slurm-deps
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
-# the inner loop: the unit tests only (in-process, nothing started; under a minute on 2 cores).
-# Not a substitute for make test before a commit
+# the inner loop: the unit tests (in-process, nothing started) and the warm ones but those marked
+# slow: every built-in method's exactness and bytes on the wire, its ranks forked from a warm
+# interpreter (tests/warm.py). Under 90 s on 2 cores (docs/testing.md). Not a substitute for
+# make test before a commit
 test-fast: setup
-	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup -m unit $(ARGS)
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup -m "(unit or warm) and not slow" $(ARGS)
 
 # JupyterLab on the project's kernel, notebooks/ open, on this machine only (127.0.0.1). As root
 # (containers, cloud notebooks) Jupyter refuses to start without --allow-root: given then only.

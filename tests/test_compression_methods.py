@@ -1,7 +1,9 @@
 """Issue 37, the methods that communicate less: DDP with PyTorch's bf16 and PowerSGD hooks, local
 SGD and DiLoCo. Each is trained for real on 2 gloo ranks (a few steps; the runs start together
 and are read by several tests), and its bytes on the wire are checked against what its
-algorithm predicts from the model's parameter shapes, computed here, not by labkit."""
+algorithm predicts from the model's parameter shapes, computed here, not by labkit. The ranks
+are forked from the worker's warm interpreter (tests/warm.py; make test-fast runs these); the
+same runs under real torchrun end with the same bits (the last test)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from labkit.core.config import TrainConfig, resolve
+from warm import start_warm
 
 N = 2  # ranks
 BASE = ["--dataset", "digits", "--model", "resnet10_small", "--batch-size", "8", "--epochs", "1",
@@ -37,24 +40,20 @@ RUNS = {
 
 def trained(test):
     """A test that reads the runs: on the one xdist worker that trains them, once."""
-    return pytest.mark.torchrun(pytest.mark.xdist_group("compression_methods")(test))
+    return pytest.mark.warm(pytest.mark.xdist_group("compression_methods")(test))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """Every run of RUNS, started at once (each torchrun's start-up overlaps the others')."""
+    """Every run of RUNS, on warm ranks (tests/warm.py), started at once."""
     base = tmp_path_factory.mktemp("less")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = {name: subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={N}",
-         "-m", "labkit.train", *BASE, *args, "--out", str(base / name)],
-        cwd=base, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for name, args in RUNS.items()}
+    procs = {name: start_warm(N, [*BASE, *args, "--out", str(base / name)], cwd=base, timeout=300)
+             for name, args in RUNS.items()}
     failed = {}
-    for name, p in procs.items():
-        out, _ = p.communicate(timeout=300)
+    for name, launch in procs.items():
+        p = launch.wait()
         if p.returncode:
-            failed[name] = out[-2000:]
+            failed[name] = (p.stdout + p.stderr)[-2000:]
     assert not failed, failed
     return {name: base / name for name in RUNS}
 
@@ -239,3 +238,42 @@ def test_bad_parameters_are_one_line_and_exit_2(flags, needle, capsys, tmp_path)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("labkit.train: error: "), err
     assert needle in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ the same runs under torchrun
+#: the runs that are these methods' only ones in the suite: each once under real torchrun too
+UNDER_TORCHRUN = ("powersgd", "localsgd_h1", "diloco_h1")
+#: and the no-communication bound's (test_methods reads a warm one): here on both launchers
+NOSYNC = ["--method", "nosync", "--max-steps-per-epoch", str(EXACT_STEPS)]
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("compression_methods")
+def test_warm_ranks_compute_what_torchrun_ranks_compute(runs, tmp_path):
+    """The warm launcher changes no number: PowerSGD, local SGD, DiLoCo and the no-sync bound
+    started by real torchrun (at once, as the runs above were) end with the warm runs'
+    parameters, bit for bit, the same losses and the same bytes on the wire. (Their only runs
+    under torchrun in the suite; DDP, the all-reduce and the parameter server run under it in
+    the session's experiment.)"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = {**{name: RUNS[name] for name in UNDER_TORCHRUN}, "nosync": NOSYNC}
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={N}",
+         "-m", "labkit.train", *BASE, *a, "--out", str(tmp_path / name)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, a in args.items()}
+    warm = {**runs, "nosync": tmp_path / "warm" / "nosync"}
+    check = start_warm(N, [*BASE, *NOSYNC, "--out", str(warm["nosync"])], cwd=tmp_path).wait()
+    assert check.returncode == 0, (check.stdout + check.stderr)[-2000:]
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-2000:]
+    for name in args:
+        a = torch.load(tmp_path / name / "final_model.pt", weights_only=True)
+        b = torch.load(warm[name] / "final_model.pt", weights_only=True)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), (name, k, (a[k].double() - b[k].double()).abs().max().item())
+        ra, rb = result(tmp_path / name), result(warm[name])
+        assert ra["all_losses"] == rb["all_losses"], name
+        assert [e["wire"] for e in ra["epochs"]] == [e["wire"] for e in rb["epochs"]], name

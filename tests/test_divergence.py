@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY, check_ok, labkit, torchrun
+from helpers import TINY, check_ok, labkit
+from warm import warm_run
 
 
 def reject(token: str):
@@ -60,7 +61,7 @@ def perturbed_run(tmp_path, method: str, nproc: int, perturb: str):
     """2 epochs of 3 steps with LABKIT_TEST_PERTURB=<method>:<perturb>: it fails (exit != 0) and
     the ranks say it in exactly one line; returns the run folder and that line."""
     out = tmp_path / method
-    p = torchrun(nproc, TINY + ["--method", method, "--epochs", "2", "--max-steps-per-epoch", "3",
+    p = warm_run(nproc, TINY + ["--method", method, "--epochs", "2", "--max-steps-per-epoch", "3",
                                 "--out", str(out)], tmp_path,
                  env={"LABKIT_TEST_PERTURB": f"{method}:{perturb}"})
     assert p.returncode != 0
@@ -69,6 +70,7 @@ def perturbed_run(tmp_path, method: str, nproc: int, perturb: str):
     return out, said
 
 
+@pytest.mark.slow  # not in make test-fast (not a method's exactness or bytes)
 def test_a_loss_that_turns_nan_stops_at_its_step_keeping_the_epochs_before(tmp_path):
     """A NaN weight on one parameter-server worker before global step 4 (epoch 2, step 2 of
     3): the method stops at that step, epoch 1 is kept, and every rank, the server too, ends
@@ -85,6 +87,7 @@ def test_a_loss_that_turns_nan_stops_at_its_step_keeping_the_epochs_before(tmp_p
 
 
 # ------------------------------------------------------------------ replicas that drift apart
+@pytest.mark.slow  # not in make test-fast (not a method's exactness or bytes)
 @pytest.mark.parametrize("method,nproc,rank", [("ddp", 2, 1), ("allreduce", 2, 1), ("ps", 3, 2)])
 def test_a_perturbed_replica_is_named_at_the_end_of_its_epoch(tmp_path, method, nproc, rank):
     """One ulp in one element of one rank's first parameter, before global step 4 (epoch 2):
@@ -116,9 +119,10 @@ def test_unperturbed_runs_say_identical_after_every_epoch(equivalence_runs):
         all_strict(out)
 
 
+@pytest.mark.slow  # not in make test-fast (not a method's exactness or bytes)
 def test_no_check_replicas_turns_the_check_off(tmp_path):
     out = tmp_path / "ddp"
-    check_ok(torchrun(2, TINY + ["--method", "ddp", "--max-steps-per-epoch", "2",
+    check_ok(warm_run(2, TINY + ["--method", "ddp", "--max-steps-per-epoch", "2",
                                  "--calibrate-steps", "0", "--no-check-replicas", "--out", str(out)],
                       tmp_path, env={"LABKIT_TEST_PERTURB": "ddp:1:1"}))
     r = result_of(out)

@@ -1,8 +1,10 @@
 """From one seed, the three methods with the same number of trainers take the same SGD steps.
 
-Each method runs for real under torchrun (gloo, CPU) for 5 steps; its final parameters must
-equal a single-process reference that runs each trainer's shard in turn and averages the
-gradients (as PyTorch's own DDP tests check DDP), up to float32 summation order.
+Each method runs for real (gloo, CPU) for 5 steps, on ranks forked from the worker's warm
+interpreter (tests/warm.py: torchrun's arithmetic without its start-up; make test-fast runs
+these); its final parameters must equal a single-process reference that runs each trainer's
+shard in turn and averages the gradients (as PyTorch's own DDP tests check DDP), up to float32
+summation order.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import pytest
 import torch
 
 from helpers import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
-from helpers import ATOL, RTOL, STEPS, TINY, check_ok, load_json, reference_state, torchrun
+from helpers import ATOL, RTOL, STEPS, TINY, check_ok, load_json, reference_state
+from warm import warm_run
 from labkit.training.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker
@@ -82,7 +85,7 @@ def variant_runs(tmp_path_factory):
     out = {}
     for name, (nproc, args) in VARIANT_RUNS.items():
         d = base / name
-        check_ok(torchrun(nproc, TINY + args + ["--out", str(d)], cwd=base))
+        check_ok(warm_run(nproc, TINY + args + ["--out", str(d)], cwd=base))
         out[name] = d
     return out
 

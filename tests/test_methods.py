@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import HTML_ONLY, ROOT, TINY, check_ok, labkit, load_json, torchrun
+from helpers import HTML_ONLY, ROOT, TINY, check_ok, labkit, load_json
+from warm import warm_run
 from labkit.core import methods
 from labkit.core.errors import ConfigError
 from labkit.training.sync import Strategy, load_method
@@ -446,7 +447,7 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
     from labkit.analysis import report
     from helpers import ATOL, RTOL, reference_state
 
-    check_ok(torchrun(2, TINY + ["--method", f"{ZERO1}:ShardedOptimizer", "--out", str(tmp_path / "z")],
+    check_ok(warm_run(2, TINY + ["--method", f"{ZERO1}:ShardedOptimizer", "--out", str(tmp_path / "z")],
                       cwd=tmp_path))
     doc = load_json(tmp_path / "z" / "results_sharded_optimizer.json")
     ddp_momentum = _gradient_bytes()  # SGD's momentum: one fp32 value per parameter
@@ -493,7 +494,7 @@ def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run
     leaves nosync out of the accuracy verdicts, saying why."""
     from labkit.analysis import report
 
-    check_ok(torchrun(2, TINY + ["--method", "nosync", "--out", str(tmp_path / "nosync")], cwd=tmp_path))
+    check_ok(warm_run(2, TINY + ["--method", "nosync", "--out", str(tmp_path / "nosync")], cwd=tmp_path))
     doc = load_json(tmp_path / "nosync" / "results_nosync.json")
     assert doc["status"] == "completed" and doc["method_spec"]["exact"] is False
     assert all(e["wire"]["sent_per_step"] == [0, 0] == e["wire"]["received_per_step"]

@@ -78,8 +78,8 @@ def final(d: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def one_node(ddp_run):
-    """The reference: one node, 2 processes, same settings (plain torchrun --standalone): the
-    session's TINY ddp run (conftest), read only."""
+    """The reference: one node, 2 processes, same settings: the session's TINY ddp run
+    (conftest; its ranks forked from the warm interpreter, tests/warm.py), read only."""
     return ddp_run
 
 

@@ -1,6 +1,7 @@
-"""Parameter-server variants (issue 7) on real torchrun jobs (gloo, CPU): asynchronous PS with
-bounded staleness, and a sharded PS stopped and resumed. (Sharded PS against the reference,
-its checkpoint and fp16 compression: test_equivalence.)"""
+"""Parameter-server variants (issue 7) on real jobs (gloo, CPU; ranks forked from the worker's
+warm interpreter, tests/warm.py): asynchronous PS with bounded staleness, and a sharded PS
+stopped and resumed. (Sharded PS against the reference, its checkpoint and fp16 compression:
+test_equivalence.)"""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,8 @@ import json
 import pytest
 import torch
 
-from helpers import TINY, check_ok, load_json, torchrun
+from helpers import TINY, check_ok, load_json
+from warm import warm_run
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.training.models import build_model
 from labkit.training.sync.ps_sharded import shard_bounds
@@ -38,7 +40,7 @@ def test_async_lockstep_is_synchronous_sgd(tmp_path):
     averaged reference the pieces' rounding, ~1e-7, is amplified by these first steps of
     training to ~1e-4, beyond the equivalence tolerance.)"""
     out, trace = tmp_path / "ssp0", tmp_path / "trace.jsonl"
-    check_ok(torchrun(3, TINY + ["--method", "ps", "--ps-staleness", "0", "--momentum", "0",
+    check_ok(warm_run(3, TINY + ["--method", "ps", "--ps-staleness", "0", "--momentum", "0",
                                  "--weight-decay", "0", "--out", str(out)], cwd=tmp_path,
                       env={"LABKIT_TEST_TRACE": str(trace)}))
     applied = [ev for ev in _trace(trace) if ev["event"] == "apply"]
@@ -64,6 +66,7 @@ def test_async_lockstep_is_synchronous_sgd(tmp_path):
     assert w["sent_per_step"][0] > 0 and w["received_per_step"][0] > 0
 
 
+@pytest.mark.slow  # not in make test-fast (not a method's exactness or bytes)
 def test_async_staleness_bound_is_reached_and_never_exceeded(tmp_path):
     """S = 2 with worker rank 1 slowed down: the other worker runs ahead until the bound holds
     it back. Replaying the server's trace of grants and applied gradients checks every grant:
@@ -72,7 +75,7 @@ def test_async_staleness_bound_is_reached_and_never_exceeded(tmp_path):
     S, steps = 2, 6
     out, trace = tmp_path / "ssp2", tmp_path / "trace.jsonl"
     env = {"LABKIT_TEST_SLOW": "1:0.4", "LABKIT_TEST_TRACE": str(trace)}
-    check_ok(torchrun(3, TINY + ["--method", "ps", "--ps-staleness", str(S), "--max-steps-per-epoch",
+    check_ok(warm_run(3, TINY + ["--method", "ps", "--ps-staleness", str(S), "--max-steps-per-epoch",
                                  str(steps), "--compress", "fp16", "--out", str(out)],
                       cwd=tmp_path, env=env))
     done = {1: 0, 2: 0}  # gradients applied per worker rank
@@ -93,14 +96,15 @@ def test_async_staleness_bound_is_reached_and_never_exceeded(tmp_path):
     assert r["status"] == "completed" and all(0 < l < 10 for l in r["all_losses"])
 
 
+@pytest.mark.slow  # not in make test-fast (not a method's exactness or bytes)
 def test_sharded_ps_resumes_to_the_same_parameters(tmp_path):
     """2 servers + 1 worker, stopped after epoch 1 and resumed for epoch 2: rank 0's
     checkpoint holds both servers' momentum slices, the resumed servers take theirs back,
     and the run ends at the single-process reference's parameters after 2 epochs."""
     out = tmp_path / "sharded"
     args = TINY + ["--method", "ps", "--ps-servers", "2", "--out", str(out)]
-    check_ok(torchrun(3, args, cwd=tmp_path))
-    check_ok(torchrun(3, args + ["--epochs", "2", "--resume"], cwd=tmp_path))
+    check_ok(warm_run(3, args, cwd=tmp_path))
+    check_ok(warm_run(3, args + ["--epochs", "2", "--resume"], cwd=tmp_path))
     _assert_matches(_final(out), reference_state(1, epochs=2))
     r = load_json(out / "results_ps.json")
     assert [e["epoch"] for e in r["epochs"]] == [1, 2] and r["resumed"][0]["at_epoch"] == 2

@@ -107,6 +107,7 @@ def test_result_files_digits(equivalence_runs, name, method):
     assert r["config"]["pin_cpus"] is (name == "allreduce")  # conftest: the one bound run
 
 
+@pytest.mark.slow  # not in make test-fast (not a method's exactness or bytes)
 def test_same_seed_same_losses(equivalence_runs, ddp_rerun):
     """A rerun from the same seed logs exactly the same losses."""
     first = load_json(equivalence_runs["ddp"][0] / "results_baseline_ddp.json")["all_losses"]

@@ -20,14 +20,16 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-KINDS = ("rank", "torchrun agent", "labkit command", "kernel", "papermill", "loader server",
-         "pytest worker", "other Python")
+KINDS = ("rank", "warm rank", "torchrun agent", "labkit command", "kernel", "papermill",
+         "loader server", "pytest worker", "other Python")
 
 
 def kind(argv: str) -> str:
     """The kind of process a command line starts."""
     if "torch.distributed.run" in argv or re.search(r"/torchrun\b", argv):
         return "torchrun agent"
+    if re.search(r" warm -m labkit\.train\b", argv):
+        return "warm rank"  # forked from a pytest worker's warm server (tests/warm.py)
     if re.search(r" -m labkit\.(train|training\.\w+)\b", argv):
         return "rank"
     if "ipykernel" in argv:
