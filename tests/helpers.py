@@ -542,3 +542,27 @@ def restore_process_state(state: tuple) -> None:
         os.environ.pop(ENV, None)
     else:
         os.environ[ENV] = env
+
+
+# ------------------------------------------------------------------ the emulated cluster
+def cluster_cannot() -> str:
+    """Why this machine cannot build an emulated cluster of 2 nodes at 100mbit ('' when it can:
+    labkit.lab.cluster.check_machine's one line)."""
+    if sys.platform != "linux":
+        return "Linux only"
+    from labkit.core.errors import ConfigError
+    from labkit.lab.cluster import ClusterSpec, check_machine, parse_link
+
+    try:
+        check_machine(ClusterSpec(2, 1, parse_link("100mbit")))
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def needs_namespaces_mark():
+    """A skip mark for the tests that build an emulated cluster, naming why where it cannot."""
+    import pytest
+
+    why = cluster_cannot()
+    return pytest.mark.skipif(bool(why), reason=f"no emulated cluster here: {why}")

@@ -24,7 +24,7 @@ import pytest
 
 import torch
 
-from helpers import ROOT, TINY, labkit, tiny_flags
+from helpers import ROOT, TINY, labkit, needs_namespaces_mark, tiny_flags
 from labkit.core.errors import ConfigError
 from labkit.lab import cluster, cluster_node
 from labkit.lab.cluster import ClusterSpec, Link, check_machine, parse_link, run_cluster
@@ -33,17 +33,7 @@ pytestmark = pytest.mark.xdist_group("cluster")
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _cannot() -> str:
-    """Why this machine cannot build the cluster ('' when it can)."""
-    try:
-        check_machine(ClusterSpec(2, 1, parse_link("100mbit")))
-    except ConfigError as e:
-        return str(e)
-    return ""
-
-
-CANNOT = _cannot() if sys.platform == "linux" else "Linux only"
-needs_namespaces = pytest.mark.skipif(bool(CANNOT), reason=f"no emulated cluster here: {CANNOT}")
+needs_namespaces = needs_namespaces_mark()  # tests/helpers.py: why it cannot, where it cannot
 
 
 # ------------------------------------------------------------------ links and specs

@@ -11,31 +11,18 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers import BENCH_FLAGS, labkit
+from helpers import BENCH_FLAGS, labkit, needs_namespaces_mark
 from labkit.analysis.bench_view import link_fit_line, link_lines
 from labkit.analysis.costmodel.calibrate import BURST_MARGIN, calibrate, link_fit
-from labkit.core.errors import ConfigError
-from labkit.lab.cluster import ClusterSpec, check_machine, parse_link
 
 pytestmark = pytest.mark.xdist_group("cluster")
 
 
-def _cannot() -> str:
-    """Why this machine cannot build the cluster ('' when it can): tests/test_cluster.py's."""
-    try:
-        check_machine(ClusterSpec(2, 1, parse_link("100mbit")))
-    except ConfigError as e:
-        return str(e)
-    return ""
-
-
-CANNOT = _cannot() if sys.platform == "linux" else "Linux only"
-needs_namespaces = pytest.mark.skipif(bool(CANNOT), reason=f"no emulated cluster here: {CANNOT}")
+needs_namespaces = needs_namespaces_mark()  # tests/helpers.py: why it cannot, where it cannot
 
 
 def processes(marker: str) -> list[str]:

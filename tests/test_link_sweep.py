@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import labkit, load_json, tiny_flags
+from helpers import labkit, load_json, needs_namespaces_mark, tiny_flags
 from labkit.core.errors import ConfigError
 
 MBIT = 10 ** 6
@@ -22,17 +21,6 @@ GOAL = 80.0
 FILES = {"ddp": "results_baseline_ddp.json", "powersgd": "results_powersgd.json",
          "localsgd": "results_localsgd.json"}
 NAMES = {"ddp": "Baseline DDP (PyTorch)", "powersgd": "PowerSGD", "localsgd": "Local SGD"}
-
-
-def _cannot() -> str:
-    """Why this machine cannot build an emulated cluster ('' when it can): tests/test_cluster.py's rule."""
-    from labkit.lab.cluster import ClusterSpec, check_machine, parse_link
-
-    try:
-        check_machine(ClusterSpec(2, 1, parse_link("100mbit")))
-    except ConfigError as e:
-        return str(e)
-    return ""
 
 
 # ------------------------------------------------------------------ parsing the grid
@@ -301,10 +289,9 @@ def test_one_run_beside_other_work_is_not_judged():
 
 
 # ------------------------------------------------------------------ for real
-CANNOT = _cannot() if sys.platform == "linux" else "Linux only"
 
 
-@pytest.mark.skipif(bool(CANNOT), reason=f"no emulated cluster here: {CANNOT}")
+@needs_namespaces_mark()
 @pytest.mark.xdist_group("cluster")  # tests/test_cluster.py's: one cluster at a time
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
