@@ -300,8 +300,8 @@ def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_p
     assert doc["status"] == "completed" and load_json(run / "experiment.json")["methods"][
         "ring_all_reduce"]["status"] == "completed"
     text = (run / "report" / "performance_report.txt").read_text()
-    for table in ("Table 1", "Table 2"):
-        part = text.split(table, 1)[1].split("Table ", 1)[0]
+    for table in ("Table 1.", "Table 2."):  # the tables' headings (the summary names them too)
+        part = text.split("\n" + table, 1)[1].split("\nTable ", 1)[0]
         assert "Ring All-Reduce" in part and "Baseline DDP" in part, part
     runs = _labkit(tmp_path, "runs", "runs")
     assert runs.returncode == 0 and "Ring All-Reduce img/s" in runs.stdout, runs.stdout + runs.stderr
