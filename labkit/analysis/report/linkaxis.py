@@ -27,7 +27,7 @@ from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
 from labkit.core.status import Status, status_of
 
-from .plots import COLORS
+from .plots import COLORS, save_figure
 
 #: on the log axis, unshaped sits this factor right of the fastest shaped rate
 UNSHAPED_GAP = 4.0
@@ -101,9 +101,9 @@ def label(key: tuple[str, str]) -> str:
 def _scores(sw) -> dict[tuple[str, str], dict[int, object]]:
     """(method, other) -> {rate: its seeds.Seeds against the sweep's one target}."""
     from . import seeds
-    from .sweep import study_target
+    from .seeds import points_target
 
-    goal = study_target(sw)
+    goal = points_target(sw.points)
     if goal is None:
         return {}
     return {key: {a.rate_bit: seeds.score(a.point.res, key[0], goal) for a in ats}
@@ -211,9 +211,9 @@ def crossover(method: str, quantity: str, judged: list[Judged]) -> Crossover:
 def crossovers(sw) -> list[Crossover]:
     """Every method but DDP and a bound, on throughput and on time to the target, where DDP
     ran beside it."""
-    from .sweep import study_target
+    from .seeds import points_target
 
-    ser, scores, goal = series(sw), _scores(sw), study_target(sw)
+    ser, scores, goal = series(sw), _scores(sw), points_target(sw.points)
     out = []
     for (m, other), ats in ser.items():
         base = {a.rate_bit: a for a in ser.get((BASE, other), [])}
@@ -294,9 +294,9 @@ def plot_link(sw, axes) -> None:
     """Two panels against the link rate: throughput (error bars: its 95% CI) and time to the
     target (95% CI over seeds; x at 0: not reached); each crossover shaded in its method's
     colour on the panel of its quantity."""
-    from .sweep import study_target
+    from .seeds import points_target
 
-    ser, scores, goal = series(sw), _scores(sw), study_target(sw)
+    ser, scores, goal = series(sw), _scores(sw), points_target(sw.points)
     rates = sorted({a.rate_bit for ats in ser.values() for a in ats}, key=order)
     pos = x_positions(rates)
     for k, (key, ats) in enumerate(ser.items()):
@@ -347,10 +347,9 @@ def write_link_axis(sw, out: str | os.PathLike) -> dict[str, Path]:
     """link.png and crossovers.txt under ``out`` for a sweep over the link; nothing otherwise."""
     if not is_link_sweep(sw):
         return {}
-    from .sweep import _figure
 
     out = Path(out)
-    png = _figure(out / "link.png", (11, 5.4), 2, lambda axes: plot_link(sw, axes))
+    png = save_figure(out / "link.png", (11, 5.4), 2, lambda axes: plot_link(sw, axes))
     txt = out / "crossovers.txt"
     body = (f"Link sweep: {sw.path}\n\n" + text_table(rows(sw), empty="(no completed point with "
                                                                    "a recorded link)")

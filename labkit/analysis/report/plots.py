@@ -263,6 +263,23 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     return paths
 
 
+def save_figure(png: Path, size: tuple[float, float], panels: int, draw) -> Path:
+    """``draw(ax)`` (or ``draw(axes)`` for several panels side by side) into ``png``,
+    written atomically (the sweep's figures)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(1, panels, figsize=size, dpi=110)
+    draw(ax)
+    fig.tight_layout()
+    with atomic_path(str(png)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return png
+
+
 def figure_html(png: Path, caption: str) -> str:
     """A figure with its caption in one block that a PDF page break cannot split."""
     import base64

@@ -303,3 +303,13 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=8)
+
+
+def points_target(points) -> Optional[float]:
+    """One target for every point of a sweep (each with ``name`` and ``res``): the sweep's
+    --target-accuracy, else 95% of the best validation accuracy any method reached at any
+    point (labkit.analysis.breakdown)."""
+    given = next((p.res.target_accuracy for p in points if p.res.target_accuracy is not None), None)
+    docs = {f"{p.name}/{m}/{i}": d for p in points for m, ds in p.res.repeats.items()
+            for i, d in enumerate(ds)}
+    return breakdown.target_accuracy(docs, given)

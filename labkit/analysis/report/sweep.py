@@ -26,7 +26,7 @@ from labkit.core.methods import METHOD_ORDER, SHORT
 from labkit.core.run_folder import RunFolder
 
 from .load import RunResults, load_env, load_run
-from .plots import COLORS
+from .plots import COLORS, save_figure
 
 
 class SweepError(ValueError):
@@ -210,23 +210,6 @@ def limits(sw: Sweep) -> list[str]:
     return lines
 
 
-def _figure(png: Path, size: tuple[float, float], panels: int, draw) -> Path:
-    """``draw(ax)`` (or ``draw(axes)`` for several panels side by side) into ``png``,
-    written atomically."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(1, panels, figsize=size, dpi=110)
-    draw(ax)
-    fig.tight_layout()
-    with atomic_path(str(png)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return png
-
-
 def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
     """scaling.png and scaling.txt (the efficiency table and the limits) under ``out``; for a
     sweep over a method's parameter also study.png and study.txt (write_study), over the link
@@ -234,7 +217,7 @@ def write_sweep_report(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
     from .linkaxis import write_link_axis
 
     out = Path(out)
-    png = _figure(out / "scaling.png", (7, 4.5), 1, lambda ax: plot_scaling(sw, ax))
+    png = save_figure(out / "scaling.png", (7, 4.5), 1, lambda ax: plot_scaling(sw, ax))
     txt = out / "scaling.txt"
     body = (f"Scaling study: {sw.path}\ngrid: {json.dumps(sw.grid)}\n\n"
             + text_table(scaling_rows(sw), empty="(no completed grid point)")
@@ -253,14 +236,10 @@ def studied(sw: Sweep) -> list[str]:
 
 
 def study_target(sw: Sweep) -> Optional[float]:
-    """One target for every point: the sweep's --target-accuracy, else 95% of the best
-    validation accuracy any method reached at any point (labkit.analysis.breakdown)."""
-    from labkit.analysis import breakdown
+    """One target for every point (labkit.analysis.report.seeds.points_target)."""
+    from .seeds import points_target
 
-    given = next((p.res.target_accuracy for p in sw.points if p.res.target_accuracy is not None), None)
-    docs = {f"{p.name}/{m}/{i}": d for p in sw.points for m, ds in p.res.repeats.items()
-            for i, d in enumerate(ds)}
-    return breakdown.target_accuracy(docs, given)
+    return points_target(sw.points)
 
 
 def study(sw: Sweep) -> dict[str, list[tuple[Point, "object"]]]:
@@ -345,7 +324,7 @@ def write_study(sw: Sweep, out: str | os.PathLike) -> dict[str, Path]:
     if not studied(sw):
         return {}
     out = Path(out)
-    png = _figure(out / "study.png", (10, 4.2), 2, lambda axes: plot_study(sw, axes))
+    png = save_figure(out / "study.png", (10, 4.2), 2, lambda axes: plot_study(sw, axes))
     txt = out / "study.txt"
     with atomic_path(str(txt)) as tmp:
         Path(tmp).write_text(f"Study over {', '.join(studied(sw))}: {sw.path}\n\n"
