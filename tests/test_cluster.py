@@ -213,11 +213,20 @@ ALLREDUCE = textwrap.dedent("""
 """)
 
 
+CEILING_MBIT = 100 * 1448 / 1514 / (1 + 66 / (2 * 1514))
+
+
 @needs_namespaces
 @pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_gloo_allreduce_across_two_nodes_at_100mbit_runs_at_the_rate(tmp_path):
-    """Algorithm bandwidth 2(n-1)/n x bytes / time, median of 3 all_reduces of 8 MiB."""
+    """Algorithm bandwidth 2(n-1)/n x bytes / time, median of 3 all_reduces of 8 MiB.
+
+    The most it can reach is the rate times TCP's share of a frame: 1448 payload bytes in a
+    1514-byte frame (tbf meters the Ethernet frame), less the ACKs for the other direction's
+    data, which share the link (a 66-byte ACK per two frames): 93.6 Mbit/s at 100mbit. The test
+    allows 10% below that for the stall between gloo's two phases and a busy 2-core machine
+    (CI measured 89.8 once, under the old bound of 90)."""
     spec = ClusterSpec(2, 1, parse_link("100mbit"))
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
@@ -228,7 +237,7 @@ def test_gloo_allreduce_across_two_nodes_at_100mbit_runs_at_the_rate(tmp_path):
     assert res.ok, (res, logs)
     for log in logs:
         algbw = float(log.split("algbw_mbit=")[1].split()[0])
-        assert 90 <= algbw <= 100, log
+        assert 0.9 * CEILING_MBIT <= algbw <= 100, log
 
 
 @needs_namespaces
