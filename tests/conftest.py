@@ -350,7 +350,7 @@ def _guard(request):
 
 
 # ------------------------------------------------------------------ the CPU each test costs
-# The suite computes rather than waits (docs/performance.md, "the suite on three workers"), so
+# The suite computes rather than waits (docs/performance-log.md, "the suite on three workers"), so
 # what a test costs is its CPU seconds: the worker's own and those of the processes it started
 # and waited for (torchrun waits for its ranks, a kernel for torchrun), from the start of its
 # setup (the session's runs it is the first to ask for included) to the end of its teardown.

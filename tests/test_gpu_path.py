@@ -1,6 +1,6 @@
 """The GPU path's switches, checked for correctness on the CPU: AMP (bf16, fp16 with a
 gradient scaler), channels_last and torch.compile change how a step is computed, not what it
-computes. On a GPU they are measured by `labkit bench` (README, Performance)."""
+computes. On a GPU they are measured by `labkit bench` (docs/performance.md, "On one GPU")."""
 from __future__ import annotations
 
 import pytest

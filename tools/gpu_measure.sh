@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/performance.md ("On one GPU"), as run on the lent H100/H200:
+# The GPU measurements of docs/performance-log.md ("On one GPU"), as run on the lent H100/H200:
 #   bash tools/gpu_measure.sh OUT_DIR [part...]
 #   parts: gen tests bench profile pricing synthetic jpeg jpegcpu default (default: tests bench synthetic jpeg)
 # labkit must be importable (pip install -e ., or PYTHONPATH); JPEGs go to $JPEGS (/tmp/jp).
@@ -11,7 +11,7 @@
 # COMMON replaces the model flags (a dry run on a CPU: COMMON="--model resnet10_small --batch-size 32").
 # Packages installed with pip --target DIR (wheels carried to a machine with no network) need
 # JUPYTER_PATH=DIR/share/jupyter, or nbconvert finds no 'lab' template and the reports fail.
-# How long each part took on one H200: docs/performance.md, "On one GPU (2026-11-26)".
+# How long each part took on one H200: docs/performance-log.md, "On one GPU (2026-11-26)".
 set -uo pipefail
 OUT=${1:?output folder}; shift
 PARTS=${*:-tests bench synthetic jpeg}

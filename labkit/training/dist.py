@@ -76,7 +76,7 @@ def steady_malloc() -> Optional[dict]:
     earlier happened to free a large block: the replica check's int64 temporaries did, and
     when they went (25764d2) the embedded default's Manual All-Reduce trained measurably
     slower, its forward and backward included. Fixed thresholds, as glibc's own after such a
-    free, make a rank's speed independent of that history, and faster (docs/performance.md,
+    free, make a rank's speed independent of that history, and faster (docs/performance-log.md,
     "glibc's malloc", also for what they leave: blocks over 32 MiB, at 224 px, still mapped
     every step). What a rank keeps: at most TRIM_THRESHOLD of free heap, returned when
     exceeded."""

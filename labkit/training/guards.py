@@ -118,7 +118,7 @@ def _word_sums_at_once(words: list[torch.Tensor]) -> torch.Tensor:
     difference of the prefix sums at its two ends, itself modulo 2^32 (exact: the integers
     modulo 2^32 are a ring). Tensors of other word sizes (few and small: counters, masks) are
     summed one by one. Faster on a GPU, where each kernel costs a launch; slower on a CPU,
-    where the buffer is a copy of the whole model (both timed: docs/performance.md, "On one
+    where the buffer is a copy of the whole model (both timed: docs/performance-log.md, "On one
     GPU, night")."""
     dev = words[0].device
     out = torch.zeros(len(words), dtype=torch.int64, device=dev)

@@ -116,7 +116,7 @@ class StepClock:
 class _EventPool:
     """CUDA timing events for the marks of every step on one device, made once and recorded
     again epoch after epoch: making a torch.cuda.Event and looking up the current stream for
-    each mark cost more than recording one (docs/performance.md, "On one GPU, night"). An event
+    each mark cost more than recording one (docs/performance-log.md, "On one GPU, night"). An event
     goes back to the pool only once its time has been read, after a synchronisation on a later
     event of the same stream, so it is never recorded again while the device may still reach
     it. Every event is recorded on the device's current stream as the first mark found it (the
