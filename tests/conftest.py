@@ -95,7 +95,9 @@ def equivalence_runs(tmp_path_factory, ddp_run):
 # One real `labkit experiment` of the three methods with 2 repeats, as a user runs it (a YAML
 # parameters file, the CPU default binding ranks to cores, the PDF): the run folder, the
 # record, the report's HTML, text and PDF, the repeats' rotation and aggregation, strict JSON
-# and the runs index are all asserted on it (test_experiment.py, test_repeats_sweep.py),
+# and the runs index are all asserted on it (test_experiment.py, test_repeats_sweep.py), and
+# copies of it are what the explorer, the notebooks in a browser and --continue after a kill
+# read (test_explore.py, test_browser.py, test_continue_record.py),
 # instead of one experiment per test (2026-11-25: two, 4 min of the suite). Its tests are one
 # xdist group: one worker runs it while the other goes on. Every process of it counts its
 # config checks (LABKIT_TEST_COUNT into Experiment.CALLS: test_resolved_once), which changes
@@ -120,7 +122,8 @@ def experiment(tmp_path_factory) -> Experiment:
 # ddp and ps, ps's worker (rank 1) failing at its second step, no Chromium: the experiment is
 # recorded as failed, ddp's results kept, the report written as HTML saying why no PDF
 # (test_experiment), and, copied into a runs/ folder, the failed row of the runs index
-# (test_lab_notebook: hence its tag and the lab notebook's calibration steps)
+# (test_lab_notebook: hence its tag and the lab notebook's calibration steps) and the older,
+# partial run beside the session experiment (test_explore, test_browser)
 def _failed_experiment(folder: Path) -> None:
     folder.mkdir(parents=True)
     p = labkit(["experiment", *EXPERIMENT_FLAGS, "--epochs", "1", "--max-steps-per-epoch", "3",

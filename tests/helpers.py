@@ -414,6 +414,20 @@ ATOL, RTOL = 5e-5, 1e-4
 
 
 
+def reference_config(**overrides):
+    """The resolved config reference_state trains with: TINY's model and data, lr 0.01."""
+    from labkit.core.config import TrainConfig, resolve
+
+    return resolve(TrainConfig(dataset="digits", model="resnet10_small", batch_size=8, lr=0.01,
+                               **overrides), False)
+
+
+# One reference implementation of the exact update (issue 61): the synchronous step is
+# labkit's own (labkit.training.exactness, what `labkit check` holds a method of one's own to;
+# test_reference_state.py pins this function to exactness.reference_state bit for bit). A copy
+# kept here "to be independent" would check nothing more: the methods under test (DDP, the
+# all-reduce, the PS) are implemented apart from it either way, and two copies drift. What
+# exactness does not model stays here: more epochs, DDP's fp16 hook, the asynchronous PS.
 def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> dict:
     """Single process: each step, every trainer's batch in turn, gradients averaged, one SGD
     step; BatchNorm buffers are trainer 0's (DDP's default). ``epochs`` of STEPS steps each;
@@ -423,16 +437,14 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
     step ``order[step]`` lists trainers whose gradients are applied one at a time, each as an
     SGD step with lr / trainers."""
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
-    from labkit.core.config import TrainConfig, resolve
     from labkit.training.data import build_datasets, train_sampler
+    from labkit.training.exactness import _step as exact_step
     from labkit.training.models import build_model
 
     torch.set_num_threads(1)  # as each torchrun rank (OMP_NUM_THREADS=1): same conv kernels
-    cfg = resolve(TrainConfig(dataset="digits", model="resnet10_small", batch_size=8,
-                                   lr=0.01, **overrides), False)
+    cfg = reference_config(**overrides)
     data = build_datasets(cfg)
     torch.manual_seed(cfg.seed)
     model, _ = build_model(cfg.model, data.num_classes)
@@ -448,42 +460,54 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
             its.append(iter(DataLoader(data.train, batch_size=cfg.batch_size, sampler=s, drop_last=True)))
         return its
 
-    params = [p for p in model.parameters()]
-    half = cfg.compress == "fp16"
     model.train()
     step = 0
     for epoch in range(1, epochs + 1):
         iters = shards(epoch)
         for _ in range(STEPS):
-            buffers = {n: b.clone() for n, b in model.named_buffers()}
-            per_trainer = []
-            new_buffers = None
-            for k in range(trainers):
-                for n, b in model.named_buffers():
-                    b.copy_(buffers[n])
-                x, y = next(iters[k])
-                model.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), y).backward()
-                per_trainer.append([p.grad for p in params])
-                if k == 0:
-                    new_buffers = {n: b.clone() for n, b in model.named_buffers()}
-            if order is None:
-                for i, p in enumerate(params):
-                    g = torch.zeros_like(p, dtype=torch.float16 if half else p.dtype)
-                    for grads in per_trainer:
-                        g += grads[i].half().div_(trainers) if half else grads[i] / trainers
-                    p.grad = g.to(p.dtype)
-                opt.step()
+            batches = [next(it) for it in iters]
+            if order is None and cfg.compress != "fp16":
+                exact_step(model, opt, batches)  # labkit's exact update
             else:
-                for k in order[step]:
-                    for p, g in zip(params, per_trainer[k]):
-                        p.grad = g
-                    opt.param_groups[0]["lr"] = cfg.lr / trainers
-                    opt.step()
+                _variant_step(model, opt, batches, cfg.lr, None if order is None else order[step])
             step += 1
-            for n, b in model.named_buffers():
-                b.copy_(new_buffers[n])
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _variant_step(model, opt, batches: list, lr: float, applied) -> None:
+    """One step of what labkit's exact update does not model: ``applied`` None, the gradients
+    averaged as DDP's fp16_compress_hook does; else the asynchronous PS's, the trainers'
+    gradients in ``applied``'s order, one SGD step of lr / trainers each. BatchNorm buffers
+    as in the exact update: every trainer starts from the same, trainer 0's are kept."""
+    import torch
+    import torch.nn.functional as F
+
+    params, trainers = list(model.parameters()), len(batches)
+    start = {n: b.clone() for n, b in model.named_buffers()}
+    per_trainer, first = [], None
+    for k, (x, y) in enumerate(batches):
+        for n, b in model.named_buffers():
+            b.copy_(start[n])
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        per_trainer.append([p.grad for p in params])
+        if k == 0:
+            first = {n: b.clone() for n, b in model.named_buffers()}
+    if applied is None:
+        for i, p in enumerate(params):
+            g = torch.zeros_like(p, dtype=torch.float16)
+            for grads in per_trainer:
+                g += grads[i].half().div_(trainers)
+            p.grad = g.to(p.dtype)
+        opt.step()
+    else:
+        for k in applied:
+            for p, g in zip(params, per_trainer[k]):
+                p.grad = g
+            opt.param_groups[0]["lr"] = lr / trainers
+            opt.step()
+    for n, b in model.named_buffers():
+        b.copy_(first[n])
 
 
 # ------------------------------------------------------------------ LABKIT_TEST_COUNT's record

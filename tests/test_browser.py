@@ -2,8 +2,9 @@
 Playwright as JupyterLab's own Galata tests do.
 
 One JupyterLab server (127.0.0.1, random port, token) serves a temporary copy of notebooks/ and a
-runs/ folder made of real tiny runs (the equivalence runs of conftest.py: this module shares
-their xdist group, so in `make test` they are built once for both). Each test opens a notebook,
+runs/ folder holding copies of two run folders `labkit experiment` wrote (conftest's session
+experiment, all three methods, and its failed experiment, ddp and a failed ps), under the names
+the lab gave them (issue 61: not assembled by hand). Each test opens a notebook,
 runs it from the Run menu and looks at what the page shows; a full-page screenshot of each
 notebook lands in the test's tmp folder (its path is printed: pytest -s shows it).
 """
@@ -12,17 +13,21 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import types
 
 import pytest
 
 from browser_lab import LabServer, kernel_idle, prompts, run_all, screenshot, wait_all_ran
 from helpers import ROOT
+from labkit.core.methods import METHOD_NAMES
+from labkit.core.status import Status
 
-pytestmark = pytest.mark.xdist_group("equivalence_runs")
+# conftest's session experiment and failed experiment: on the worker that builds them, after
+# them (on the other, lab_root would wait minutes for them)
+pytestmark = pytest.mark.xdist_group("experiment")
 playwright = pytest.importorskip("playwright", reason="pip install -e '.[test]' installs playwright")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-NEW, OLD = "2026-11-23_10-00-00_tiny", "2026-11-22_09-00-00_p2p"
 
 
 @pytest.fixture(scope="session")
@@ -51,17 +56,25 @@ def set_parameters(src, dst, **values) -> None:
 
 
 @pytest.fixture(scope="module")
-def lab_root(tmp_path_factory, equivalence_runs):
-    """notebooks/ and runs/ as in a checkout after `make experiment`: two real run folders,
-    the newest with all three methods (and runs/latest pointing at it), an older PS-only one."""
+def run_names(experiment, failed_experiment) -> types.SimpleNamespace:
+    """The names of lab_root's two runs: ``full``, the session's experiment (ddp, allreduce
+    and ps, complete), ``part``, its failed one (ddp, and ps failed); ``newest_first``, as the
+    explorer lists them (the lab names a run folder by the time it started)."""
+    full, part = experiment.run.name, failed_experiment.run.name
+    return types.SimpleNamespace(full=full, part=part, newest_first=sorted([full, part], reverse=True))
+
+
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory, experiment, failed_experiment, run_names):
+    """notebooks/ and runs/ as in a checkout after two `labkit experiment`s: copies of the
+    session's experiment and its failed one under the names the lab gave them (``run_names``),
+    runs/latest at the newer."""
     root = tmp_path_factory.mktemp("lab")
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     no_models = shutil.ignore_patterns("*.pt")
-    for run, methods in ((NEW, {"ddp": "ddp", "allreduce": "allreduce", "ps": "ps_collective"}),
-                         (OLD, {"ps": "ps_p2p"})):
-        for method, name in methods.items():
-            shutil.copytree(equivalence_runs[name][0], root / "runs" / run / method, ignore=no_models)
-    (root / "runs" / "latest").symlink_to(NEW)
+    for e in (experiment, failed_experiment):
+        shutil.copytree(e.run, root / "runs" / e.run.name, symlinks=True, ignore=no_models)
+    (root / "runs" / "latest").symlink_to(run_names.newest_first[0])
     nb = root / "notebooks"
     set_parameters(nb / "run_method.ipynb", nb / "run_tiny.ipynb", dataset="digits",
                    model="resnet10_small", nproc=2, epochs=1, batch_size=8, max_steps_per_epoch=10,
@@ -70,7 +83,7 @@ def lab_root(tmp_path_factory, equivalence_runs):
     # a copy outside the project: by default these would read the checkout's runs/
     set_parameters(nb / "explore.ipynb", nb / "explore.ipynb", runs_dir=str(root / "runs"))
     set_parameters(nb / "runs.ipynb", nb / "runs.ipynb", runs_dir=str(root / "runs"))
-    set_parameters(nb / "report.ipynb", nb / "report.ipynb", run_dir=str(root / "runs" / "latest"))
+    set_parameters(nb / "report.ipynb", nb / "report.ipynb", run_dir=str(root / "runs" / run_names.full))
     return root
 
 
@@ -112,7 +125,7 @@ def widget_problems(page) -> list[str]:
     return [s for s in ("Error displaying widget", "Loading widget", "Traceback") if s in text]
 
 
-def test_explorer_draws_at_once_and_follows_the_widgets(lab, page, tmp_path):
+def test_explorer_draws_at_once_and_follows_the_widgets(lab, run_names, page, tmp_path):
     open_and_run(lab, page, "explore.ipynb")
     box = page.locator(".widget-vbox").first
     box.wait_for()
@@ -120,7 +133,7 @@ def test_explorer_draws_at_once_and_follows_the_widgets(lab, page, tmp_path):
     assert widget_problems(page) == []
     runs_pick, methods_pick = page.locator(".widget-select-multiple select").all()
     metric_pick = page.locator(".widget-dropdown select")
-    assert runs_pick.locator("option").all_inner_texts() == [NEW, OLD]
+    assert runs_pick.locator("option").all_inner_texts() == run_names.newest_first
     assert metric_pick.locator("option:checked").inner_text() == label("training loss (per step)")
 
     # the default selection is drawn without a click (issue 15, item 3)
@@ -128,7 +141,7 @@ def test_explorer_draws_at_once_and_follows_the_widgets(lab, page, tmp_path):
     table = box.locator(".widget-output table")
     plot.wait_for(timeout=20_000)
     before = plot.get_attribute("src"), plot.screenshot(), table.text_content()
-    assert NEW in before[2] and OLD in before[2]
+    assert run_names.full in before[2] and run_names.part in before[2]
 
     metric_pick.select_option(label=label("validation accuracy (%)"))
     page.wait_for_function("src => document.querySelector('.widget-output img').src !== src",
@@ -136,13 +149,15 @@ def test_explorer_draws_at_once_and_follows_the_widgets(lab, page, tmp_path):
     after_metric = plot.get_attribute("src"), plot.screenshot(), table.text_content()
     assert after_metric[1] != before[1]
 
-    runs_pick.select_option(label=[OLD])
+    runs_pick.select_option(label=[run_names.part])
     page.wait_for_function("src => document.querySelector('.widget-output img').src !== src",
                            arg=after_metric[0], timeout=20_000)
     after_runs = plot.screenshot(), table.text_content()
     assert after_runs[0] != after_metric[1]
-    assert OLD in after_runs[1] and NEW not in after_runs[1]  # the table follows the runs
-    methods_pick.select_option(label=[label("Baseline DDP (PyTorch)")])  # OLD has no DDP: an explanation, no lines
+    # the table follows the runs
+    assert run_names.part in after_runs[1] and run_names.full not in after_runs[1]
+    # a method the chosen run lacks (part has no all-reduce): an explanation, no lines
+    methods_pick.select_option(label=[label(METHOD_NAMES["allreduce"])])
     page.wait_for_function("() => !document.querySelector('.widget-output table') || "
                            "!document.querySelector('.widget-output table').innerText.includes('Parameter')",
                            timeout=20_000)
@@ -258,26 +273,28 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     screenshot(page, tmp_path, "report")
 
 
-def test_runs_index_lists_every_run_and_opens_one_in_the_explorer(lab, lab_root, page, tmp_path):
+def test_runs_index_lists_every_run_and_opens_one_in_the_explorer(lab, lab_root, run_names, page,
+                                                                 tmp_path):
     open_and_run(lab, page, "runs.ipynb")
     rows = page.locator(".jp-OutputArea tr.run")
     rows.first.wait_for(timeout=20_000)
     folders = [p for p in (lab_root / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
     assert rows.count() == len(folders) >= 2  # one row per run folder; runs/latest is a link
     texts = rows.all_inner_texts()
-    assert any(NEW in t and "complete" in t for t in texts) and any(OLD in t for t in texts)
+    assert any(run_names.full in t and "complete" in t for t in texts)
+    assert any(run_names.part in t and Status.FAILED.label in t for t in texts)
     pick = page.locator(".widget-select select").first
-    pick.select_option(label=label(f"{OLD}  [complete]"))
+    pick.select_option(label=label(f"{run_names.part}  [{Status.FAILED.label}]"))
     explorer = page.locator(".widget-output .widget-vbox")
     explorer.wait_for(timeout=20_000)
     runs_pick = explorer.locator(".widget-select-multiple select").first
-    assert runs_pick.locator("option").all_inner_texts() == [OLD]
+    assert runs_pick.locator("option").all_inner_texts() == [run_names.part]
     explorer.locator(".widget-output img").wait_for(timeout=20_000)  # its figure is drawn
     assert widget_problems(page) == []
     screenshot(page, tmp_path, "runs")
 
 
-def test_the_runs_index_page_has_one_row_per_run_folder(lab_root, page, tmp_path):
+def test_the_runs_index_page_has_one_row_per_run_folder(lab_root, run_names, page, tmp_path):
     """runs/index.html as a person opens it from the file manager: the lab notebook's page,
     one row per run folder (runs/latest is a link, not a row), each naming its folder."""
     from labkit.lab.runs_dir import write_index
@@ -291,5 +308,5 @@ def test_the_runs_index_page_has_one_row_per_run_folder(lab_root, page, tmp_path
     assert rows.count() == len(folders) >= 2
     texts = rows.all_inner_texts()
     assert all(any(name in t for t in texts) for name in folders), texts
-    assert any(NEW in t and "complete" in t for t in texts)
+    assert any(run_names.full in t and "complete" in t for t in texts)
     screenshot(page, tmp_path, "runs_index_page")

@@ -1,12 +1,19 @@
 """The run explorer: run discovery, overlay plot, comparison table, and its notebook.
 
-Result files are written by hand in the trainer's schema (no training here): a fake runs dir
-with two runs, the older one holding only ddp and ps.
+The run folders are two that `labkit experiment` wrote (issue 61: not written by hand), copied
+to the test's runs/ under the names the lab gave them: conftest's session experiment (``full``:
+ddp, allreduce and ps, 2 repeats) and its failed experiment (``part``: ddp, and a ps that
+failed); beside them a folder a run left before any result (the files the lab writes first),
+runs/latest and a README. What the explorer shows is checked against the result files as the
+trainer wrote them.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import types
+from pathlib import Path
 
 import matplotlib
 
@@ -17,12 +24,17 @@ import nbformat  # noqa: E402
 import papermill as pm  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import ROOT  # noqa: E402
+from helpers import ROOT, load_json  # noqa: E402
 from labkit.analysis import explore  # noqa: E402
-from labkit.core.methods import METHOD_NAMES, RESULT_FILES  # noqa: E402
+from labkit.core import layout  # noqa: E402
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES  # noqa: E402
+from labkit.core.status import Status  # noqa: E402
+
+# conftest's session experiment and failed experiment: on the worker that builds them, after
+# them (on the other, a test would wait minutes for them)
+pytestmark = pytest.mark.xdist_group("experiment")
 
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
-OLD, NEW = "2026-01-01_10-00-00", "2026-01-02_09-30-00"
 
 
 def kernel_name() -> str:
@@ -30,114 +42,132 @@ def kernel_name() -> str:
     return "labkit" if "labkit" in KernelSpecManager().find_kernel_specs() else "python3"
 
 
-def result_doc(method: str, epochs: int = 2, steps: int = 3, offset: float = 0.0) -> dict:
-    comm = {"allreduce": {"avg_comm_time": 0.02},
-            "ps": {"avg_comm_time_pull": 0.01, "avg_comm_time_push": 0.05}}.get(method, {})
-    eps, all_losses = [], []
-    for e in range(1, epochs + 1):
-        losses = [round(2.5 - 0.3 * e - 0.05 * s + offset, 4) for s in range(steps)]
-        all_losses += losses
-        eps.append({"epoch": e, "train_loss": sum(losses) / steps, "train_accuracy": 40.0 + 20 * e,
-                    "train_time": 10.0, "train_throughput": 100.0 + e, "avg_batch_time": 0.3,
-                    "val_loss": 2.0 - 0.4 * e, "val_accuracy": 50.0 + 15 * e, **comm,
-                    "all_losses": losses})
-    return {"method": METHOD_NAMES[method], "world_size": 4, "batch_size": 32,
-            "status": "completed", "epochs": eps,
-            "summary": {"avg_train_throughput": 101.5, "avg_train_time_per_epoch": 10.0,
-                        "best_val_accuracy": 50.0 + 15 * epochs},
-            "all_losses": all_losses}
+def result_path(run: Path, method: str) -> Path:
+    """The method's result file the explorer reads: its first repeat's."""
+    return sorted(run.rglob(RESULT_FILES[method]))[0]
 
 
-def write_run(root, name: str, methods, **kw) -> None:
-    for m in methods:
-        d = root / name / m
-        d.mkdir(parents=True)
-        (d / RESULT_FILES[m]).write_text(json.dumps(result_doc(m, **kw)))
-    (root / name / "config.json").write_text("{}")
+def result(run: Path, method: str) -> dict:
+    """The method's result file as the trainer wrote it."""
+    return load_json(result_path(run, method))
+
+
+def points(doc: dict, metric: str) -> int:
+    """How many points a result file has of ``metric``: its steps' losses, or its epochs."""
+    if metric == "all_losses":
+        return len(doc.get("all_losses") or [])
+    return sum(isinstance(e.get(metric), (int, float)) for e in doc.get("epochs", []))
 
 
 @pytest.fixture
-def fake_runs(tmp_path):
+def lab_runs(tmp_path, experiment, failed_experiment) -> types.SimpleNamespace:
+    """tmp_path/runs/ (``root``) and its runs' names: ``full``, ``part`` and ``newest_first``
+    (the lab names a run folder by the time it started); ``methods``: {name: its methods}."""
     root = tmp_path / "runs"
-    write_run(root, OLD, ["ddp", "ps"], offset=0.2)
-    write_run(root, NEW, ["ddp", "allreduce", "ps"])
-    (root / "2026-01-03_00-00-00").mkdir()  # a run that failed before writing any result
-    (root / "2026-01-03_00-00-00" / "config.json").write_text("{}")
+    for e in (experiment, failed_experiment):
+        shutil.copytree(e.run, root / e.run.name, symlinks=True, ignore=shutil.ignore_patterns("*.pt"))
+    full, part = experiment.run.name, failed_experiment.run.name
+    newest_first = sorted([full, part], reverse=True)
+    # a run stopped before any result: what ExperimentFolder writes before the first method
+    unfinished = root / "stopped-before-any-result"
+    unfinished.mkdir()
+    for name in (layout.CONFIG, layout.ENVIRONMENT, layout.LOCK):
+        shutil.copy(experiment.run / name, unfinished / name)
     (root / "README.md").write_text("not a run")
-    os.symlink(root / NEW, root / "latest")
-    return root
+    os.symlink(root / newest_first[0], root / "latest")
+    return types.SimpleNamespace(root=root, full=full, part=part, newest_first=newest_first,
+                                 methods={full: ["ddp", "allreduce", "ps"], part: ["ddp", "ps"]})
 
 
-def test_find_runs_newest_first_skipping_latest_and_empty_folders(fake_runs, tmp_path):
-    assert [p.name for p in explore.find_runs(fake_runs)] == [NEW, OLD]
+def test_find_runs_newest_first_skipping_latest_and_empty_folders(lab_runs, tmp_path):
+    assert [p.name for p in explore.find_runs(lab_runs.root)] == lab_runs.newest_first
     assert explore.find_runs(tmp_path / "nowhere") == []
 
 
-def test_load_runs_goes_through_report_load_run(fake_runs):
-    runs = explore.load_runs(explore.find_runs(fake_runs))
-    assert [r.name for r in runs] == [NEW, OLD]
-    assert set(runs[0].docs) == {"ddp", "allreduce", "ps"} and set(runs[1].docs) == {"ddp", "ps"}
-    assert not runs[0].problems and not runs[1].problems
+def test_load_runs_goes_through_report_load_run(lab_runs):
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
+    assert [r.name for r in runs] == lab_runs.newest_first
+    for r in runs:
+        assert set(r.docs) == set(lab_runs.methods[r.name])
+    by = {r.name: r for r in runs}
+    # a complete run has no problem; the failed experiment's one is its failed ps
+    assert not by[lab_runs.full].problems
+    assert list(by[lab_runs.part].problems) == ["ps"]
+    assert by[lab_runs.part].problems["ps"].startswith(Status.FAILED)
 
 
-@pytest.mark.parametrize("metric,n_points", [("train_loss", 2), ("val_accuracy", 2),
-                                             ("all_losses", 6)])
-def test_overlay_draws_one_labelled_line_per_run_and_method(fake_runs, metric, n_points):
-    runs = explore.load_runs(explore.find_runs(fake_runs))
+@pytest.mark.parametrize("metric", ["train_loss", "val_accuracy", "all_losses"])
+def test_overlay_draws_one_labelled_line_per_run_and_method(lab_runs, metric):
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
     ax = explore.plot_overlay(runs, metric)
     lines = ax.get_lines()
-    expected = [f"{NEW} / {METHOD_NAMES[m]}" for m in ("ddp", "allreduce", "ps")] + \
-               [f"{OLD} / {METHOD_NAMES[m]}" for m in ("ddp", "ps")]
+    # every (run, method) whose result file has the metric, newest run first, in method order
+    drawn = [(name, m) for name in lab_runs.newest_first for m in METHOD_ORDER
+             if m in lab_runs.methods[name] and points(result(lab_runs.root / name, m), metric)]
+    expected = [f"{name} / {METHOD_NAMES[m]}" for name, m in drawn]
+    assert len(drawn) >= 4  # both runs' ddp, the full run's allreduce and ps at least
     assert [l.get_label() for l in lines] == expected
-    assert all(len(l.get_xdata()) == n_points for l in lines)
+    assert [len(l.get_xdata()) for l in lines] == [
+        points(result(lab_runs.root / name, m), metric) for name, m in drawn]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == expected
     assert ax.get_xlabel() in ("epoch", "step (over all epochs)") and ax.get_ylabel()
     plt.close(ax.figure)
 
 
-def test_overlay_selection_and_metrics_some_methods_lack(fake_runs):
-    runs = explore.load_runs(explore.find_runs(fake_runs))
-    ax = explore.plot_overlay(runs, "train_throughput", run_names=[OLD], methods=["ps"])
-    assert [l.get_label() for l in ax.get_lines()] == [f"{OLD} / {METHOD_NAMES['ps']}"]
+def test_overlay_selection_and_metrics_some_methods_lack(lab_runs):
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
+    part = lab_runs.part
+    ax = explore.plot_overlay(runs, "train_throughput", run_names=[part], methods=["ddp"])
+    assert [l.get_label() for l in ax.get_lines()] == [f"{part} / {METHOD_NAMES['ddp']}"]
     plt.close(ax.figure)
     # only the all-reduce records avg_comm_time: no empty lines for DDP / PS
     ax = explore.plot_overlay(runs, "avg_comm_time")
-    assert [l.get_label() for l in ax.get_lines()] == [f"{NEW} / {METHOD_NAMES['allreduce']}"]
+    assert [l.get_label() for l in ax.get_lines()] == [f"{lab_runs.full} / {METHOD_NAMES['allreduce']}"]
     plt.close(ax.figure)
-    # nothing to draw: an explanation instead of an empty legend
-    ax = explore.plot_overlay(runs, "avg_comm_time", run_names=[OLD])
+    # nothing to draw (the failed experiment ran no all-reduce): an explanation instead of an
+    # empty legend
+    ax = explore.plot_overlay(runs, "avg_comm_time", run_names=[part])
     assert not ax.get_lines() and ax.get_legend() is None and ax.texts
     plt.close(ax.figure)
 
 
-def test_available_metrics(fake_runs):
-    runs = explore.load_runs(explore.find_runs(fake_runs))
+def test_available_metrics(lab_runs):
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
     ms = explore.available_metrics(runs)
     assert ms[0] == "all_losses" and {"val_accuracy", "avg_comm_time", "avg_comm_time_push"} <= set(ms)
-    assert explore.available_metrics(runs[1:]) == [m for m in ms if m != "avg_comm_time"]
+    part = [r for r in runs if r.name == lab_runs.part]
+    # a run without the all-reduce (its ps failed before a step: no PS times either): the
+    # metrics its result files record, in the same order, less the all-reduce's own
+    recorded = [m for m in ms if any(points(result(lab_runs.root / lab_runs.part, x), m)
+                                     for x in lab_runs.methods[lab_runs.part])]
+    assert "avg_comm_time" not in recorded and len(recorded) >= 5
+    assert explore.available_metrics(part) == recorded
 
 
-def test_comparison_table_has_each_run_and_method(fake_runs):
-    runs = explore.load_runs(explore.find_runs(fake_runs))
+def test_comparison_table_has_each_run_and_method(lab_runs):
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
     html = explore.comparison_table(runs)
     assert html.startswith("<table>")
-    for name in (NEW, OLD):
-        assert html.count(f"<td>{name}</td>") == (3 if name == NEW else 2)
+    for name in lab_runs.newest_first:
+        assert html.count(f"<td>{name}</td>") == len(lab_runs.methods[name])
     for m in ("ddp", "allreduce", "ps"):
         assert METHOD_NAMES[m] in html
     for col in ("avg throughput (img/s)", "best val accuracy (%)", "final train loss"):
         assert f"<th>{col}</th>" in html
-    rows = explore.comparison_rows(runs, run_names=[NEW], methods=["allreduce"])
-    assert len(rows) == 1 and rows[0]["epochs"] == 2 and rows[0]["best val accuracy (%)"] == 80.0
-    assert rows[0]["final train loss"] == pytest.approx((1.9 + 1.85 + 1.8) / 3)
+    rows = explore.comparison_rows(runs, run_names=[lab_runs.full], methods=["allreduce"])
+    doc = result(lab_runs.root / lab_runs.full, "allreduce")
+    assert len(rows) == 1 and rows[0]["epochs"] == len(doc["epochs"]) >= 1
+    assert rows[0]["best val accuracy (%)"] == doc["summary"]["best_val_accuracy"]
+    assert rows[0]["final train loss"] == pytest.approx(doc["epochs"][-1]["train_loss"])
 
 
-def test_comparison_table_shows_a_corrupt_result(fake_runs):
-    (fake_runs / OLD / "ps" / RESULT_FILES["ps"]).write_text('{"method": "Param')
-    runs = explore.load_runs(explore.find_runs(fake_runs))
-    rows = explore.comparison_rows(runs, run_names=[OLD])
-    assert [r["method"] for r in rows] == [METHOD_NAMES["ddp"], METHOD_NAMES["ps"]]
-    assert "not valid JSON" in rows[1]["status"]
+def test_comparison_table_shows_a_corrupt_result(lab_runs):
+    full = lab_runs.root / lab_runs.full
+    result_path(full, "ps").write_text('{"method": "Param')
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
+    rows = explore.comparison_rows(runs, run_names=[lab_runs.full])
+    assert [r["method"] for r in rows] == [METHOD_NAMES[m] for m in ("ddp", "allreduce", "ps")]
+    assert "not valid JSON" in rows[2]["status"]
 
 
 def test_committed_notebook_has_no_outputs_and_the_labkit_kernel():
@@ -166,11 +196,11 @@ def data_of(outputs, mime):
     return [o["data"][mime] for o in outputs if mime in o.get("data", {})]
 
 
-def test_notebook_executes_and_holds_static_figures(fake_runs, tmp_path):
-    outputs = execute(fake_runs, tmp_path)
+def test_notebook_executes_and_holds_static_figures(lab_runs, tmp_path):
+    outputs = execute(lab_runs.root, tmp_path)
     assert len(data_of(outputs, "image/png")) == 3  # loss, val accuracy, throughput
     tables = [h for h in data_of(outputs, "text/html") if "<table>" in h]
-    assert tables and NEW in tables[0] and OLD in tables[0]
+    assert tables and lab_runs.full in tables[0] and lab_runs.part in tables[0]
 
 
 def test_notebook_on_an_empty_runs_dir(tmp_path):
@@ -181,11 +211,11 @@ def test_notebook_on_an_empty_runs_dir(tmp_path):
     assert any("No run folders with results under" in t for t in data_of(outputs, "text/markdown"))
 
 
-def test_explorer_widgets_redraw_on_a_change(fake_runs, monkeypatch):
+def test_explorer_widgets_redraw_on_a_change(lab_runs, monkeypatch):
     """The widget path, without a kernel: changing the metric redraws that metric."""
     import matplotlib
     matplotlib.use("Agg")
-    runs = explore.load_runs(explore.find_runs(fake_runs))
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
     drawn = []
     real = explore.plot_overlay
     monkeypatch.setattr(explore, "plot_overlay", lambda r, metric, *a, **k: drawn.append(metric) or real(r, metric, *a, **k))
@@ -197,15 +227,15 @@ def test_explorer_widgets_redraw_on_a_change(fake_runs, monkeypatch):
     assert drawn == ["val_accuracy"]
 
 
-def test_explorer_draws_the_default_selection_when_shown(fake_runs):
+def test_explorer_draws_the_default_selection_when_shown(lab_runs):
     """Displayed in a notebook, the explorer shows the default selection at once, no click."""
     import base64
 
-    runs = explore.load_runs(explore.find_runs(fake_runs))
+    runs = explore.load_runs(explore.find_runs(lab_runs.root))
     box = explore.explorer(runs)
     out = box.children[2]
     assert out.outputs == ()  # building the box draws nothing
     assert "application/vnd.jupyter.widget-view+json" in box._repr_mimebundle_()
     png, table = out.outputs
     assert base64.b64decode(png["data"]["image/png"]).startswith(b"\x89PNG")
-    assert NEW in table["data"]["text/html"] and OLD in table["data"]["text/html"]
+    assert all(name in table["data"]["text/html"] for name in lab_runs.newest_first)

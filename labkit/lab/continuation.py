@@ -119,6 +119,7 @@ def continue_experiment(run_dir: str, allow_changed_env: bool = False,
             mdir = layout.method_dir(run, m, i, p.exp.repeats)
             if _complete(mdir, p.resolved[m].method):
                 stream.write(f"  {mdir.relative_to(run)}: complete, kept\n")
+                folder.record_kept(m, i, seed)  # experiment.json follows the result file
                 continue
             _forget(folder, m, i)
             resume = _set_aside(mdir)

@@ -210,6 +210,23 @@ class ExperimentFolder:
         agg["repeats"].append({"repeat": i, "seed": seed, **entry})
         return agg["repeats"][-1]
 
+    def record_kept(self, m: str, i: int, seed: int) -> None:
+        """Record method ``m``'s repeat ``i`` as complete: its result file says so (labkit
+        experiment --continue keeps it). The record follows the result file, whatever
+        experiment.json said: an experiment killed after the file was complete, before it
+        recorded that, left it running there (issue 61)."""
+        repeats = self.p.exp.repeats
+        entry = self.status["methods"].get(m)
+        if entry is not None and repeats > 1:
+            entry = next((r for r in entry.get("repeats", []) if r.get("repeat") == i), None)
+        if entry is None:
+            entry = self._entry(m, i, seed, layout.method_dir(self.run, m, i, repeats))
+        entry["status"] = Status.COMPLETED
+        entry.pop("error", None)
+        if repeats > 1:
+            _sum_up_repeats(self.status["methods"][m], repeats)
+        self.write(layout.EXPERIMENT, self.status)
+
     def run_method(self, m: str, i: int, seed: int, kernel: str, stream: IO[str],
                    resume: bool = False) -> None:
         """Run method ``m``'s repeat ``i`` into its folder (new; with ``resume``, one that holds
@@ -263,6 +280,7 @@ def _sum_up_repeats(agg: dict, repeats: int) -> None:
     bad = [r for r in agg["repeats"] if r["status"] != Status.COMPLETED]
     done = len(agg["repeats"]) == repeats
     agg["status"] = bad[0]["status"] if bad else (Status.COMPLETED if done else Status.RUNNING)
+    agg.pop("error", None)  # an earlier problem, gone once its repeat ran again (--continue)
     if bad:
         agg["error"] = f"repeat {bad[0]['repeat']}: {bad[0].get('error', '')}".strip()
 
