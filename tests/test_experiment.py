@@ -114,9 +114,12 @@ def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
         assert header in html, header
     assert "error bars: the 95% confidence interval" in html  # Figures 1-2 say what they draw
     res = report.load_run(run)
-    # the verdicts (speed, then accuracy over the seeds) are the discussion's sentences
-    accuracy = [v.sentence for v in report.accuracy_verdicts(res)]
-    assert accuracy and all(html_text(s) in html_text(html) for s in accuracy), accuracy
+    # the verdicts (speed, then accuracy over the seeds) are the discussion's sentences, each
+    # in its method's paragraph
+    accuracy = [v.sentence.split(": ", 1) for v in report.accuracy_verdicts(res)]
+    paragraphs = {l.split(": ", 1)[0]: l for l in report.discussion(res)}
+    assert accuracy and all(html_text(s) in html_text(paragraphs[m]) for m, s in accuracy), accuracy
+    assert all(html_text(l) in html_text(html) for l in paragraphs.values())
     # the guide's five, the per-rank waits and the bytes on the wire, and what repeats add:
     # every plot inline once
     plots = {p.stem for p in (rep / "plots").glob("*.png")}
@@ -130,7 +133,8 @@ def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
     assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?:", html)  # opens offline
     txt = (rep / "performance_report.txt").read_text()
     assert "Communication time per training step" in txt
-    assert "Parameter Server: replicas identical after epoch 1." in txt  # checked every epoch
+    ps = next(l for l in txt.splitlines() if l.startswith("- Parameter Server: "))
+    assert "replicas identical after epoch 1." in ps  # checked every epoch
     # where the time goes, for every method, DDP included (labkit.analysis.breakdown)
     for m in EXPERIMENT_METHODS:
         b = breakdown.of_result(res.ok[m])
@@ -203,7 +207,7 @@ def test_the_report_pdf_reads_table_1_and_every_verdict(experiment):
     assert pdf_table_headers(layout, "Table 1.", "Baseline DDP") == headers
     flat = html_text(subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
                                     check=True).stdout)
-    lines = report.verdict_lines(report.load_run(run))
+    lines = report.discussion(report.load_run(run))
     assert any("x DDP" in l for l in lines) and any("Accuracy" in l for l in lines)
     missing = [l for l in lines if html_text(l) not in flat]
     assert not missing, missing

@@ -436,16 +436,46 @@ def test_terminal_summary_ends_with_the_verdicts(tmp_path):
 def test_the_accuracy_range_is_the_exact_methods_and_the_bound_is_said_apart():
     """Issue 59: "ranged from 93.04% to 99.16%: the methods apply the same averaged SGD step"
     was false where 93.04% was No sync's, whose ranks never average."""
-    from labkit.analysis.report.findings import accuracy_lines
+    from labkit.analysis.report.findings import accuracy_apart, exact_range_lines
 
-    lines = accuracy_lines({"ddp": 99.16, "allreduce": 98.89, "ps": 99.0, "nosync": 93.04,
-                            "powersgd": 97.5})
-    exact = next(l for l in lines if "same averaged SGD step" in l)
+    acc = {"ddp": 99.16, "allreduce": 98.89, "ps": 99.0, "nosync": 93.04, "powersgd": 97.5}
+    exact = next(l for l in exact_range_lines(acc) if "same averaged SGD step" in l)
     assert "from 98.89% to 99.16%" in exact and "93.04" not in exact and "97.50" not in exact
-    assert any(l.startswith("No sync (bound) reached 93.04%") and "never average" in l for l in lines)
-    assert any(l.startswith("PowerSGD reached 97.50%") and "approximate" in l for l in lines)
+    assert "never average" in accuracy_apart("nosync", 93.04)
+    assert "approximate" in accuracy_apart("powersgd", 97.5)
+    assert [accuracy_apart(m, acc[m]) for m in ("ddp", "allreduce", "ps")] == ["", "", ""]
     # one exact method: no range to speak of
-    assert not any("ranged" in l for l in accuracy_lines({"ddp": 99.0, "nosync": 90.0}))
+    assert exact_range_lines({"ddp": 99.0, "nosync": 90.0}) == []
+
+
+def test_the_discussion_is_one_paragraph_per_method(tmp_path):
+    """Issue 59: the Discussion per method, not per metric: each method's name starts exactly
+    one line, which holds its speed, its accuracy and its time to the target; a method that
+    failed after some epochs says its problem in its own paragraph, and one whose loss
+    diverged says that first."""
+    docs = constructed(1)
+    docs["ps"].update(status="failed", error="RuntimeError: rank 2 died")
+    lines = report.discussion(report.load_run(write_run(tmp_path / "run", docs)))
+    names = ("Baseline DDP", "Manual All-Reduce", "Parameter Server")
+    for name in names:
+        own = [l for l in lines if l.startswith(name + ":")]
+        assert len(own) == 1, (name, lines)
+        assert "img/s" in own[0] if name == "Baseline DDP" else "x DDP" in own[0], own[0]
+        assert re.search(r"(reached [\d.]+% in [\d.]+ s|did not reach [\d.]+%)", own[0]), own[0]
+        assert ("Accuracy: " in own[0]) == (name != "Baseline DDP"), own[0]
+    ar = next(l for l in lines if l.startswith("Manual All-Reduce:"))
+    assert "faster than DDP" in ar and "Problem" not in ar
+    ps = next(l for l in lines if l.startswith("Parameter Server:"))
+    assert "Problem: " in ps and ps.endswith("status failed (RuntimeError: rank 2 died)"), ps
+    assert "nan" not in ps  # the file times no pull or push: no sentence about them
+    assert not any(l.startswith("Problem:") for l in lines)  # said once, in the paragraph
+    # no line of the old per-metric shape ("Accuracy (...):" header followed by a list)
+    assert not any(l.endswith(":") for l in lines), lines
+    docs = constructed(1)
+    docs["allreduce"]["diverged"] = {"epoch": 2, "step": 4, "steps": 9}
+    lines = report.discussion(report.load_run(write_run(tmp_path / "diverged", docs)))
+    ar = next(l for l in lines if l.startswith("Manual All-Reduce:"))
+    assert ar.startswith("Manual All-Reduce: diverged at epoch 2 step 4 (of 9). "), ar
 
 
 def test_the_bounds_replicas_are_not_called_identical():
@@ -489,6 +519,24 @@ def test_a_run_without_repeats_variants_or_bench_shows_none_and_names_them(tmp_p
     body, appendix = text.split("\nAppendix A. How to read this report\n", 1)
     assert body.rstrip().splitlines()[-1] == line  # the body's last line
     # the text report follows the outline's order, the notebook's
+    at = [text.index(f"\n{t}\n{'-' * len(t)}\n") for _, t in report.outline(res, run)]
+    assert at == sorted(at)
+
+
+def test_a_run_with_a_variant_shows_its_section_and_no_longer_names_it(tmp_path):
+    """Issue 59, the other side: the same run with a variant (ddp-bf16 beside DDP, as
+    `--methods ddp,ddp-bf16` writes it) has the Method variants part in the outline and the
+    text report, in the outline's order, and the last line of the body no longer names it."""
+    run = write_run(tmp_path / "run", constructed(1))
+    (run / "ddp-bf16").mkdir()
+    (run / "ddp-bf16" / "results_baseline_ddp.json").write_text((run / "results_baseline_ddp.json").read_text())
+    res = report.load_run(run)
+    keys = [k for k, _ in report.outline(res, run)]
+    assert "variants" in keys and keys.index("variants") < keys.index("discussion")
+    text = report.text_report(res)
+    assert "\nMethod variants\n" in text and "ddp-bf16" in text.split("\nMethod variants\n", 1)[1]
+    line = report.not_in_run(res, run)
+    assert "variants (" not in line and "bench (`labkit bench" in line
     at = [text.index(f"\n{t}\n{'-' * len(t)}\n") for _, t in report.outline(res, run)]
     assert at == sorted(at)
 

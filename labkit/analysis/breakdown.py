@@ -241,7 +241,7 @@ def draw(ax, labels: Sequence[str], items: Sequence[Breakdown]) -> None:
     for i, b in enumerate(items):
         ov = b.overlap
         text = ("overlap n/a" if ov.value is None else f"overlap {100 * ov.value:.0f}%"
-                + (f" [{100 * ov.low:.0f}-{100 * ov.high:.0f}]" if ov.available else ""))
+                + (f" [{ov.ci_text(0, scale=100)}]" if ov.available else ""))
         ax.text(i, max(bottom[i], 1000 * (b.measured or 0)) + 0.03 * top, text, ha="center",
                 va="bottom", fontsize=8)
     ax.set_xticks(x, list(labels))

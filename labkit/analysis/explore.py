@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 from . import breakdown, report
 from labkit.core import layout
 from labkit.core.health import diverged_where, replicas_verdict
-from labkit.core.methods import METHOD_NAMES, SHORT
+from labkit.core.methods import METHOD_NAMES, label
 from labkit.core.run_folder import RunFolder
 from labkit.core.status import status_of
 
@@ -266,7 +266,7 @@ def plot_view(runs: list[Run], view: str, run_names: Optional[Iterable[str]] = N
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4))
-    picked = [(f"{run.name}\n{SHORT.get(m, m)}", doc) for run, m, doc in _select(runs, run_names, methods)]
+    picked = [(f"{run.name}\n{label(m)}", doc) for run, m, doc in _select(runs, run_names, methods)]
     if view == "breakdown":
         items = [(label, breakdown.of_result(doc)) for label, doc in picked]
         items = [(label, b) for label, b in items if b is not None]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from labkit.core.files import atomic_path
-from labkit.core.methods import SHORT
+from labkit.core.methods import label
 from labkit.core.run_folder import RunFolder
 
 from . import stats
@@ -74,7 +74,7 @@ def diff_lines(doc: dict, everything: bool = False) -> list[str]:
     lines += ["", "what came of it (B against A):"]
     for m, v in doc["methods"].items():
         acc = v["accuracy"]
-        lines.append(f"  {SHORT.get(m, m)}: results {v['verdict']}; {v['speed_verdict']}"
+        lines.append(f"  {label(m)}: results {v['verdict']}; {v['speed_verdict']}"
                      + (f"; best accuracy {acc[0]:.2f}% -> {acc[1]:.2f}%" if None not in acc else ""))
         if v["verdict"] == DIFFERENT or everything:
             lines += [f"    {r}" for r in v["reasons"]]
@@ -87,7 +87,7 @@ def plot_losses(doc: dict, path: str | os.PathLike) -> Optional[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report.plots import COLORS
+    from .report.figures import COLORS
 
     a = RunFolder.experiment(doc["original"])
     b = RunFolder.experiment(doc["reproduction"])
@@ -97,7 +97,7 @@ def plot_losses(doc: dict, path: str | os.PathLike) -> Optional[Path]:
         for rec, style, side in ((a, "-", "A"), (b, "--", "B")):
             losses = (rec.result(m) or {}).get("all_losses") or []
             if losses:
-                ax.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=f"{side}: {SHORT.get(m, m)}",
+                ax.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=f"{side}: {label(m)}",
                         color=COLORS.get(rec.methods[m].get("method", m)))
                 drawn += 1
     if not drawn:

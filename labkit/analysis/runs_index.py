@@ -17,10 +17,11 @@ from typing import Any, Optional
 
 from labkit.core import layout
 from labkit.core.files import finite
-from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT
+from labkit.core.methods import METHOD_ORDER, RESULT_FILES, label
 from labkit.core.run_folder import NOT_PARAMETERS, RunFolder, parameters
 from labkit.core.status import Status, as_seen, experiment_status, status_of
 
+from .stats import interval_text
 from .texttable import text_table
 
 _STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
@@ -232,7 +233,7 @@ def _result_cell(r: dict) -> str:
         return "-"
     text = f"{r['throughput']:.1f}"
     if r.get("low") is not None:
-        text += f" [{r['low']:.1f}-{r['high']:.1f}]"
+        text += f" [{interval_text(r['low'], r['high'], 1)}]"
     if r.get("vs_ddp") is not None:
         text += f" {r['vs_ddp']:.2f}x {r.get('verdict') or ''}".rstrip()
     return text
@@ -250,7 +251,7 @@ def table(rows: list[Row], all_params: bool = False) -> list[dict]:
         if any(x.link for x in rows):
             d["network"] = r.link or "-"
         d.update({p: r.params.get(p) for p in params})
-        d.update({f"{SHORT[m]} img/s": _result_cell(r.results[m]) if m in r.results else "-"
+        d.update({f"{label(m)} img/s": _result_cell(r.results[m]) if m in r.results else "-"
                   for m in methods})
         d["report"] = r.report or "-"
         if any(x.jobs for x in rows):

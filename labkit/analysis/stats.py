@@ -56,12 +56,24 @@ class Interval:
     def available(self) -> bool:
         return self.low is not None and self.high is not None
 
-    def ci_text(self, digits: int = 2, ref: Optional[float] = None) -> str:
+    def ci_text(self, digits: int = 2, ref: Optional[float] = None, scale: float = 1.0) -> str:
         """'1.03-1.11', or 'n/a'. With ``ref`` (1.0 for a speedup) a bound that excludes ref
-        gets more digits rather than being printed as ref itself."""
+        gets more digits rather than being printed as ref itself; ``scale`` multiplies both
+        bounds (100: a share in percent)."""
         if not self.available:
             return "n/a"
-        return f"{_fmt(self.low, digits, ref)}-{_fmt(self.high, digits, ref)}"
+        return interval_text(self.low * scale, self.high * scale, digits, ref)
+
+    def with_ci(self, digits: int, top: float = math.inf) -> str:
+        """"4.2 (3.1-5.3)": the value and its interval, clipped to what the quantity can be (a
+        time is not negative, an accuracy not above 100%); "value (why)" without an interval;
+        without a value "not reached (why)" where the note says so, else "-"."""
+        if self.value is None:
+            return f"not reached ({self.note})" if "reached" in self.note else "-"
+        if not self.available:
+            return f"{self.value:.{digits}f} ({self.note})"
+        clipped = interval_text(max(0.0, self.low), min(top, self.high), digits)
+        return f"{self.value:.{digits}f} ({clipped})"
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,14 @@ def images_per_step(doc: dict) -> int:
 
 def _listed(runs: Runs) -> list[dict]:
     return [runs] if isinstance(runs, dict) else list(runs)
+
+
+def interval_text(low: float, high: float, digits: int = 2, ref: Optional[float] = None,
+                  sep: str = "-", unit: str = "") -> str:
+    """The one way an interval is written, "1.03-1.11": each bound with ``digits`` (more near
+    ``ref``, see Interval.ci_text) and ``unit``, ``sep`` between them (the Interval's methods,
+    and bounds kept apart from one: a run's row in `labkit runs`)."""
+    return f"{_fmt(low, digits, ref)}{unit}{sep}{_fmt(high, digits, ref)}{unit}"
 
 
 def _fmt(x: float, digits: int, ref: Optional[float]) -> str:

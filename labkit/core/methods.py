@@ -161,6 +161,13 @@ def spec(method: str) -> MethodSpec:
     return s
 
 
+def label(method: str, detail: str = "") -> str:
+    """A method's name in every table, figure and line of text: its short name (SHORT), or the
+    key itself for one not registered (a variant such as ddp-bf16); ``detail`` in parentheses
+    after it ("DDP (batch_size=64)")."""
+    return SHORT.get(method, method) + (f" ({detail})" if detail else "")
+
+
 # ------------------------------------------------------------------ naming a method
 REFERENCE = re.compile(r"^(?P<where>[^:]+):(?P<cls>[A-Za-z_][A-Za-z0-9_]*)$")
 

@@ -45,26 +45,12 @@ from labkit.core.methods import spec
 from . import lifecycle
 from .dist import env_world, is_distributed
 from .preflight import add_resolved, rank_config
-from .pricing import AS_RUN, instrument_loops, instrument_pairs, loops_agree, per_step_work
+from .pricing import (AS_RUN, instrument_loops, instrument_pairs, loops_agree, per_step_work,
+                      slowest, trial_stats)
 from .plain_loop import rounds
 from .timers import PARTS, Stopwatch, busy_figures
 
 PROG = "labkit.bench"  # how the rank names itself in its one-line errors
-
-
-def _stats(xs: list[float]) -> dict:
-    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
-            "iqr": q[2] - q[0], "trials": xs}
-
-
-def _slowest(t: float, device: torch.device) -> float:
-    """The largest of every rank's ``t``."""
-    if is_distributed():
-        v = torch.tensor([t], dtype=torch.float64, device=device)
-        dist.all_reduce(v, op=dist.ReduceOp.MAX)
-        t = v.item()
-    return t
 
 
 def _barrier() -> None:
@@ -91,13 +77,13 @@ def time_collective(fn: Callable[[], Any], device: torch.device, reps: int) -> l
     clock = Stopwatch(device)
     clock.start()
     fn()
-    first = _slowest(clock.stop(), device)
+    first = slowest(clock.stop(), device)
     times = []
     for _ in range(min(reps, max(MIN_REPS, int(REPS_BUDGET_S / first))) if first > 0 else reps):
         _barrier()
         clock.start()
         fn()
-        times.append(_slowest(clock.stop(), device))
+        times.append(slowest(clock.stop(), device))
     return times
 
 
@@ -180,7 +166,7 @@ class StepTimer:
         _barrier()
         self.clock.start()
         self.run(self.steps, sync)
-        return _slowest(self.clock.stop(), self.dev) / self.steps
+        return slowest(self.clock.stop(), self.dev) / self.steps
 
     def trial_parts(self) -> dict:
         """One synchronised trial: {"time": seconds per step (the slowest rank's), "got": its
@@ -287,13 +273,13 @@ def _time_steps(timer: StepTimer, trials: int, warmup: int,
         dist.all_reduce(sent)
     return {
         "sent_per_step": sent.item() / (s.trainers * trials * timer.steps),
-        "step_time": _stats(step_times), "compute_time": _stats(compute_times),
+        "step_time": trial_stats(step_times), "compute_time": trial_stats(compute_times),
         "phases": {p: per_trial[:, i].mean().item() for i, p in enumerate(s.phases)},
         "sync_trials": per_trial.sum(dim=1).tolist() if len(s.phases) else [],
         "param_spread": {"sync": spread_sync, "compute_only": spread_compute},
         "step_parts": step_parts, "compute_parts": compute_parts,
         "instruments": {"order": [n for pair in order for n in pair],
-                        "loops": {k: {"step_time": _stats(v)} for k, v in times.items()},
+                        "loops": {k: {"step_time": trial_stats(v)} for k, v in times.items()},
                         "pairs": instrument_pairs(tr.cfg, list(loops)),
                         "params_differing": differing,
                         # two identical backward passes gave the same gradients on this device

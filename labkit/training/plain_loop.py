@@ -57,7 +57,6 @@ import time
 from typing import Callable, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from labkit.core import layout
@@ -67,6 +66,7 @@ from labkit.core.files import atomic_write_json
 from . import lifecycle
 from .dist import DistContext, sync_device
 from .preflight import add_resolved, rank_config
+from .pricing import count_differing, repeatable, slowest, trial_stats
 
 PROG = "labkit.plain_loop"  # how the rank names itself in its one-line errors
 LOOPS = ("plain", "labkit_ddp")  # the overhead job's two loops (rounds() says in which order)
@@ -185,7 +185,6 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
     the same rounds: the plain loop against itself is the job's A/A control, what two identical
     loops differ by in this job (labkit.analysis.bench_view.control_interval).
     ``profile_steps``: then a trace of that many steps of each loop (:func:`_trace`)."""
-    from .bench_rank import _stats
     from .data import build_datasets, steps_per_epoch
     from .dist import env_world, init, teardown
     from .trainer import Trainer
@@ -215,8 +214,8 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
             run[CONTROL] = lambda e: again.train_epoch(e, n, stamp)
         order = rounds(trials, loops)
         times = _time_rounds(run, order, stamps, warmup, steps, cfg.seed, ctx.device)
-        differ = _differing(plain.model, tr.model, ctx.device)
-        control_differ = _differing(plain.model, again.model, ctx.device) if control else None
+        differ = count_differing(plain.model, tr.model, ctx.device)
+        control_differ = count_differing(plain.model, again.model, ctx.device) if control else None
         # on a GPU, the device's own difference or the loops'? (pricing.repeatable)
         repeatable = _repeatable(tr, plain) if differ and ctx.device.type == "cuda" else None
         if profile_steps:  # after the checks above: one more trial of each loop, traced
@@ -229,7 +228,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
             "device": ctx.device.type,  # where both loops computed (cfg.device, as the methods' jobs)
             "steps": steps, "warmup": warmup, "trials": trials, "order": [n for pair in order for n in pair],
             "workers": plain.workers, "pin_cpus": cfg.pin_cpus, "time_comm": cfg.time_comm,
-            **{k: {"step_time": _stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
+            **{k: {"step_time": trial_stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
             "paired_ratios": [p / q for p, q in zip(times["plain"], times["labkit_ddp"])],
             "params_equal": differ == 0, "params_differing": differ,
             **({"control_params_differing": control_differ} if control else {}),
@@ -283,35 +282,21 @@ def _time_rounds(run: dict, order: list, stamps: list, warmup: int, steps: int, 
                  device: torch.device) -> dict[str, list[float]]:
     """Each loop's seconds per step in each round (``run[name](epoch)`` trains one trial, its
     steps stamped into ``stamps``), the slowest rank's."""
-    from .bench_rank import _slowest
-
     times: dict[str, list[float]] = {k: [] for k in run}
     for trial, loops in enumerate(order):
         for name in loops:
             stamps.clear()
             torch.manual_seed(seed + trial)  # augmentation in this process draws alike
             run[name](trial + 1)
-            times[name].append(_slowest(stamps[warmup + steps] - stamps[warmup], device) / steps)
+            times[name].append(slowest(stamps[warmup + steps] - stamps[warmup], device) / steps)
     return times
 
 
 def _repeatable(tr, plain: PlainDDP) -> bool:
     """pricing.repeatable on a batch of the plain loop's, on the device."""
-    from .pricing import repeatable
-
     dev = tr.ctx.device
     x, y = next(iter(plain.loader))
     return repeatable(tr.model, [(x.to(dev), y.to(dev))], dev)
-
-
-def _differing(a: torch.nn.Module, b: torch.nn.Module, device: torch.device) -> int:
-    """How many tensors of the two models' state differ (not bit for bit), over all ranks."""
-    sa, sb = a.state_dict(), b.state_dict()
-    n = torch.tensor([sum(not torch.equal(sa[k], sb[k]) for k in sa) + len(set(sa) ^ set(sb))],
-                     dtype=torch.int64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(n)
-    return int(n.item())
 
 
 def main(argv: Optional[list[str]] = None) -> int:

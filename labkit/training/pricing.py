@@ -32,6 +32,32 @@ AS_RUN = "as run"  # the rounds' name for the job's own loop (its config as give
 STEP_MARKS = ("other", "data", "pull", "compute", "sync", "optimizer")
 
 
+def trial_stats(xs: list[float]) -> dict:
+    """The trials' times as the bench's documents give them: median, min, max, IQR, all."""
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "iqr": q[2] - q[0], "trials": xs}
+
+
+def slowest(t: float, device: torch.device) -> float:
+    """The largest of every rank's ``t``."""
+    if is_distributed():
+        v = torch.tensor([t], dtype=torch.float64, device=device)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        t = v.item()
+    return t
+
+
+def count_differing(a: torch.nn.Module, b: torch.nn.Module, device: torch.device) -> int:
+    """How many tensors of the two models' state differ (not bit for bit), over all ranks."""
+    sa, sb = a.state_dict(), b.state_dict()
+    n = torch.tensor([sum(not torch.equal(sa[k], sb[k]) for k in sa) + len(set(sa) ^ set(sb))],
+                     dtype=torch.int64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(n)
+    return int(n.item())
+
+
 def instrument_loops(cfg: TrainConfig) -> dict[str, TrainConfig]:
     """The loops of the instrument rounds, the job's own first: each other differs from it by
     one instrument turned off (``--time-comm off``, ``--no-progress``) or, for DDP, by its
@@ -65,9 +91,7 @@ class _PerCall:
     one untimed call), the device's work included, the slowest rank's."""
 
     def __init__(self, device: torch.device, reps: int, batches: int):
-        from .bench_rank import _slowest
-
-        self.dev, self.reps, self.batches, self.slowest = device, reps, batches, _slowest
+        self.dev, self.reps, self.batches = device, reps, batches
 
     def __call__(self, fn: Callable[[], Any], reps: int = 0) -> float:
         n = reps or self.reps
@@ -80,7 +104,7 @@ class _PerCall:
                 fn()
             sync_device(self.dev)
             got.append((time.perf_counter() - t0) / n)
-        return self.slowest(statistics.median(got), self.dev)
+        return slowest(statistics.median(got), self.dev)
 
 
 def per_step_work(tr, data, step: float, reps: int = 200, batches: int = 5) -> dict:
@@ -120,7 +144,7 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     calls = len(parts.steps)
     parts.take()
     clock.durations()
-    t_take = per_call.slowest((time.perf_counter() - t0) / calls, dev)
+    t_take = slowest((time.perf_counter() - t0) / calls, dev)
     meter = EpochMeter(reps, 0, s, dev, False, StepParts(dev))
     y = torch.zeros(cfg.batch_size, dtype=torch.long, device=dev)
     out = torch.ones((), device=dev), torch.zeros(cfg.batch_size, data.num_classes, device=dev)
@@ -133,7 +157,7 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     t0 = time.perf_counter()
     meter.fold()
     sync_device(dev)
-    t_meter += per_call.slowest((time.perf_counter() - t0) / max(1, folded), dev)
+    t_meter += slowest((time.perf_counter() - t0) / max(1, folded), dev)
     meter.start()
     bar = tqdm(total=10 ** 9, unit="batch", ncols=100, mininterval=5.0, file=Lines(io.StringIO()))
     t_update = per_call(lambda: bar.update(1))
@@ -171,12 +195,10 @@ def loops_agree(tr, others: dict, batches: list) -> tuple[dict, Optional[bool]]:
     of each instrument loop's model differ from the job's (``tr``'s), and, on a GPU where some
     do, whether the device repeats a backward pass at all (:func:`repeatable`; None: not
     probed). An instrument must not change what training computes."""
-    from .plain_loop import _differing
-
     dev, differing = tr.ctx.device, {}
     for name, o in others.items():
         o.tr.strategy.finish_epoch(o.tr.model)
-        differing[name] = _differing(tr.model, o.tr.model, dev)
+        differing[name] = count_differing(tr.model, o.tr.model, dev)
         o.close()
     # on a GPU a difference can be the device's: probed only then (it costs two passes)
     probe = dev.type == "cuda" and any(differing.values())

@@ -25,8 +25,9 @@ from .implementation import QuoteError, implementation_markdown, quote
 from .load import (NAN, ResultError, RunResults, load_env, load_files,
                    load_reproduction, load_result, load_run, load_variants, method_key,
                    summary_value)
-from .plots import (COLORS, PLOTS, figure_html, plot_accuracy, plot_communication, plot_losses,
-                    plot_throughput, plot_training_time, write_plots)
+from .figures import COLORS, figure_html
+from .plots import (PLOTS, plot_accuracy, plot_communication, plot_losses, plot_throughput,
+                    plot_training_time, write_plots)
 from .repeats import aggregate_rows, repeat_rows, repeats_section
 from .projection import projection_section
 from .seeds import SEED_PLOTS, seeds_section
@@ -35,7 +36,8 @@ from .tables import (comm_ms, communication_rows, comparison_rows, config_rows, 
                      environment_rows,
                      epoch_rows, html_table, intervals, method_runs, reproduction_rows, target_text, text_table,
                      variant_rows)
-from .text import (accuracy_verdicts, discussion, load_bench, ran_on_gpu, reproduction_summary,
+from .discuss import discussion, discussion_markdown
+from .text import (accuracy_verdicts, load_bench, ran_on_gpu, reproduction_summary,
                    speed_verdicts, terminal_summary, verdict_lines)
 from .textreport import text_report, write_report
 from .summary import summary_lines

@@ -24,10 +24,10 @@ from typing import Optional
 from labkit.analysis import stats
 from labkit.analysis.texttable import text_table
 from labkit.core.files import atomic_path
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core.methods import METHOD_ORDER, SPECS, label
 from labkit.core.status import Status, status_of
 
-from .plots import COLORS, save_figure
+from .figures import COLORS, save_figure
 
 #: on the log axis, unshaped sits this factor right of the fastest shaped rate
 UNSHAPED_GAP = 4.0
@@ -91,11 +91,6 @@ def series(sw) -> dict[tuple[str, str], list[At]]:
                 out.setdefault((m, other), []).append(
                     At(link["rate_bit"], p, docs, min(put) if put else None))
     return {k: sorted(v, key=lambda a: order(a.rate_bit)) for k, v in out.items()}
-
-
-def label(key: tuple[str, str]) -> str:
-    m, other = key
-    return SHORT[m] + (f" ({other})" if other else "")
 
 
 def _scores(sw) -> dict[tuple[str, str], dict[int, object]]:
@@ -219,7 +214,7 @@ def crossovers(sw) -> list[Crossover]:
         base = {a.rate_bit: a for a in ser.get((BASE, other), [])}
         if m == BASE or not base or SPECS[m].bound:  # a bound (no sync) beats nothing
             continue
-        name = label((m, other))
+        name = label(m, other)
         both = [a for a in ats if a.rate_bit in base]
         out.append(crossover(name, "throughput", [
             judge_throughput(a.docs, base[a.rate_bit].docs, a.rate_bit) for a in both]))
@@ -240,19 +235,17 @@ def crossover_lines(sw) -> list[str]:
 def rows(sw) -> list[dict]:
     """One row per method and link: the goodput measured, throughput with its CI, time to the
     target with its CI over seeds."""
-    from .seeds import _ci
-
     scores = _scores(sw)
     out = []
     for key, ats in series(sw).items():
         for a in ats:
             t = stats.throughput(a.docs)
             s = scores.get(key, {}).get(a.rate_bit)
-            out.append({"Method": label(key), "Link": rate_text(a.rate_bit),
+            out.append({"Method": label(*key), "Link": rate_text(a.rate_bit),
                         "Goodput (Mbit/s, least)": f"{a.goodput:.1f}" if a.goodput else "-",
                         "Throughput (img/s)": f"{t.value:,.1f}" if t.value else "-",
                         "95% CI": t.ci_text(1), "CI over": t.basis if t.available else t.note or "-",
-                        "Time to target (s, 95% CI)": _ci(s.time(), ".1f") if s else "-",
+                        "Time to target (s, 95% CI)": s.time().with_ci(1) if s else "-",
                         "Seeds": s.n if s else len(a.docs)})
     return out
 
@@ -305,20 +298,20 @@ def plot_link(sw, axes) -> None:
         aside = DODGE ** (k - (len(ser) - 1) / 2)
         color, xs = COLORS[key[0]], [pos[a.rate_bit] * aside for a in ats]
         unshaped = ats[-1].rate_bit == 0
-        _curve(axes[0], xs, [stats.throughput(a.docs) for a in ats], color, label(key), unshaped)
+        _curve(axes[0], xs, [stats.throughput(a.docs) for a in ats], color, label(*key), unshaped)
         if key in scores:
             ivs = [scores[key][a.rate_bit].time() for a in ats]
-            _curve(axes[1], xs, ivs, color, label(key), unshaped)
+            _curve(axes[1], xs, ivs, color, label(*key), unshaped)
             missed = [x for x, iv in zip(xs, ivs) if iv.value is None and "reached" in iv.note]
             if missed:
                 axes[1].plot(missed, [0] * len(missed), "x", color=color, ms=9,
-                             label=f"{label(key)}: not reached")
+                             label=f"{label(*key)}: not reached")
     said: dict[int, list[str]] = {0: [], 1: []}  # each panel's crossovers, in its legend's title
     for c in crossovers(sw):
         k = 0 if c.quantity == "throughput" else 1
         said[k].append(f"{c.method}: {c.short}")
         if c.low is not None:
-            m = next(key for key in ser if label(key) == c.method)[0]
+            m = next(key for key in ser if label(*key) == c.method)[0]
             axes[k].axvspan(pos[c.low], pos[c.high], color=COLORS[m], alpha=0.13,
                             label=f"{c.method}: crossover (beats DDP below it)")
     axes[0].set_title("Throughput vs link rate (error bars: 95% CI)", fontsize=10)

@@ -12,7 +12,7 @@ from typing import Optional
 
 from labkit.core import layout
 from labkit.core.config import VARIANTS
-from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, SPECS
 from labkit.core.run_folder import RunFolder, read_json, recorded
 from labkit.core.status import Status, as_seen, status_of
 NAN = float("nan")
@@ -151,8 +151,20 @@ def _add(res: RunResults, path: Path, expected: Optional[str], first: bool = Tru
         res.problems.setdefault(m, f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else ""))
 
 
-def _epochs(doc: dict) -> list[dict]:
+def epochs_of(doc: dict) -> list[dict]:
+    """A result document's epochs."""
     return doc["epochs"]
+
+
+def runs_of(res: RunResults, m: str) -> list[dict]:
+    """Every run of ``m`` (a method, or a variant such as ddp-bf16), one per seed, failed ones
+    included (they count), interrupted ones not: the user stopped them before their last epoch,
+    so their last accuracy is not a final one, nor their miss the method's."""
+    if m in SPECS:
+        docs = list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
+    else:
+        docs = variant_runs(res.run_dir, m) if res.run_dir is not None else []
+    return [d for d in docs if status_of(d) != Status.INTERRUPTED]
 
 
 def summary_value(doc: dict, key: str) -> float:
@@ -160,7 +172,7 @@ def summary_value(doc: dict, key: str) -> float:
     s = doc.get("summary") or {}
     if key in s:
         return s[key]
-    ep = _epochs(doc)
+    ep = epochs_of(doc)
     if not ep:
         return NAN
     if key == "avg_train_throughput":

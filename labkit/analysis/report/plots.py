@@ -1,8 +1,7 @@
-"""The guide's five plots, the ranks' waits and the bytes on the wire (PLOTS), and figures as
-HTML blocks with their captions."""
+"""The guide's five plots, the ranks' waits and the bytes on the wire (PLOTS); the seeds' two
+with several seeds (labkit.analysis.report.seeds)."""
 from __future__ import annotations
 
-import html
 import os
 from pathlib import Path
 from statistics import mean
@@ -11,25 +10,13 @@ from typing import Optional
 from labkit.analysis import breakdown
 from labkit.core import layout
 from labkit.core.files import atomic_path
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core.methods import METHOD_ORDER, SPECS, label
 
-from .load import RunResults, _epochs, method_key, summary_value
+from .figures import COLORS
+from .load import RunResults, epochs_of, method_key, summary_value
+from .seeds import SEED_PLOTS, has_seeds, plot_seeds
 from .tables import comm_ms, intervals, wire_mb
 
-
-
-class _Colors(dict):
-    """The built-ins' colours; a method of one's own gets one of the others, by its name."""
-    OTHERS = ("#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
-
-    def __missing__(self, m: str) -> str:
-        return self.OTHERS[sum(map(ord, m)) % len(self.OTHERS)]
-
-    def get(self, m, default=None):
-        return default if m is None else self[m]
-
-
-COLORS = _Colors(ddp="#4C72B0", allreduce="#55A868", ps="#C44E52")
 PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
          "communication_overhead", "sync_waits", "wire")  # the guide's five, the waits, the bytes
 
@@ -51,17 +38,17 @@ def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
             lo.append(v - iv.low), hi.append(iv.high - v)
         else:  # epoch time = steps x step time: the same relative interval, mirrored
             lo.append(v - v * iv.value / iv.high), hi.append(v * iv.value / iv.low - v)
-    bars = ax.bar([SHORT[m] for m in ms], vals, color=[COLORS[m] for m in ms], yerr=[lo, hi],
+    bars = ax.bar([label(m) for m in ms], vals, color=[COLORS[m] for m in ms], yerr=[lo, hi],
                   capsize=6, ecolor="#333")
     # inside the bars: above them the labels would sit on the whiskers
     ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], label_type="center", color="white",
                  fontweight="bold")
     for m, v in zip(ms, vals):  # the no-communication bound: the ceiling of every method
         if key == "avg_train_throughput" and SPECS[m].bound:
-            ax.axhline(v, ls="--", lw=1, color="#555", label=f"{SHORT[m]}: the ceiling")
+            ax.axhline(v, ls="--", lw=1, color="#555", label=f"{label(m)}: the ceiling")
             ax.legend(fontsize=8, loc="lower right")
     ax.set_ylabel(ylabel)
-    none = [SHORT[m] for m in ms if not thr[m].available]
+    none = [label(m) for m in ms if not thr[m].available]
     ax.set_title(title + "\n(whiskers: 95% CI" + (f"; n/a for {', '.join(none)}" if none else "")
                  + ")", fontsize=10)
     ax.margins(y=0.2)
@@ -69,7 +56,7 @@ def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
 
 
 def _note_missing(ax, res: RunResults) -> None:
-    missing = [SHORT.get(m, m) for m in METHOD_ORDER if m not in res.ok and m in res.problems]
+    missing = [label(m) for m in METHOD_ORDER if m not in res.ok and m in res.problems]
     if missing:
         ax.text(0.99, 0.98, "no result: " + ", ".join(missing), transform=ax.transAxes,
                 ha="right", va="top", fontsize=8, color="#a00")
@@ -115,13 +102,13 @@ def plot_losses(docs: dict[str, dict], ax=None, repeats: Optional[dict[str, list
 
 def plot_accuracy(res: RunResults, ax):
     for m, d in res.ok.items():
-        ep = _epochs(d)
+        ep = epochs_of(d)
         x = [e["epoch"] for e in ep]
         ax.plot(x, [e["train_accuracy"] for e in ep], "--o", color=COLORS[m], ms=4,
-                label=f"{SHORT[m]} (train)")
+                label=f"{label(m)} (train)")
         if all("val_accuracy" in e for e in ep):
             ax.plot(x, [e["val_accuracy"] for e in ep], "-s", color=COLORS[m], ms=4,
-                    label=f"{SHORT[m]} (val)")
+                    label=f"{label(m)} (val)")
         for r in _later_repeats(res.repeats, m):  # faint: the other repeats' curves
             rx = [e["epoch"] for e in r["epochs"]]
             ax.plot(rx, [e["train_accuracy"] for e in r["epochs"]], "--", color=COLORS[m], lw=0.8, alpha=0.35)
@@ -146,7 +133,7 @@ def plot_communication(res: RunResults, ax):
     items = {m: b for m, b in items.items() if b is not None}
     if items and len(items) == len(res.ok):
         order = [m for m in METHOD_ORDER if m in items]
-        breakdown.draw(ax, [SHORT[m] for m in order], [items[m] for m in order])
+        breakdown.draw(ax, [label(m) for m in order], [items[m] for m in order])
         ax.set_title("Where a trainer's step goes")
         _note_missing(ax, res)
         return
@@ -155,9 +142,9 @@ def plot_communication(res: RunResults, ax):
     for m in ("allreduce", "ps"):
         if m not in docs:
             continue
-        step = 1000 * mean(e["avg_batch_time"] for e in _epochs(docs[m]) if "avg_batch_time" in e)
+        step = 1000 * mean(e["avg_batch_time"] for e in epochs_of(docs[m]) if "avg_batch_time" in e)
         parts = c[m]
-        labels.append(SHORT[m])
+        labels.append(label(m))
         comm_parts.append(parts)
         rest.append(max(0.0, step - sum(parts.values())))
     colors = {"allreduce": "#55A868", "pull": "#DD8452", "push": "#C44E52"}
@@ -209,7 +196,7 @@ def plot_sync_waits(res: RunResults, ax):
         ax.text(i, 1.12 * top + 0.1, (f"last: rank {w.last}" if w.consistent else "no steady "
                                       f"straggler; most often rank {w.last}")
                 + f" ({100 * share:.0f}% of steps)", ha="center", fontsize=8)
-    ax.set_xticks(range(len(items)), [SHORT[m] for m, _ in items])
+    ax.set_xticks(range(len(items)), [label(m) for m, _ in items])
     ax.set_ylabel("ms waited per step (mean)")
     ax.set_ylim(0, 1.3 * max(1000 * max(w.mean_wait) for _, w in items) + 0.5)
     ax.set_title("Who waited for whom (red: the rank the others waited for)")
@@ -222,11 +209,11 @@ def plot_wire(res: RunResults, ax):
     if not items:
         return
     x = range(len(items))
-    for shift, i, label, hatch in ((-0.2, 0, "sent", ""), (0.2, 1, "received", "//")):
-        bars = ax.bar([k + shift for k in x], [w[i] for _, w in items], 0.4, label=label,
+    for shift, i, what, hatch in ((-0.2, 0, "sent", ""), (0.2, 1, "received", "//")):
+        bars = ax.bar([k + shift for k in x], [w[i] for _, w in items], 0.4, label=what,
                       hatch=hatch, color=[COLORS[m] for m, _ in items], edgecolor="white")
         ax.bar_label(bars, labels=[f"{w[i]:.2f}" for _, w in items], fontsize=8)
-    ax.set_xticks(list(x), [SHORT[m] for m, _ in items])
+    ax.set_xticks(list(x), [label(m) for m, _ in items])
     ax.set_ylabel("MB per step per trainer")
     ax.set_title("MB per step on the wire")
     ax.legend(fontsize=8)
@@ -246,8 +233,6 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
               "loss_curves": lambda r, ax: plot_losses(r.ok, ax, r.repeats), "accuracy_curves": plot_accuracy,
               "communication_overhead": plot_communication, "sync_waits": plot_sync_waits,
               "wire": plot_wire}
-    from .seeds import SEED_PLOTS, has_seeds, plot_seeds
-
     makers.update({"accuracy_vs_time": lambda r, ax: plot_seeds(r, ax, "time"),
                    "accuracy_vs_bytes": lambda r, ax: plot_seeds(r, ax, "bytes")})
     paths = []
@@ -261,31 +246,3 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
-
-
-def save_figure(png: Path, size: tuple[float, float], panels: int, draw) -> Path:
-    """``draw(ax)`` (or ``draw(axes)`` for several panels side by side) into ``png``,
-    written atomically (the sweep's figures)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(1, panels, figsize=size, dpi=110)
-    draw(ax)
-    fig.tight_layout()
-    with atomic_path(str(png)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return png
-
-
-def figure_html(png: Path, caption: str) -> str:
-    """A figure with its caption in one block that a PDF page break cannot split."""
-    import base64
-
-    b64 = base64.b64encode(Path(png).read_bytes()).decode()
-    cap = html.escape(caption)
-    return (f'<figure style="break-inside: avoid; margin: 0 0 1.5em 0"><figcaption><b>{cap}</b>'
-            f'</figcaption><img src="data:image/png;base64,{b64}" alt="{cap}" style="max-width: 100%">'
-            f'</figure>')

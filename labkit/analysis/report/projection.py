@@ -13,13 +13,13 @@ from labkit.analysis.costmodel.alphabeta import Link
 from labkit.analysis.costmodel.measured import (break_even, measured_inputs, project_methods,
                                                 project_one, where_it_wins)
 from labkit.core.config import VARIANTS
-from labkit.core.methods import SPECS
+from labkit.core.methods import SPECS, label
 from labkit.core.run_folder import goodputs
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from .load import RunResults
-from .seeds import _name, _runs, judged
+from .load import RunResults, runs_of
+from .seeds import judged
 from .tables import html_table
 
 AT = 1024  # the GPU count of the table's cells
@@ -35,7 +35,7 @@ def inputs_of(res: RunResults) -> Optional[dict[str, dict]]:
     (DDP among them, and at least one other), every method given DDP's compute; else None."""
     inputs = {}
     for m in judged(res):
-        runs = [d for d in _runs(res, m) if d.get("epochs")]
+        runs = [d for d in runs_of(res, m) if d.get("epochs")]
         x = measured_inputs(runs[0]) if runs else None
         if x is not None:
             inputs[m] = x
@@ -104,7 +104,7 @@ def rows(got) -> list[dict]:
     compute, and the compute times per step at which it would beat DDP there (said once, in
     lines(), for a method that never would). DDP's own row (1.00x) and a method whose every
     cell says the same are no rows: lines() states them in one line."""
-    return [{"Method": _name(m),
+    return [{"Method": label(m),
              **{INTERCONNECTS[k].name: f"{ratio:.2f}x" + ("" if _never(cells) or when == "never"
                                                           else f"; wins: {when}")
                 for k, (ratio, _, when) in cells.items()}}
@@ -119,10 +119,10 @@ def lines(got) -> list[str]:
         if m == "ddp":
             continue
         if _as_ddp(cells):
-            out.append(f"{_name(m)}: the same as DDP (1.00x) on every interconnect, at any "
+            out.append(f"{label(m)}: the same as DDP (1.00x) on every interconnect, at any "
                        f"compute time per step.")
         elif _never(cells):
-            out.append(f"{_name(m)}: never beats DDP at {AT} GPUs, on any interconnect, at any "
+            out.append(f"{label(m)}: never beats DDP at {AT} GPUs, on any interconnect, at any "
                        f"compute time per step from 0.1 ms to 10 s.")
     return out
 
@@ -133,11 +133,11 @@ def sentence(got) -> str:
             for m, cells in got[1].items() if m != "ddp"}
     some = {m: when for m, cells in got[1].items() if m != "ddp"
             for _, _, when in cells.values() if when != "never"}
-    now = "; ".join(f"{_name(m)} on {', '.join(k)}" for m, k in wins.items() if k)
+    now = "; ".join(f"{label(m)} on {', '.join(k)}" for m, k in wins.items() if k)
     head = f"Projected to {AT} GPUs at this run's compute ({_ms(got[0])} per step; Table 11, speed only): "
     if now:
         return head + f"faster than DDP: {now}."
-    later = ", ".join(_name(m) for m in some)
+    later = ", ".join(label(m) for m in some)
     return head + ("no method beats DDP on any interconnect"
                    + (f"; {later} would at other compute times per step (Table 11)." if later
                       else ", at any compute time per step from 0.1 ms to 10 s."))
@@ -211,7 +211,7 @@ def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
         models["goodput"] = _model_link("goodput", goodput_bit(link), delay)
     out = []
     for m, x in inputs.items():
-        b = breakdown.of_result([d for d in _runs(res, m) if d.get("epochs")][0])
+        b = breakdown.of_result([d for d in runs_of(res, m) if d.get("epochs")][0])
         measured = b.measured or b.total
         row = {"method": m, "measured": measured}
         for k, lk in models.items():
@@ -224,7 +224,7 @@ def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
 
 def on_link_rows(got) -> list[dict]:
     link, rows = got
-    return [{"Method": _name(r["method"]), "Measured step": _ms(r["measured"]),
+    return [{"Method": label(r["method"]), "Measured step": _ms(r["measured"]),
              f"Model at {link['link']}": f"{_ms(r['set'])} ({r['set_error']:+.0f}%)",
              **({"Model at the probe's goodput": f"{_ms(r['goodput'])} ({r['goodput_error']:+.0f}%)"}
                 if "goodput" in r else {})} for r in rows]

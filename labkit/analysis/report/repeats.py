@@ -11,7 +11,7 @@ from labkit.core.run_folder import RunFolder
 from labkit.core.status import status_of
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from labkit.core.methods import METHOD_ORDER, SHORT
+from labkit.core.methods import METHOD_ORDER, label
 
 from .load import RunResults
 from .tables import html_table
@@ -37,7 +37,7 @@ def repeat_rows(res: RunResults) -> list[dict]:
         for i, d in enumerate(res.repeats.get(m, []), 1):
             agg = stats.aggregate([d])
             pos = order[i - 1].index(m) + 1 if i <= len(order) and m in order[i - 1] else None
-            rows.append({"Method": SHORT[m], "Repeat": i, "Seed": d.get("config", {}).get("seed", "-"),
+            rows.append({"Method": label(m), "Repeat": i, "Seed": d.get("config", {}).get("seed", "-"),
                          "Ran as": f"{pos} of {len(order[i - 1])}" if pos else "-",
                          "Throughput (img/s)": agg["throughput_per_repeat"][0],
                          "Best accuracy (%)": agg["best_val_accuracy"],
@@ -54,7 +54,7 @@ def aggregate_rows(res: RunResults) -> list[dict]:
             continue
         agg = stats.aggregate(docs)
         iv = agg["throughput"]
-        rows.append({"Method": SHORT[m], "Repeats": agg["repeats"],
+        rows.append({"Method": label(m), "Repeats": agg["repeats"],
                      "Throughput (img/s)": iv.value if iv.value is not None else float("nan"),
                      "95% CI": iv.ci_text(1) + (f" (over {iv.basis})" if iv.available else ""),
                      "Best accuracy (%)": agg["best_val_accuracy"],

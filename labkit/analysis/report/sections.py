@@ -15,10 +15,10 @@ from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status
 from .blocks import Block, Html, Markdown
 from .captions import caption, figure_caption
-from labkit.core.methods import SHORT
+from labkit.core.methods import label
 
-from .load import RunResults, _epochs, load_reproduction, load_variants
-from .plots import figure_html
+from .figures import figure_html
+from .load import RunResults, epochs_of, load_reproduction, load_variants
 from .tables import html_table, reproduction_rows, variant_rows
 from .text import load_bench, reproduction_summary
 
@@ -81,7 +81,7 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
     if not variants:  # the report's "Not in this run" line says how to add them
         return []
     methods = {VARIANTS[v]["method"] for v in variants}
-    base = {SHORT[m]: d for m, d in res.docs.items() if m in methods}
+    base = {label(m): d for m, d in res.docs.items() if m in methods}
     blocks = [Markdown(caption("variants"))]
     blocks.append(Html(html_table(variant_rows(base, variants))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -89,7 +89,7 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
         losses = d.get("all_losses") or []
         style = "-" if name in base else "--"
         a.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=name, color=f"C{i}")
-        ep = _epochs(d)
+        ep = epochs_of(d)
         b.plot([e["epoch"] for e in ep], [e.get("val_accuracy") for e in ep], style + "o", lw=1.2,
                label=name, color=f"C{i}")
     a.set(xlabel="training step", ylabel="training loss", title="Loss per step")

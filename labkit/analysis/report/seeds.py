@@ -25,12 +25,13 @@ import numpy as np
 from labkit.analysis import breakdown, stats
 from labkit.core.health import diverged_where
 from labkit.core.config import VARIANTS
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
 from labkit.core.status import Status, status_of
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from .load import RunResults, _epochs, variant_runs
+from .figures import COLORS, figure_html
+from .load import RunResults, epochs_of, runs_of
 from .tables import html_table, target, target_text, wire_mb
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
@@ -85,22 +86,6 @@ def _mean_interval(values: list[float], note: str) -> stats.Interval:
     return stats.t_interval(np.asarray(values, dtype=float), stats.CONFIDENCE, lambda x: x, "seeds")
 
 
-def _runs(res: RunResults, m: str) -> list[dict]:
-    """Every run of ``m`` (a method, or a variant such as ddp-bf16), one per seed, failed ones
-    included (they count), interrupted ones not: the user stopped them before their last epoch,
-    so their last accuracy is not a final one, nor their miss the method's."""
-    if m in SPECS:
-        docs = list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
-    else:
-        docs = variant_runs(res.run_dir, m) if res.run_dir is not None else []
-    return [d for d in docs if status_of(d) != Status.INTERRUPTED]
-
-
-def _name(m: str) -> str:
-    """A method's name in the report, or a variant's key (ddp-bf16)."""
-    return SHORT[m] if m in SPECS else m
-
-
 def _exact(m: str) -> bool:
     return SPECS[m].exact if m in SPECS else VARIANTS[m].get("compress", "none") == "none"
 
@@ -109,13 +94,13 @@ def score(res: RunResults, m: str, goal: float) -> Seeds:
     """Method ``m``'s runs against the target accuracy ``goal`` (%)."""
     s = Seeds(m, [], [], [], [])
     mbs = []
-    for d in _runs(res, m):
+    for d in runs_of(res, m):
         seed = d.get("config", {}).get("seed", "-")
         tta = breakdown.time_to_accuracy(d, goal)
         s.seeds.append(seed)
         s.seconds.append(tta.seconds if tta.reached else math.inf)
         s.steps.append(float(tta.steps) if tta.reached and tta.steps is not None else math.inf)
-        accs = [e.get("val_accuracy") for e in _epochs(d) if e.get("val_accuracy") is not None]
+        accs = [e.get("val_accuracy") for e in epochs_of(d) if e.get("val_accuracy") is not None]
         s.final.append(accs[-1] if accs else None)
         why = diverged_where(d) or (d.get("error") if status_of(d) is Status.FAILED else None)
         if why or status_of(d) is not Status.COMPLETED:
@@ -130,24 +115,14 @@ def score(res: RunResults, m: str, goal: float) -> Seeds:
 def judged(res: RunResults) -> list[str]:
     """The methods this part judges: every one that ran, in the registry's order, but a bound
     (nosync's ranks drift apart: its accuracy means nothing)."""
-    methods = [m for m in METHOD_ORDER if _runs(res, m) and not SPECS[m].bound]
-    return methods + [v for v in VARIANTS if v not in SPECS and _runs(res, v)]
+    methods = [m for m in METHOD_ORDER if runs_of(res, m) and not SPECS[m].bound]
+    return methods + [v for v in VARIANTS if v not in SPECS and runs_of(res, v)]
 
 
 def has_seeds(res: RunResults) -> bool:
     """Whether some method ran from more than one seed."""
-    return any(len({d.get("config", {}).get("seed") for d in _runs(res, m)}) > 1
+    return any(len({d.get("config", {}).get("seed") for d in runs_of(res, m)}) > 1
                for m in judged(res))
-
-
-def _ci(iv: stats.Interval, fmt: str, top: float = math.inf) -> str:
-    """"4.2 (3.1-5.3)": the mean and its interval, clipped to what the quantity can be (a time
-    is not negative, an accuracy not above 100%)."""
-    if iv.value is None:
-        return f"not reached ({iv.note})" if "reached" in iv.note else "-"
-    if not iv.available:
-        return f"{iv.value:{fmt}} ({iv.note})"
-    return f"{iv.value:{fmt}} ({max(0.0, iv.low):{fmt}}-{min(top, iv.high):{fmt}})"
 
 
 def rows(res: RunResults) -> list[dict]:
@@ -159,11 +134,11 @@ def rows(res: RunResults) -> list[dict]:
         s = score(res, m, goal) if goal is not None else None
         if s is None:
             continue
-        out.append({"Method": _name(m), "Exact": "yes" if _exact(m) else "no",
+        out.append({"Method": label(m), "Exact": "yes" if _exact(m) else "no",
                     "Seeds": s.n, "Reached": f"{s.reached} of {s.n}",
-                    "Time to target (s, 95% CI)": _ci(s.time(), ".1f"),
-                    "Steps to target (95% CI)": _ci(s.steps_to(), ".0f"),
-                    "Final accuracy (%, 95% CI)": _ci(s.final_accuracy(), ".2f", 100.0),
+                    "Time to target (s, 95% CI)": s.time().with_ci(1),
+                    "Steps to target (95% CI)": s.steps_to().with_ci(0),
+                    "Final accuracy (%, 95% CI)": s.final_accuracy().with_ci(2, 100.0),
                     "MB/step sent": f"{s.mb_per_step:.3f}" if s.mb_per_step is not None else "-",
                     "Failed": "; ".join(s.failed) or "-"})
     return out
@@ -185,7 +160,7 @@ def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
     """One line: ``m`` against ``base`` on time to target (faster / slower / within noise /
     not reached) and on final accuracy (lost / gained / kept within noise)."""
     a, b = score(res, m, goal), score(res, base, goal)
-    name, bname = _name(m), _name(base)
+    name, bname = label(m), label(base)
     if a.reached < a.n and not math.isfinite(max(a.kept(a.seconds))):
         speed = (f"did not reach {goal:.2f}% in {a.n - a.reached} of {a.n} seeds, so it has no "
                  f"time to target (counted as not reached, not dropped)")
@@ -199,7 +174,7 @@ def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
             word = ("faster" if iv.high < 1 else "slower" if iv.low > 1 else "within noise")
             speed = (f"{word}: {iv.value:.2f}x {bname}'s time to target "
                      f"(95% CI {iv.ci_text(ref=1.0)} over {a.n} and {b.n} seeds)")
-    acc = stats.accuracy_verdict(name, _runs(res, m), _runs(res, base), bname,
+    acc = stats.accuracy_verdict(name, runs_of(res, m), runs_of(res, base), bname,
                                  key="final_val_accuracy")
     word = {"lower": "accuracy lost", "higher": "accuracy gained",
             "within noise": "no accuracy lost beyond the noise"}.get(acc.label, "accuracy: " + acc.label)
@@ -210,7 +185,7 @@ def verdicts(res: RunResults) -> list[str]:
     goal = target(res)
     if goal is None:
         return []
-    bases = [b for b in BASELINES if _runs(res, b)]
+    bases = [b for b in BASELINES if runs_of(res, b)]
     # each method against each baseline; a baseline against the ones before it only
     return [verdict(res, m, b, goal) for b in bases for m in judged(res)
             if m not in BASELINES[:BASELINES.index(b) + 1]]
@@ -222,7 +197,6 @@ def seeds_section(res: RunResults, plots: Optional[list] = None) -> list[Block]:
     time and against bytes sent); a run with one seed per method gets one line saying so."""
     if not has_seeds(res):  # the report's "Not in this run" line says how to add them
         return []
-    from .plots import figure_html
     from .captions import figure_caption
 
     blocks = [Markdown(caption("seeds", target=target_text(res), drop=DROP_FROM)),
@@ -252,7 +226,7 @@ SEED_PLOTS = ("accuracy_vs_time", "accuracy_vs_bytes")
 def _curve(d: dict, mb_per_step: Optional[float]) -> tuple[list[float], list[float], list[float]]:
     """(seconds, MB sent per trainer, validation accuracy) at each epoch's end."""
     t, mb, acc, st, sb = [], [], [], 0.0, 0.0
-    for e in _epochs(d):
+    for e in epochs_of(d):
         st += e.get("train_time", 0.0) + e.get("val_time", 0.0)
         w = e.get("wire") or {}
         sent = [x for x, tr in zip(w.get("sent_per_step") or [], w.get("trainer") or []) if tr]
@@ -266,11 +240,9 @@ def _curve(d: dict, mb_per_step: Optional[float]) -> tuple[list[float], list[flo
 def plot_seeds(res: RunResults, ax, against: str) -> None:
     """Validation accuracy against wall time (``against`` "time") or against the MB a trainer
     sent (``"bytes"``): every seed faint, the mean over seeds bold, the target dashed."""
-    from .plots import COLORS
-
     goal, drawn = target(res), False
     for k, m in enumerate(judged(res)):
-        curves = [_curve(d, None) for d in _runs(res, m)]
+        curves = [_curve(d, None) for d in runs_of(res, m)]
         curves = [c for c in curves if c[2]]
         if not curves:
             continue
@@ -283,7 +255,7 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
         # distinct markers: exact methods' curves lie on top of each other
         ax.plot(np.mean([x_of(c)[:n] for c in curves], axis=0),
                 np.mean([c[2][:n] for c in curves], axis=0), "-" + "osD^v"[k % 5],
-                color=COLORS[m], ms=7 - k % 3 * 2, lw=2, label=f"{_name(m)} ({len(curves)} seeds)")
+                color=COLORS[m], ms=7 - k % 3 * 2, lw=2, label=f"{label(m)} ({len(curves)} seeds)")
         drawn = True
     if goal is not None:
         ax.axhline(goal, ls="--", color="#555", lw=1, label=f"target {goal:.2f}%")

@@ -8,7 +8,7 @@ from typing import Optional
 
 from labkit.analysis import breakdown
 from labkit.analysis.texttable import two_decimals
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core.methods import METHOD_ORDER, SPECS, label
 
 from . import projection
 from .load import RunResults
@@ -28,7 +28,7 @@ def _bound(m: str) -> bool:
 
 
 def _row(rows: list[dict], m: str) -> Optional[dict]:
-    return next((r for r in rows if r["Method"] == SHORT[m]), None)
+    return next((r for r in rows if r["Method"] == label(m)), None)
 
 
 def fastest_line(res: RunResults) -> Optional[str]:
@@ -41,18 +41,18 @@ def fastest_line(res: RunResults) -> Optional[str]:
     if not thr or "ddp" not in res.ok:
         return None
     others = [m for m in METHOD_ORDER if m in res.ok and m != "ddp"]  # speed_verdicts' order
-    label = {m: v.label for m, v in zip(others, speed_verdicts(res))}
+    verdict = {m: v.label for m, v in zip(others, speed_verdicts(res))}
     top = max(thr, key=thr.get)
     r = _row(rows, top)
-    said = f"{SHORT[top]}, {two_decimals(thr[top])} img/s (95% CI {r[THR_CI]})"
+    said = f"{label(top)}, {two_decimals(thr[top])} img/s (95% CI {r[THR_CI]})"
     if top != "ddp":
-        said += f", {r['Speedup vs DDP']} DDP (95% CI {r[SPEED_CI]}: {WORDS[label[top]]})"
-    sure = (label.get(top) == "faster" if top != "ddp" else
-            all(label[m] == "slower" for m in methods if m != "ddp"))
+        said += f", {r['Speedup vs DDP']} DDP (95% CI {r[SPEED_CI]}: {WORDS[verdict[top]]})"
+    sure = (verdict.get(top) == "faster" if top != "ddp" else
+            all(verdict[m] == "slower" for m in methods if m != "ddp"))
     lead = ("Fastest here (Table 1)" if sure else
             "Highest measured throughput (Table 1; no verdict: see its interval)")
-    rest = [f"{SHORT[m]} {_row(rows, m)['Speedup vs DDP']} DDP (95% CI {_row(rows, m)[SPEED_CI]}: "
-            f"{WORDS[label[m]]})" for m in methods if m not in ("ddp", top)]
+    rest = [f"{label(m)} {_row(rows, m)['Speedup vs DDP']} DDP (95% CI {_row(rows, m)[SPEED_CI]}: "
+            f"{WORDS[verdict[m]]})" for m in methods if m not in ("ddp", top)]
     return f"{lead}: {said}" + (f"; {'; '.join(rest)}" if rest else "") + "."
 
 
@@ -69,10 +69,10 @@ def time_line(res: RunResults) -> Optional[str]:
         return None
     said = []
     for part, ms in by_part.items():
-        ms_ = [comm.get(SHORT[m], {}).get("Exposed (ms)") for m in ms]
+        ms_ = [comm.get(label(m), {}).get("Exposed (ms)") for m in ms]
         numbers = (f" ({', '.join(two_decimals(x) for x in ms_)} ms per step, Table 2's "
                    f"Exposed)" if part == "exposed" and all(isinstance(x, float) for x in ms_) else "")
-        said.append(f"{breakdown.LABELS[part]} for {', '.join(SHORT[m] for m in ms)}{numbers}")
+        said.append(f"{breakdown.LABELS[part]} for {', '.join(label(m) for m in ms)}{numbers}")
     return f"Where the time went (Figure 5), the largest part of each step: {'; '.join(said)}."
 
 
@@ -87,8 +87,8 @@ def accuracy_line(res: RunResults) -> Optional[str]:
     rows = comparison_rows(res)
     got = [(m, _row(rows, m)) for m in METHOD_ORDER if m in res.ok]
     reached = sorted(((m, r) for m, r in got if isinstance(r[TTA], float)), key=lambda x: x[1][TTA])
-    never = [SHORT[m] for m, r in got if r[TTA] == "not reached"]
-    items = [f"{SHORT[m]} {two_decimals(r[TTA])} s ({r[STA]} steps)" for m, r in reached]
+    never = [label(m) for m, r in got if r[TTA] == "not reached"]
+    items = [f"{label(m)} {two_decimals(r[TTA])} s ({r[STA]} steps)" for m, r in reached]
     seeds = ("; Table 10 judges it over seeds" if has_seeds(res) else
              "; one seed per method, so these are not verdicts")
     return (f"Time to {t:.2f}% validation accuracy (Table 1): " + ", ".join(items)

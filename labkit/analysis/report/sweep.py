@@ -22,11 +22,11 @@ from labkit.core import layout
 from labkit.core.files import atomic_path
 from labkit.core.status import Status, status_of
 from labkit.analysis.texttable import text_table
-from labkit.core.methods import METHOD_ORDER, SHORT
+from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.run_folder import RunFolder
 
 from .load import RunResults, load_env, load_run
-from .plots import COLORS, save_figure
+from .figures import COLORS, save_figure
 
 
 class SweepError(ValueError):
@@ -94,11 +94,6 @@ def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[dict]]]]:
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 
 
-def label(key: tuple[str, str]) -> str:
-    m, other = key
-    return SHORT[m] + (f" ({other})" if other else "")
-
-
 def scaling_rows(sw: Sweep) -> list[dict]:
     """One row per method and process count: throughput with its CI, the ideal linear
     throughput from the smallest point, the efficiency with its CI."""
@@ -112,15 +107,14 @@ def scaling_rows(sw: Sweep) -> list[dict]:
             k = n0 / n
             eff = ratio.value * k if ratio.value else None
             rows.append({
-                "Method": label(key), "Processes": n,
+                "Method": label(*key), "Processes": n,
                 "Trainers": stats.images_per_step(docs[0]) // int(docs[0]["batch_size"]),
                 "Throughput (img/s)": f"{t.value:,.1f}" if t.value else "-",
                 "95% CI": t.ci_text(1),
                 "Ideal (img/s)": f"{t0.value * n / n0:,.1f}" if t0.value else "-",
                 "Efficiency": f"{eff:.2f}" if eff is not None else "-",
                 # n0 is the reference: 1.00 by definition, no interval
-                "Efficiency 95% CI": ("-" if n == n0 else f"{ratio.low * k:.2f}-{ratio.high * k:.2f}"
-                                      if ratio.available else "n/a"),
+                "Efficiency 95% CI": "-" if n == n0 else ratio.ci_text(scale=k),
                 "CI over": t.basis if t.available else "-",
             })
     return rows
@@ -152,12 +146,12 @@ def plot_scaling(sw: Sweep, ax) -> None:
         vals = [iv.value or 0.0 for iv in ivs]
         err = [[v - iv.low if iv.available else 0.0 for v, iv in zip(vals, ivs)],
                [iv.high - v if iv.available else 0.0 for v, iv in zip(vals, ivs)]]
-        ax.errorbar(ns, vals, yerr=err, fmt="-o", color=color, capsize=4, label=label(key))
+        ax.errorbar(ns, vals, yerr=err, fmt="-o", color=color, capsize=4, label=label(*key))
         if vals[0]:  # the efficiency beside each point past n0
             marks += [(n, v, f"{v / (vals[0] * n / ns[0]):.2f}", color) for n, v in zip(ns[1:], vals[1:])]
         if len(ns) > 1 and vals[0]:
             ax.plot([ns[0], ns[-1]], [vals[0], vals[0] * ns[-1] / ns[0]], "--", color=color,
-                    alpha=0.6, label=f"ideal linear, {label(key)}")
+                    alpha=0.6, label=f"ideal linear, {label(*key)}")
     _label_points(ax, marks)
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -203,7 +197,7 @@ def limits(sw: Sweep) -> list[str]:
                      "others, which charges it for the server.")
     for p in sw.points:
         for m, prob in p.res.problems.items():
-            lines.append(f"Problem at {p.name}: {SHORT.get(m, m)}: {prob}")
+            lines.append(f"Problem at {p.name}: {label(m)}: {prob}")
     missing = [p["name"] for p in sw.doc.get("points", []) if not (sw.path / p["dir"]).is_dir()]
     if missing:
         lines.append(f"Not run: {', '.join(missing)}.")
@@ -259,17 +253,15 @@ def study_rows(sw: Sweep) -> list[dict]:
     """One row per method and grid point: time and steps to the target and final accuracy
     (mean and 95% CI over seeds, MLPerf's scoring: labkit.analysis.report.seeds) and the MB a
     trainer sent per step."""
-    from .seeds import _ci, _name
-
     rows = []
     for m, pts in study(sw).items():
         for p, s in pts:
-            rows.append({"Method": _name(m), "Point": ", ".join(f"{k}={v}" for k, v in p.params.items()),
+            rows.append({"Method": label(m), "Point": ", ".join(f"{k}={v}" for k, v in p.params.items()),
                          "Seeds": s.n,
                          "Reached": f"{s.reached} of {s.n}",
-                         "Time to target (s, 95% CI)": _ci(s.time(), ".1f"),
-                         "Steps to target (95% CI)": _ci(s.steps_to(), ".0f"),
-                         "Final accuracy (%, 95% CI)": _ci(s.final_accuracy(), ".2f", 100.0),
+                         "Time to target (s, 95% CI)": s.time().with_ci(1),
+                         "Steps to target (95% CI)": s.steps_to().with_ci(0),
+                         "Final accuracy (%, 95% CI)": s.final_accuracy().with_ci(2, 100.0),
                          "MB/step sent": f"{s.mb_per_step:.3f}" if s.mb_per_step is not None else "-"})
     return rows
 
@@ -278,8 +270,6 @@ def plot_study(sw: Sweep, axes) -> None:
     """Two panels against the swept parameter: time to the target (error bars: 95% CI over
     seeds; an open marker at the top: not reached) and MB sent per step per trainer."""
     import numpy as np
-
-    from .seeds import _name
 
     key = studied(sw)[0]
     goal = study_target(sw)
@@ -292,14 +282,14 @@ def plot_study(sw: Sweep, axes) -> None:
             err = [[v - max(0.0, iv.low) if iv.available else 0.0 for v, (_, iv) in zip(vals, got)],
                    [iv.high - v if iv.available else 0.0 for v, (_, iv) in zip(vals, got)]]
             axes[0].errorbar([x for x, _ in got], vals, yerr=err, fmt="-o", capsize=4,
-                             color=COLORS[m], label=_name(m))
+                             color=COLORS[m], label=label(m))
         missed = [x for x, iv in zip(xs, ivs) if iv.value is None]
         if missed:
             axes[0].plot(missed, [0] * len(missed), "x", color=COLORS[m], ms=9,
-                         label=f"{_name(m)}: not reached")
+                         label=f"{label(m)}: not reached")
         mb = [(x, s.mb_per_step) for x, (_, s) in zip(xs, pts) if s.mb_per_step]
         if mb:
-            axes[1].plot([x for x, _ in mb], [v for _, v in mb], "-o", color=COLORS[m], label=_name(m))
+            axes[1].plot([x for x, _ in mb], [v for _, v in mb], "-o", color=COLORS[m], label=label(m))
     axes[0].set_title(f"Time to {goal:.2f}% validation accuracy" if goal is not None else
                       "Time to target", fontsize=10)
     axes[0].set_ylabel("seconds (mean over seeds, 95% CI)")

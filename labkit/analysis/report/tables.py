@@ -8,9 +8,9 @@ from labkit.analysis.texttable import text_table as _text_table
 from labkit.analysis.texttable import two_decimals
 from labkit.analysis import breakdown, stats
 from labkit.core import efficiency
-from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SHORT, SPECS, comm_key, find
+from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SPECS, comm_key, find, label
 
-from .load import RunResults, _epochs, summary_value
+from .load import RunResults, epochs_of, summary_value
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
@@ -105,7 +105,7 @@ def comparison_rows(res: RunResults) -> list[dict]:
     rows = []
     for m in listed(res):
         if m not in docs:
-            rows.append({"Method": SHORT[m], "Avg throughput (img/s)": "-", THR_CI: "-",
+            rows.append({"Method": label(m), "Avg throughput (img/s)": "-", THR_CI: "-",
                          "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
                          "Speedup vs DDP": "not available: " + res.problems.get(m, "no result"),
                          SPEED_CI: "-", TTA: "-", STA: "-"})
@@ -117,7 +117,7 @@ def comparison_rows(res: RunResults) -> list[dict]:
             speed, speed_ci = "n/a (no DDP result)", "n/a"
         else:
             speed, speed_ci = f"{sp.value:.2f}x", sp.ci_text(ref=1.0)
-        rows.append({"Method": SHORT[m],
+        rows.append({"Method": label(m),
                      "Avg throughput (img/s)": thr.value if thr.value is not None
                      else summary_value(docs[m], "avg_train_throughput"),
                      THR_CI: thr.ci_text(digits=1),
@@ -144,7 +144,7 @@ def wire_mb(doc: dict) -> Optional[tuple[float, float]]:
     """MB (10^6 bytes) a trainer sent and received per step on the wire, the mean over the
     trainers of the last epoch (counted by the lab from the collectives the method issued:
     labkit.training.sync.collectives); None for a file written before they were counted."""
-    ep = _epochs(doc)
+    ep = epochs_of(doc)
     w = ep[-1].get("wire") if ep else None
     if not isinstance(w, dict) or not w.get("sent_per_step"):
         return None
@@ -166,7 +166,7 @@ def communication_rows(res: RunResults) -> list[dict]:
     before communication was timed per collective: the blocked times only."""
     c, rows = comm_ms(res), []
     for m in listed(res):
-        row = {"Method": SHORT[m], "Param pull (ms)": "-", "Grad push (ms)": "-",
+        row = {"Method": label(m), "Param pull (ms)": "-", "Grad push (ms)": "-",
                "All-Reduce (ms)": "-", "Total comm time (ms)": "not available",
                "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-", WIRE: "-",
                STATE: "-"}
@@ -205,11 +205,11 @@ def efficiency_rows(res: RunResults) -> list[dict]:
         if m not in res.ok:
             continue
         d = res.ok[m]
-        e, ep = d.get("efficiency") or {}, _epochs(d)
+        e, ep = d.get("efficiency") or {}, epochs_of(d)
         waits = [w for w in (efficiency.data_wait_share(x) for x in ep) if w is not None]
         mem = e.get("peak_memory_bytes")
         rows.append({
-            "Method": SHORT[m],
+            "Method": label(m),
             "GFLOP/image (fwd+bwd)": e["flops_per_image"] / 1e9 if e.get("flops_per_image") else "-",
             "Precision": e.get("precision") or "-",
             "MFU (%)": 100 * e["mfu"] if e.get("mfu") is not None else "-",
@@ -307,7 +307,7 @@ def reproduction_rows(doc: dict) -> list[dict]:
             ci = t.get("ci95")
             speed = f"{t['speed_ratio']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else " (no CI)")
         mad = v.get("max_abs_diff")
-        rows.append({"Method": SHORT.get(m, m), "Verdict": v["verdict"],
+        rows.append({"Method": label(m), "Verdict": v["verdict"],
                      "Max abs difference": "-" if mad is None else f"{mad:.3g}",
                      "Where it differs": why, "Speed vs recorded (95% CI)": speed})
     return rows
@@ -323,7 +323,7 @@ def config_rows(res: RunResults) -> list[dict]:
         for m, d in res.ok.items():
             cfg = d.get("config", {})
             v = cfg[k] if k in cfg else len(d["epochs"]) if k == "epochs" else d.get(k, "-")
-            row[SHORT[m]] = "-" if v is None else v
+            row[label(m)] = "-" if v is None else v
         rows.append(row)
     return rows
 
@@ -331,7 +331,7 @@ def config_rows(res: RunResults) -> list[dict]:
 def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]:
     rows = []
     for name, d in [*base.items(), *variants.items()]:
-        c, ep = d.get("config", {}), _epochs(d)
+        c, ep = d.get("config", {}), epochs_of(d)
         stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
         rows.append({
             "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", "ddp")) else None,

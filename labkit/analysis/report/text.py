@@ -1,21 +1,20 @@
-"""Findings computed from the numbers: the verdicts, the bound, the waits, the discussion (the
-plain-text report that prints them: labkit.analysis.report.textreport)."""
+"""Findings computed from the numbers: the verdicts, the bound, the waits, the link (said per
+method by the Discussion, discuss.py, and printed by the terminal and the plain-text report,
+labkit.analysis.report.textreport)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from statistics import mean
 from typing import Optional
 
 from labkit.analysis import bench_view, breakdown
 from labkit.analysis import stats
-from labkit.core import efficiency
 from .captions import heading
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS
+from labkit.core.methods import METHOD_ORDER, SPECS, label
 from labkit.core.run_folder import goodputs
 
-from .findings import accuracy_lines, health_lines
-from .load import NAN, RunResults, _epochs, summary_value
+from .findings import health_lines
+from .load import RunResults, summary_value
 from .seeds import seeds_text
 from .tables import comparison_rows, method_runs, chance_only, target, text_table
 
@@ -38,7 +37,7 @@ def _against_ddp(res: RunResults, judge, bounds: bool = True) -> list[stats.Verd
     if "ddp" not in docs:
         return []
     base = method_runs(res, "ddp")
-    return [judge(SHORT[m], method_runs(res, m), base) for m in METHOD_ORDER
+    return [judge(label(m), method_runs(res, m), base) for m in METHOD_ORDER
             if m in docs and m != "ddp" and (bounds or not _bound(m))]
 
 
@@ -52,7 +51,7 @@ def kind_lines(res: RunResults) -> list[str]:
     kinds = {True: [], False: []}
     for m in METHOD_ORDER:
         if m in res.ok and m in SPECS and not SPECS[m].bound:
-            kinds[SPECS[m].exact].append(SHORT[m])
+            kinds[SPECS[m].exact].append(label(m))
     said = [f"exact (the same parameters as DDP up to summation order): {', '.join(kinds[True])}"
             if kinds[True] else "",
             f"approximate (judged by time to accuracy and final accuracy against DDP): "
@@ -67,7 +66,7 @@ def bound_lines(res: RunResults) -> list[str]:
     if claim is None:
         return []
     bound = next(m for m in METHOD_ORDER if m in res.ok and _bound(m))
-    why = (f"{SHORT[bound]} never communicates in a step: its ranks' parameters drift apart "
+    why = (f"{label(bound)} never communicates in a step: its ranks' parameters drift apart "
            f"within an epoch (rank 0's are copied to every rank at each epoch's end, outside the "
            f"timed steps), so it bounds speed only and is left out of the accuracy verdicts")
     return [f"{claim} {why}."]
@@ -85,11 +84,12 @@ def bound_claim(res: RunResults) -> Optional[str]:
         return f"No-communication bound: not available ({iv.note or 'no throughput'})."
     if iv.value >= 1:  # a bound measured slower than DDP: the noise of the machine
         return (f"Communication cost nothing measurable here: DDP trained at {iv.value:.2f}x "
-                f"the throughput of {SHORT[bound]}.")
+                f"the throughput of {label(bound)}.")
     share = lambda r: f"{100 * max(0.0, 1 - r):.0f}%"  # noqa: E731
-    ci = "no interval" if iv.low is None else f"95% CI {share(iv.high)} to {share(iv.low)}"
+    ci = "no interval" if iv.low is None else "95% CI " + stats.interval_text(
+        100 * max(0.0, 1 - iv.high), 100 * max(0.0, 1 - iv.low), 0, sep=" to ", unit="%")
     return (f"Communication costs at most {share(iv.value)} of a step here ({ci}): "
-            f"DDP trained at {iv.value:.2f}x the throughput of {SHORT[bound]}.")
+            f"DDP trained at {iv.value:.2f}x the throughput of {label(bound)}.")
 
 
 def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
@@ -112,7 +112,7 @@ def load_line(res: RunResults) -> Optional[str]:
         if m in res.ok:
             vals = [x for x in map(stats.machine_load, method_runs(res, m)) if x is not None]
             if vals:
-                loads[SHORT[m]] = max(vals)
+                loads[label(m)] = max(vals)
     if not loads:
         return None
     return ("Machine load (share of the CPU time that other work took in the busiest timed epoch; "
@@ -130,21 +130,8 @@ def verdict_lines(res: RunResults) -> list[str]:
     lines = [f"Speed ({RULE}):"]
     speed = speed_verdicts(res)
     others = [m for m in METHOD_ORDER if m in docs and m != "ddp"]  # speed_verdicts' order
-    for m, v in zip(others, speed):
-        lines.append(v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
-                     .get(v.label, "") + "." + phase_text(docs[m], docs["ddp"]))
-    if any(v.label in ("faster", "slower") for v in speed) and len(method_runs(res, "ddp")) == 1:
-        lines.append(ONE_LAUNCH)
-    load = load_line(res)
-    if load:
-        lines.append(load)
-    if speed and all(v.label == "not available" for v in speed):
-        thr = {m: summary_value(d, "avg_train_throughput") for m, d in docs.items()}
-        top = max(thr, key=thr.get)
-        lines.append(f"{SHORT[top]} had the highest measured throughput ({thr[top]:.1f} img/s), "
-                     f"but without confidence intervals these files cannot say whether the "
-                     f"differences exceed the measurement noise.")
-    lines += bound_lines(res) + kind_lines(res)
+    lines += [speed_sentence(res, m, v) for m, v in zip(others, speed)]
+    lines += context_lines(res, speed)
     chance = chance_only(res)
     if chance:
         return lines + [chance]
@@ -154,6 +141,29 @@ def verdict_lines(res: RunResults) -> list[str]:
     if tta:
         lines.append(tta)
     return lines
+
+
+def speed_sentence(res: RunResults, m: str, v: stats.Verdict) -> str:
+    """A method's speed verdict against DDP, with the part of its step that differs most."""
+    return (v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
+            .get(v.label, "") + "." + phase_text(res.ok[m], res.ok["ddp"]))
+
+
+def context_lines(res: RunResults, speed: list[stats.Verdict]) -> list[str]:
+    """What the speed verdicts rest on: one launch per method, the machine's load, the leader
+    where no interval could be computed, the no-communication bound, the methods' kinds."""
+    lines = []
+    if any(v.label in ("faster", "slower") for v in speed) and len(method_runs(res, "ddp")) == 1:
+        lines.append(ONE_LAUNCH)
+    load = load_line(res)
+    lines += [load] if load else []
+    if speed and all(v.label == "not available" for v in speed):
+        thr = {m: summary_value(d, "avg_train_throughput") for m, d in res.ok.items()}
+        top = max(thr, key=thr.get)
+        lines.append(f"{label(top)} had the highest measured throughput ({thr[top]:.1f} img/s), "
+                     f"but without confidence intervals these files cannot say whether the "
+                     f"differences exceed the measurement noise.")
+    return lines + bound_lines(res) + kind_lines(res)
 
 
 def phase_text(doc: dict, ddp: dict) -> str:
@@ -170,20 +180,25 @@ def phase_text(doc: dict, ddp: dict) -> str:
             f"the part that differs most.")
 
 
+def target_rule(res: RunResults) -> str:
+    """Where the target accuracy came from: the flag, or a share of the best reached."""
+    return ("--target-accuracy" if res.target_accuracy is not None else
+            f"{100 * breakdown.TARGET_SHARE:.0f}% of the best any method reached")
+
+
 def time_to_accuracy_line(res: RunResults) -> Optional[str]:
     """Time to the target accuracy per method, in one sentence (MLPerf's measure)."""
     t = target(res)
     if t is None:
         return None
-    how = ("--target-accuracy" if res.target_accuracy is not None else
-           f"{100 * breakdown.TARGET_SHARE:.0f}% of the best any method reached")
+    how = target_rule(res)
     items = []
     for m in METHOD_ORDER:
         if m in res.ok:
             r = breakdown.time_to_accuracy(res.ok[m], t)
             steps = f"{r.steps} steps, " if r.steps is not None else ""
-            items.append(f"{SHORT[m]} {r.seconds:.1f} s ({steps}epoch {r.epoch})"
-                         if r.reached else f"{SHORT[m]} not reached")
+            items.append(f"{label(m)} {r.seconds:.1f} s ({steps}epoch {r.epoch})"
+                         if r.reached else f"{label(m)} not reached")
     return f"Time to {t:.2f}% validation accuracy ({how}): " + ", ".join(items) + "."
 
 
@@ -200,7 +215,7 @@ def waits_lines(res: RunResults) -> list[str]:
                f"of {w.steps} steps, so the others waited for it" if w.consistent else
                f"no rank held the others back steadily (the most often last, rank {w.last}, "
                f"was last in {100 * share:.0f}% of {w.steps} steps)")
-        out.append(f"{SHORT[m]}: {who}; mean wait per step: {each}.")
+        out.append(f"{label(m)}: {who}; mean wait per step: {each}.")
     return out
 
 
@@ -245,47 +260,6 @@ def link_lines(res: RunResults) -> list[str]:
               "so the compute is not a GPU cluster's." for text, got in links.items()]
 
 
-def discussion(res: RunResults) -> list[str]:
-    """Short findings computed from the measured numbers (no claims the numbers don't make)."""
-    docs = res.ok
-    lines = verdict_lines(res) + health_lines(res)
-    for m, d in docs.items():
-        ep = _epochs(d)
-        step = mean(e["avg_batch_time"] for e in ep if "avg_batch_time" in e) if ep else NAN
-        if m == "allreduce" and step == step:
-            a = summary_value(d, "avg_comm_time")
-            lines.append(f"Manual All-Reduce: a trainer waited {1000 * a:.1f} ms per step for gradient "
-                         f"all-reduce after backward, {100 * a / step:.0f}% of its {1000 * step:.0f} ms step.")
-        if m == "ps" and step == step:
-            pull, push = summary_value(d, "avg_comm_time_pull"), summary_value(d, "avg_comm_time_push")
-            lines.append(f"Parameter Server: a worker spent {1000 * pull:.1f} ms per step pulling parameters and "
-                         f"{1000 * push:.1f} ms pushing gradients, {100 * (pull + push) / step:.0f}% of its "
-                         f"{1000 * step:.0f} ms step; with {d.get('num_workers', '?')} workers on one server.")
-        waits = [w for w in (efficiency.data_wait_share(e) for e in ep) if w is not None]
-        if waits and mean(waits) > efficiency.DATA_WAIT_FLAG:
-            lines.append(f"{SHORT[m]}: its trainers waited for data {100 * mean(waits):.0f}% of the "
-                         f"step: {efficiency.LOADER_FLAG_TEXT}, not the method (more --workers; "
-                         f"on a GPU, device-side data or --decode gpu).")
-        elif waits and mean(waits) > 0.05:  # steady-state steps (warm-up ones start the workers)
-            lines.append(f"{SHORT[m]}: waiting for data took {100 * mean(waits):.0f}% of the step time "
-                         f"(raise --workers).")
-    lines += accuracy_lines({m: summary_value(d, "best_val_accuracy") for m, d in docs.items()})
-    lines += waits_lines(res)
-    shared = shared_device_line(res)
-    lines += [shared] if shared else []
-    lines += link_lines(res)
-    cpu = [d for d in docs.values() if d.get("world", {}).get("device") == "cpu"]
-    if cpu:
-        bound = (", each rank bound to its share of them (--pin-cpus)"
-                 if all(d.get("config", {}).get("pin_cpus") for d in cpu) else "")
-        lines.append(f"These are CPU (gloo) figures: processes share the CPU cores{bound}, so "
-                     f"communication and computation compete; GPU/NCCL runs separate them.")
-    for k, p in res.problems.items():  # keyed by method, or by the file that is wrong
-        lines.append(f"Problem: {SHORT[k]}: {p}" if k in SHORT and SHORT[k] not in p else
-                     f"Problem: {p}")
-    return lines
-
-
 def terminal_summary(res: RunResults) -> str:
     """What `labkit experiment` and `labkit report` end with: Table 1 and the verdicts (and,
     with several seeds per method, Table 10 and its verdicts)."""
@@ -300,8 +274,8 @@ def terminal_summary(res: RunResults) -> str:
 def reproduction_summary(doc: dict) -> str:
     """"Reproduction of <run>: ..." in one sentence (doc: reproduction.json)."""
     verdicts = [v["verdict"] for v in doc["methods"].values()]
-    counts = ", ".join(f"{n} {label}" for label in ("identical", "equal within tolerance", "different")
-                       if (n := verdicts.count(label)))
+    counts = ", ".join(f"{n} {word}" for word in ("identical", "equal within tolerance", "different")
+                       if (n := verdicts.count(word)))
     return (f"Reproduction of {Path(str(doc['original'])).name}: "
             f"{'reproduced' if doc.get('reproduced') else 'NOT reproduced'} ({counts})")
 

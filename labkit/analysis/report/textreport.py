@@ -11,7 +11,7 @@ from labkit.analysis import bench_view
 from labkit.core import layout
 from labkit.core.config import VARIANTS
 from labkit.core.files import atomic_path
-from labkit.core.methods import SHORT
+from labkit.core.methods import label
 
 from . import outline, reading
 from .captions import heading
@@ -24,7 +24,8 @@ from .seeds import seeds_text
 from .summary import summary_lines
 from .tables import (communication_rows, comparison_rows, efficiency_rows, epoch_rows, target,
                      text_table, variant_rows)
-from .text import discussion, load_bench, ran_on_gpu, reproduction_summary
+from .discuss import discussion
+from .text import load_bench, ran_on_gpu, reproduction_summary
 
 
 def _summary(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[str]:
@@ -40,7 +41,7 @@ def _results(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[
     rep = load_reproduction(run) if run else None
     if rep:
         parts += [reproduction_summary(rep) + f" ({rep['original']})"]
-        parts += [f"  {SHORT.get(m, m)}: {v['verdict']}" + "".join(f"; {r}" for r in v.get("reasons") or [])
+        parts += [f"  {label(m)}: {v['verdict']}" + "".join(f"; {r}" for r in v.get("reasons") or [])
                   for m, v in rep["methods"].items()] + [""]
     parts += [heading("communication"), "", text_table(communication_rows(res)), ""]
     if ran_on_gpu(res):  # on a CPU run every column but the data wait would be "-"
@@ -53,7 +54,7 @@ def _results(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[
 def _variants(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[str]:
     variants = load_variants(run)
     methods = {VARIANTS[v]["method"] for v in variants}
-    base = {SHORT[m]: d for m, d in res.docs.items() if m in methods}
+    base = {label(m): d for m, d in res.docs.items() if m in methods}
     return [heading("variants"), "", text_table(variant_rows(base, variants)), ""]
 
 
@@ -74,7 +75,7 @@ def _environment(res: RunResults, run: Optional[Path], env: Optional[dict]) -> l
                      f"{' (dirty)' if env.get('git', {}).get('dirty') else ''}")
     for m, d in res.ok.items():
         cfg = d.get("config", {})
-        parts.append(f"{SHORT[m]}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
+        parts.append(f"{label(m)}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
                      + (f", {cfg.get('model')} on {cfg.get('dataset')}, backend {cfg.get('backend')}" if cfg else "")
                      + f", {len(d['epochs'])} epoch(s), {d.get('start_time')} -> {d.get('end_time')}")
     parts.append("")
