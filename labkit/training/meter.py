@@ -11,6 +11,7 @@ finite), so detecting it adds nothing to a step.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Optional
 
@@ -19,7 +20,10 @@ import torch
 from labkit.core.methods import comm_key, comm_times_key
 
 from .dist import all_reduce_sum, sync_device
-from .timers import PARTS, MachineLoad, StepClock, StepParts, busy_figures
+from .timers import PARTS, Lines, MachineLoad, StepClock, StepParts, busy_figures
+
+#: the progress bar's refresh interval in seconds on a terminal, and in a log (one line each)
+BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
 
 
 class EpochMeter:
@@ -176,3 +180,42 @@ class EpochMeter:
         ranks = list(range(servers, world))  # a parameter server's servers are ranks 0..K-1
         out["sync_held"] = {"ranks": ranks, "times": [vec[k + 2 + r].tolist() for r in ranks]}
         return out
+
+
+class Bar:
+    """An epoch's progress bar: the first trainer shows the training bar, a PS server its own
+    batch bar, any other rank none (nor any rank with --no-progress). Its figures (loss,
+    accuracy, img/s) are set only as often as the bar can show them (its mininterval) and at
+    the epoch's last step: they read the device, which on a GPU waits for the step's work to
+    finish, a stall the step would not have otherwise. Set before the update, so the refresh
+    that update makes shows this step's figures."""
+
+    def __init__(self, cfg, ctx, strategy, steps: int, epoch: int):
+        s = self.s = strategy
+        self.steps, self.batch_images, self.bar = steps, cfg.batch_size * s.trainers, None
+        if cfg.progress and (ctx.rank == s.first_trainer or (not s.is_trainer and ctx.is_main)):
+            from tqdm import tqdm
+            desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
+            tty = sys.stderr.isatty()
+            self.bar = tqdm(total=steps, desc=desc, unit="batch", dynamic_ncols=tty,
+                            ncols=None if tty else 100, leave=True,
+                            mininterval=BAR_REFRESH if tty else LOG_REFRESH,
+                            file=sys.stderr if tty else Lines(sys.stderr))
+        self.figures_at = time.perf_counter()
+
+    def update(self, meter: EpochMeter, step: int) -> None:
+        """One step on the bar."""
+        bar = self.bar
+        if bar is None:
+            return
+        now = time.perf_counter()
+        if now - self.figures_at >= bar.mininterval or step + 1 == self.steps:
+            self.figures_at = now
+            text = (meter.running_text(step, self.batch_images) if self.s.is_trainer
+                    else self.s.server_progress(step))
+            bar.set_postfix_str(text, refresh=False)
+        bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -25,6 +25,7 @@ from labkit.core.config import TrainConfig
 
 from . import guards
 from .dist import is_distributed, sync_device
+from .meter import BAR_REFRESH
 from .timers import StepClock, StepParts
 
 AS_RUN = "as run"  # the rounds' name for the job's own loop (its config as given)
@@ -164,11 +165,9 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     images = cfg.batch_size * s.trainers
     t_figures = per_call(lambda: bar.set_postfix_str(meter.running_text(reps - 1, images), refresh=False))
     bar.close()
-    # Trainer._update_bar's rule: the figures once per refresh of the bar, at most every
+    # meter.Bar's rule: the figures once per refresh of the bar, at most every
     # BAR_REFRESH seconds (a terminal's; a log's are further apart), so every step only where
     # a step takes longer
-    from .trainer import BAR_REFRESH
-
     every = max(1.0, BAR_REFRESH / step) if step > 0 else 1.0
     return [("step-part marks (StepParts, StepClock)", "step", t_marks + t_take, 1),
             ("per-step loss and accuracy (EpochMeter.step_ends)", "step", t_meter, 1),

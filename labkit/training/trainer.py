@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import time
 from contextlib import nullcontext
 from typing import Callable, Iterator, Optional
@@ -28,16 +27,13 @@ from .data import Datasets, ShardSampler, default_workers, train_sampler
 from .dist import DistContext, all_reduce_sum
 from .flops import Efficiency
 from .gpu_data import make_loaders
-from .meter import EpochMeter
+from .meter import Bar, EpochMeter
 from .result_file import ResultFile
 from .sync import make_strategy
 from . import checkpoint
 from .checkpoint import atomic_torch_save
-from .timers import PARTS, Lines, StepParts, label
+from .timers import PARTS, StepParts, label
 from .workers import LoaderWatch, batches
-
-#: the progress bar's refresh interval in seconds on a terminal, and in a log (one line each)
-BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
 
 
 class Trainer:
@@ -111,19 +107,6 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype)
 
-    def progress(self, epoch: int):
-        """The first trainer shows the training bar; a PS server shows its own batch bar."""
-        s, cfg = self.strategy, self.cfg
-        mine = self.ctx.rank == s.first_trainer or (not s.is_trainer and self.ctx.is_main)
-        if not (cfg.progress and mine):
-            return None
-        from tqdm import tqdm
-        desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
-        tty = sys.stderr.isatty()
-        return tqdm(total=self.steps, desc=desc, unit="batch", dynamic_ncols=tty, ncols=None if tty else 100,
-                    leave=True, mininterval=BAR_REFRESH if tty else LOG_REFRESH,
-                    file=sys.stderr if tty else Lines(sys.stderr))
-
     # -------------------------------------------------------------- one step
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.ctx.device
@@ -133,33 +116,50 @@ class Trainer:
         return x, y
 
     def train_step(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor], sync: bool = True):
-        """One step on every rank: a trainer passes its batch, a PS server ``None``.
+        """One step on every rank: a trainer passes its batch, a PS server ``None``. It reads
+        top to bottom: the method's hooks (labkit.training.sync.base.Strategy) around the
+        forward and backward, each part of the step marked for where the time goes.
 
-        ``sync=False`` is the compute-only step ``labkit bench`` measures: the same forward,
-        backward and optimizer step with no communication at all, every trainer updating its
-        own copy (so the copies drift apart, which the tests check).
+        ``sync=False`` is the compute-only step ``labkit bench`` measures (compute_step).
         Returns (loss, logits) on trainers, None on a server.
         """
-        s = self.strategy
-        opt = self.optimizer if sync else self.local_optimizer()
-        mark = self.parts.mark
-        with nullcontext() if sync else s.no_sync():
+        if not sync:
+            return self.compute_step(x, y)
+        s, mark = self.strategy, self.parts.mark
+        s.zero_grad(self.optimizer)
+        s.before_forward()        # a parameter server's pull
+        mark("pull")
+        out = self.forward_backward(x, y)
+        mark("compute")
+        with label("labkit.sync"):
+            s.after_backward()    # the method's synchronisation of the gradients
+        mark("sync")
+        with label("labkit.step"):
+            s.step(self.optimizer, self.scaler)
+        mark("optimizer")
+        return out
+
+    def forward_backward(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor]):
+        """A trainer's forward and backward: (loss, logits), detached; None without a batch."""
+        if x is None:
+            return None
+        with label("labkit.forward"), self.autocast():
+            logits = self.forward_model(x)
+            loss = F.cross_entropy(logits, y)
+        with label("labkit.backward"):
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return loss.detach(), logits.detach()
+
+    def compute_step(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor]):
+        """The same forward, backward and optimizer step with no communication at all, every
+        trainer updating its own copy (so the copies drift apart, which the tests check)."""
+        s, mark = self.strategy, self.parts.mark
+        opt = self.local_optimizer()
+        with s.no_sync():
             s.zero_grad(opt)
-            if sync:
-                s.before_forward()
             mark("pull")
-            out = None
-            if x is not None:
-                with label("labkit.forward"), self.autocast():
-                    logits = self.forward_model(x)
-                    loss = F.cross_entropy(logits, y)
-                with label("labkit.backward"):
-                    (self.scaler.scale(loss) if self.scaler else loss).backward()
-                out = loss.detach(), logits.detach()
+            out = self.forward_backward(x, y)
             mark("compute")
-            if sync:
-                with label("labkit.sync"):
-                    s.after_backward()
             mark("sync")
             with label("labkit.step"):
                 s.step(opt, self.scaler if opt is self.optimizer else None)
@@ -186,8 +186,7 @@ class Trainer:
         warmup = cfg.warmup_steps if self.steps > cfg.warmup_steps else 0
         batches = self._batches(epoch)
         meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main, self.parts)
-        bar = self.progress(epoch)
-        self._figures_at = time.perf_counter()  # the bar's figures: _update_bar
+        bar = Bar(cfg, self.ctx, s, self.steps, epoch)
         s.timer.pop()
         s.wire.take()  # bytes on the wire: this epoch's steps only
         meter.start()
@@ -202,11 +201,9 @@ class Trainer:
             x, y = meter.next_batch(batches, self.to_device) if batches else (None, None)
             self.parts.mark("data")
             meter.step_ends(step, self.train_step(x, y), y)
-            if bar is not None:
-                self._update_bar(bar, meter, step)
+            bar.update(meter, step)
         meter.stop()
-        if bar is not None:
-            bar.close()
+        bar.close()
         m = meter.metrics(cfg.batch_size * s.trainers)
         m.update(self.efficiency.epoch(m))
         m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
@@ -235,20 +232,6 @@ class Trainer:
                 yield batch
             if empty:
                 return
-
-    def _update_bar(self, bar, meter: EpochMeter, step: int) -> None:
-        """One step on the bar; its figures (loss, accuracy, img/s) only as often as the bar can
-        show them (its mininterval) and at the epoch's last step: they read the device, which on
-        a GPU waits for the step's work to finish, a stall the step would not have otherwise.
-        Set before the update, so the refresh that update makes shows this step's figures."""
-        now = time.perf_counter()
-        if now - self._figures_at >= bar.mininterval or step + 1 == self.steps:
-            self._figures_at = now
-            s = self.strategy
-            text = (meter.running_text(step, self.cfg.batch_size * s.trainers) if s.is_trainer
-                    else s.server_progress(step))
-            bar.set_postfix_str(text, refresh=False)
-        bar.update(1)
 
     # -------------------------------------------------------------- compute-only calibration
     def calibrate(self, n: int, untimed: int = 2) -> dict:

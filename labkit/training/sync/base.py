@@ -10,7 +10,7 @@ local optimizer, and no communication.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,98 @@ from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
 from labkit.training.timers import PhaseTimer, StepParts
 
-from .collectives import Collectives, Wire
+from .collectives import Stamped, Wire, nbytes, wire_figures
+
+SUM = dist.ReduceOp.SUM
+
+
+def _size(group) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+class Collectives:
+    """Mixin of :class:`~labkit.training.sync.base.Strategy`: ``torch.distributed``'s calls
+    with the same arguments, timed and counted. ``async_op=True`` returns the Work (wait on it
+    as usual); without, the call returns when it completed. ``phase`` names what the bytes
+    count towards (the method's timed phase: "comm", or a PS's "pull" / "push")."""
+
+    wire: Wire
+    is_trainer: bool
+    parts: Any  # the step's parts (labkit.training.timers.StepParts), None outside the loop
+    cfg: Any
+    count_phase: str = "comm"
+
+    def wire_metrics(self, steps: int) -> dict:
+        """{"wire": bytes per step sent and received by every rank, by phase} over the ``steps``
+        steps since the last call; every rank calls it (the figures are gathered)."""
+        mine = {"steps": self.wire.take(), "trainer": self.is_trainer}
+        every = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            every = [None] * dist.get_world_size()
+            dist.all_gather_object(every, mine)
+        return {"wire": wire_figures(every, steps)}
+
+    def count_bytes(self, phase: str, sent: float, received: float) -> None:
+        """Count bytes this rank moved in the current step (the helpers below do; a method
+        whose communication the lab cannot see, as DDP's inside PyTorch, calls it itself)."""
+        step = len(self.parts.steps) if self.parts is not None else 0
+        self.wire.add(phase, sent, received, step)
+
+    def _issue(self, call: Callable[[], dist.Work], async_op: bool, sent: float, received: float,
+               phase: Optional[str]):
+        self.count_bytes(phase or self.count_phase, sent, received)
+        parts = self.parts if self.cfg.times_comm else None
+        started = parts.stamp() if parts is not None else None
+        work = call()
+        if parts is not None:
+            try:
+                parts.issued(work.get_future(), started)
+            except RuntimeError:  # gloo's send and recv have no future: stamped at wait()
+                work = Stamped(work, parts, started)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def all_reduce(self, t, op=SUM, group=None, async_op=False, phase=None):
+        n = _size(group)
+        b = 2 * (n - 1) / n * nbytes(t)
+        return self._issue(lambda: dist.all_reduce(t, op=op, group=group, async_op=True),
+                           async_op, b, b, phase)
+
+    def reduce_scatter(self, out, inp, op=SUM, group=None, async_op=False, phase=None):
+        """``out`` (1/n of ``inp``): this rank's slice of the reduction of ``inp``."""
+        n = _size(group)
+        b = (n - 1) / n * nbytes(inp)
+        return self._issue(lambda: dist.reduce_scatter_tensor(out, inp, op=op, group=group,
+                                                              async_op=True), async_op, b, b, phase)
+
+    def all_gather(self, out, inp, group=None, async_op=False, phase=None):
+        """``out`` (n times ``inp``): every rank's ``inp``, in rank order."""
+        n = _size(group)
+        b = (n - 1) / n * nbytes(out)
+        return self._issue(lambda: dist.all_gather_into_tensor(out, inp, group=group,
+                                                               async_op=True), async_op, b, b, phase)
+
+    def broadcast(self, t, src, group=None, async_op=False, phase=None):
+        n, root = _size(group), dist.get_rank() == src
+        sent, received = ((n - 1) * nbytes(t), 0) if root else (0, nbytes(t) if n > 1 else 0)
+        return self._issue(lambda: dist.broadcast(t, src=src, group=group, async_op=True),
+                           async_op, sent, received, phase)
+
+    def reduce(self, t, dst, op=SUM, group=None, async_op=False, phase=None):
+        n, root = _size(group), dist.get_rank() == dst
+        sent, received = (0, (n - 1) * nbytes(t)) if root else (nbytes(t) if n > 1 else 0, 0)
+        return self._issue(lambda: dist.reduce(t, dst=dst, op=op, group=group, async_op=True),
+                           async_op, sent, received, phase)
+
+    def send(self, t, dst, group=None, async_op=False, phase=None):
+        return self._issue(lambda: dist.isend(t, dst=dst, group=group), async_op, nbytes(t), 0,
+                           phase)
+
+    def recv(self, t, src, group=None, async_op=False, phase=None):
+        return self._issue(lambda: dist.irecv(t, src=src, group=group), async_op, 0, nbytes(t),
+                           phase)
 
 
 class Strategy(Collectives):

@@ -1,6 +1,8 @@
-"""The collectives a method issues, through the lab: each one timed (its start and completion
-stamped into the step's parts, labkit.training.timers) and its bytes counted, the same way for
-every method, the built-ins and a user's (docs/methods.md).
+"""What the collectives a method issues moved, counted for the result file: the bytes on the
+wire per rank and step (:class:`Wire`, ``wire_figures``), and a completion stamp for a Work
+without a future (:class:`Stamped`). The collectives themselves are the Strategy's
+(``Collectives`` in labkit.training.sync.base), which count and time each call with these; an
+instrument, read at its call sites, not as part of a step.
 
 Bytes are what this rank sends and receives under the algorithm each collective is costed by
 (n ranks in the group, N the tensor's bytes): all-reduce as a ring, 2(n-1)/n N each way;
@@ -12,12 +14,10 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-
-SUM = dist.ReduceOp.SUM
 
 
 class Wire:
@@ -68,15 +68,11 @@ def wire_figures(every: list[dict], steps: int) -> dict:
                          for p in phases}}
 
 
-def _size(group) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
-
-
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class _Stamped:
+class Stamped:
     """A Work without a future (gloo's point-to-point): its completion is stamped into the
     step's parts when it is waited on."""
 
@@ -92,88 +88,3 @@ class _Stamped:
 
     def __getattr__(self, name: str):
         return getattr(self.work, name)
-
-
-class Collectives:
-    """Mixin of :class:`~labkit.training.sync.base.Strategy`: ``torch.distributed``'s calls
-    with the same arguments, timed and counted. ``async_op=True`` returns the Work (wait on it
-    as usual); without, the call returns when it completed. ``phase`` names what the bytes
-    count towards (the method's timed phase: "comm", or a PS's "pull" / "push")."""
-
-    wire: Wire
-    is_trainer: bool
-    parts: Any  # the step's parts (labkit.training.timers.StepParts), None outside the loop
-    cfg: Any
-    count_phase: str = "comm"
-
-    def wire_metrics(self, steps: int) -> dict:
-        """{"wire": bytes per step sent and received by every rank, by phase} over the ``steps``
-        steps since the last call; every rank calls it (the figures are gathered)."""
-        mine = {"steps": self.wire.take(), "trainer": self.is_trainer}
-        every = [mine]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            every = [None] * dist.get_world_size()
-            dist.all_gather_object(every, mine)
-        return {"wire": wire_figures(every, steps)}
-
-    def count_bytes(self, phase: str, sent: float, received: float) -> None:
-        """Count bytes this rank moved in the current step (the helpers below do; a method
-        whose communication the lab cannot see, as DDP's inside PyTorch, calls it itself)."""
-        step = len(self.parts.steps) if self.parts is not None else 0
-        self.wire.add(phase, sent, received, step)
-
-    def _issue(self, call: Callable[[], dist.Work], async_op: bool, sent: float, received: float,
-               phase: Optional[str]):
-        self.count_bytes(phase or self.count_phase, sent, received)
-        parts = self.parts if self.cfg.times_comm else None
-        started = parts.stamp() if parts is not None else None
-        work = call()
-        if parts is not None:
-            try:
-                parts.issued(work.get_future(), started)
-            except RuntimeError:  # gloo's send and recv have no future: stamped at wait()
-                work = _Stamped(work, parts, started)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    def all_reduce(self, t, op=SUM, group=None, async_op=False, phase=None):
-        n = _size(group)
-        b = 2 * (n - 1) / n * nbytes(t)
-        return self._issue(lambda: dist.all_reduce(t, op=op, group=group, async_op=True),
-                           async_op, b, b, phase)
-
-    def reduce_scatter(self, out, inp, op=SUM, group=None, async_op=False, phase=None):
-        """``out`` (1/n of ``inp``): this rank's slice of the reduction of ``inp``."""
-        n = _size(group)
-        b = (n - 1) / n * nbytes(inp)
-        return self._issue(lambda: dist.reduce_scatter_tensor(out, inp, op=op, group=group,
-                                                              async_op=True), async_op, b, b, phase)
-
-    def all_gather(self, out, inp, group=None, async_op=False, phase=None):
-        """``out`` (n times ``inp``): every rank's ``inp``, in rank order."""
-        n = _size(group)
-        b = (n - 1) / n * nbytes(out)
-        return self._issue(lambda: dist.all_gather_into_tensor(out, inp, group=group,
-                                                               async_op=True), async_op, b, b, phase)
-
-    def broadcast(self, t, src, group=None, async_op=False, phase=None):
-        n, root = _size(group), dist.get_rank() == src
-        sent, received = ((n - 1) * nbytes(t), 0) if root else (0, nbytes(t) if n > 1 else 0)
-        return self._issue(lambda: dist.broadcast(t, src=src, group=group, async_op=True),
-                           async_op, sent, received, phase)
-
-    def reduce(self, t, dst, op=SUM, group=None, async_op=False, phase=None):
-        n, root = _size(group), dist.get_rank() == dst
-        sent, received = (0, (n - 1) * nbytes(t)) if root else (nbytes(t) if n > 1 else 0, 0)
-        return self._issue(lambda: dist.reduce(t, dst=dst, op=op, group=group, async_op=True),
-                           async_op, sent, received, phase)
-
-    def send(self, t, dst, group=None, async_op=False, phase=None):
-        return self._issue(lambda: dist.isend(t, dst=dst, group=group), async_op, nbytes(t), 0,
-                           phase)
-
-    def recv(self, t, src, group=None, async_op=False, phase=None):
-        return self._issue(lambda: dist.irecv(t, src=src, group=group), async_op, 0, nbytes(t),
-                           phase)

@@ -59,7 +59,7 @@ from torch import nn
 
 from .base import Strategy
 from .collectives import nbytes
-from .ps_roles import SERVER, ServerRoles, flatten
+from .ps_collective import SERVER, ServerRoles, flatten
 
 END = -1  # a worker's last message of an epoch, in place of a request
 IDLE, WAIT_REQ, ASKED, WAIT_GRAD, ENDED = range(5)  # the server's view of one worker

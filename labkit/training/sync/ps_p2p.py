@@ -14,7 +14,7 @@ from torch import nn
 from labkit.core.config import ConfigError
 
 from .base import Strategy
-from .ps_roles import SERVER, ServerRoles
+from .ps_collective import SERVER, ServerRoles
 
 
 class P2PParameterServer(ServerRoles, Strategy):

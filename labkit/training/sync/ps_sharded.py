@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ps_collective import CollectiveParameterServer
-from .ps_roles import SERVER
+from .ps_collective import SERVER, CollectiveParameterServer
 
 
 def shard_bounds(n: int, k: int) -> list[tuple[int, int]]:
