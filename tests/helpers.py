@@ -440,7 +440,7 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
     from torch.utils.data import DataLoader
 
     from labkit.training.data import build_datasets, train_sampler
-    from labkit.training.exactness import _step as exact_step
+    from labkit.training.exactness import exact_step
     from labkit.training.models import build_model
 
     torch.set_num_threads(1)  # as each torchrun rank (OMP_NUM_THREADS=1): same conv kernels

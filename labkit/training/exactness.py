@@ -43,7 +43,7 @@ def reference_state(cfg: TrainConfig, trainers: int, steps: int,
         batches = trainer_batches(data.train, cfg, trainers)
         model.train()
         for _ in range(steps):
-            _step(model, opt, [(x.to(dtype), y) for x, y in (next(b) for b in batches)])
+            exact_step(model, opt, [(x.to(dtype), y) for x, y in (next(b) for b in batches)])
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     finally:
         torch.set_num_threads(threads)
@@ -60,7 +60,11 @@ def trainer_batches(train, cfg: TrainConfig, trainers: int) -> list:
     return out
 
 
-def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list) -> None:
+def exact_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list) -> None:
+    """One exact data-parallel step on one process: each trainer's batch from the same start
+    (buffers reset between them), the gradients averaged, one optimizer step, the first
+    trainer's buffers kept (DDP broadcasts rank 0's): the update every exact method must
+    reproduce up to summation order; the tests' reference runs it too."""
     params = list(model.parameters())
     start = {n: b.clone() for n, b in model.named_buffers()}
     mean = [torch.zeros_like(p) for p in params]
