@@ -133,7 +133,8 @@ def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
     assert not re.search(r"<(script|link)[^>]+(src|href)=\"https?:", html)  # opens offline
     txt = (rep / "performance_report.txt").read_text()
     assert "Communication time per training step" in txt
-    ps = next(l for l in txt.splitlines() if l.startswith("- Parameter Server: "))
+    discussion = txt.split("\nDiscussion\n", 1)[1]
+    ps = next(l for l in discussion.splitlines() if l.startswith("- Parameter Server: "))
     assert "replicas identical after epoch 1." in ps  # checked every epoch
     # where the time goes, for every method, DDP included (labkit.analysis.breakdown)
     for m in EXPERIMENT_METHODS:
