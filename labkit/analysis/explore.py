@@ -6,8 +6,6 @@ shows can be tested (and reused) without a notebook.  Loading goes through :mod:
 from __future__ import annotations
 
 import os
-import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
@@ -36,10 +34,6 @@ METRICS = (
     ("avg_comm_time_push", "PS push time per step (s)"),
 )
 
-# run folders are named by lab.new_run_dir: <YYYY-MM-DD_HH-MM-SS>[_<tag>]
-_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})")
-
-
 @dataclass(frozen=True)
 class Run:
     """One run folder, loaded: results by method key, and problems (failed/corrupt) by method."""
@@ -58,30 +52,13 @@ def has_results(run_dir: str | os.PathLike) -> bool:
     return RunFolder(run_dir).has_results()
 
 
-def _started(run: Path) -> float:
-    # The name's timestamp is the creation time and never changes; the folder's mtime moves
-    # whenever something (a report, a re-run method) is written into it, so it is only the
-    # fallback for folders someone named by hand.
-    m = _STAMP.match(run.name)
-    if m:
-        try:
-            return time.mktime(time.strptime(m.group(1), "%Y-%m-%d_%H-%M-%S"))
-        except ValueError:
-            pass
-    return run.stat().st_mtime
-
-
 def find_runs(runs_dir: str | os.PathLike) -> list[Path]:
     """Run folders under ``runs_dir`` holding at least one result file, newest first.
 
     Symlinks (``latest``) are skipped so the newest run is not listed twice; a missing
     ``runs_dir`` is simply empty.
     """
-    root = Path(runs_dir)
-    if not root.is_dir():
-        return []
-    runs = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and has_results(p)]
-    return sorted(runs, key=lambda p: (_started(p), p.name), reverse=True)
+    return [p for p in reversed(layout.run_folders(runs_dir)) if has_results(p)]
 
 
 def load_runs(run_dirs: Iterable[str | os.PathLike]) -> list[Run]:

@@ -24,7 +24,6 @@ from labkit.core.status import Status, as_seen, experiment_status, status_of
 from .stats import interval_text
 from .texttable import text_table
 
-_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
 UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read
 
 
@@ -161,10 +160,8 @@ def _bench(folder: RunFolder, row: Row) -> None:
 def read_row(run: Path) -> Row:
     """One run folder as a row; never raises (a problem is the row's ``problem``)."""
     row = Row(run.name, str(run))
-    m = _STAMP.match(run.name)
-    if m:
-        row.when = f"{m.group(1)} {m.group(2)}:{m.group(3)}:{m.group(4)}"
-        row.tag = m.group(5) or ""
+    when, row.tag = layout.run_name(run.name)
+    row.when = when or ""
     folder = RunFolder(run)
     try:
         folder.discover()  # methods of one's own: their result files name them
@@ -180,11 +177,7 @@ def read_row(run: Path) -> Row:
 
 def scan(runs_dir: str | Path) -> list[Row]:
     """Every run folder directly under ``runs_dir`` (not runs/latest), oldest first."""
-    root = Path(runs_dir)
-    if not root.is_dir():
-        return []
-    folders = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
-    return sorted((read_row(p) for p in folders), key=lambda r: (r.when or "~", r.name))
+    return [read_row(p) for p in layout.run_folders(runs_dir)]
 
 
 def changed(rows: list[Row]) -> list[str]:

@@ -21,6 +21,8 @@ so a copied or moved folder still works; readers resolve them with :func:`resolv
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -77,6 +79,34 @@ def resolved_file(node_rank: int = 0) -> str:
     """resolved.json (labkit.core.resolved), or resolved_node<k>.json for node k > 0: each node
     resolves for its own machine, and nodes may share one --out."""
     return "resolved.json" if node_rank == 0 else f"resolved_node{node_rank}.json"
+
+
+#: a run folder's name: the time it was made (files.folder_stamp) and an optional _<tag>
+RUN_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})-(\d{2})(?:_(.+))?$")
+
+
+def run_name(name: str) -> tuple[Optional[str], str]:
+    """(when the folder was made, "YYYY-MM-DD HH:MM:SS", and its tag) from a run folder's name;
+    (None, "") for a folder named by hand."""
+    m = RUN_NAME.match(name)
+    return (f"{m.group(1)} {m.group(2)}:{m.group(3)}:{m.group(4)}", m.group(5) or "") if m else (None, "")
+
+
+def run_folders(runs_dir: str | os.PathLike) -> list[Path]:
+    """Every run folder directly under ``runs_dir`` (not the ``latest`` link), oldest first:
+    by the time in its name, which never changes (a folder's mtime moves whenever a report or
+    a re-run method is written into it, so it orders only the folders named by hand), then by
+    name. A missing ``runs_dir`` has none."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+
+    def made(p: Path) -> float:
+        when, _ = run_name(p.name)
+        return time.mktime(time.strptime(when, "%Y-%m-%d %H:%M:%S")) if when else p.stat().st_mtime
+
+    return sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink()),
+                  key=lambda p: (made(p), p.name))
 
 
 def method_dir(run: Path, method: str, repeat: int = 1, repeats: int = 1) -> Path:

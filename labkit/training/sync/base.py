@@ -134,8 +134,8 @@ class Strategy(Collectives):
         self.phases: tuple[str, ...] = spec(cfg.method).phases
         self.timer = PhaseTimer(ctx.device)
         self.sync = True  # False inside no_sync(): compute-only steps
-        #: the loop's record of each step's parts (labkit.training.timers.StepParts); a method
-        #: passes each collective it starts to track(), unless --time-comm off
+        #: the loop's record of each step's parts (labkit.training.timers.StepParts); each
+        #: collective issued through Collectives is stamped in it, unless --time-comm off
         self.parts: Optional[StepParts] = None
         #: the training steps of each epoch, set by the loop (labkit bench: those of a trial)
         self.steps_per_epoch: Optional[int] = None
@@ -193,16 +193,6 @@ class Strategy(Collectives):
             yield
         finally:
             self.sync = True
-
-    def track(self, work: dist.Work) -> dist.Work:
-        """Note when a collective this step started runs; returns ``work`` unchanged (its
-        completion is stamped from its future, so waiting on it is not changed)."""
-        if self.parts is not None and self.cfg.times_comm:
-            try:
-                self.parts.issued(work.get_future())
-            except RuntimeError:  # a backend whose point-to-point Work has no future (gloo)
-                pass
-        return work
 
     # --- hooks ---
     def setup(self, model: nn.Module) -> nn.Module:
