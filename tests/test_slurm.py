@@ -240,6 +240,25 @@ def submit_script(cluster: Cluster, cwd: Path, method: str, extra=(), env=None) 
         "LABKIT_ARGS": " ".join([*TINY, *extra]), **(env or {})})
 
 
+def port_taken(log: str) -> bool:
+    """Whether the job failed because its rendezvous port, free when the test took it, was
+    taken by another process before the first node bound it."""
+    return "EADDRINUSE" in log or "Address already in use" in log
+
+
+def job_ended(cluster: Cluster, cwd: Path, job: str, method: str, extra=(), env=None,
+              tries: int = 3) -> tuple[str, dict, str]:
+    """Wait for the sbatch job ``job``: (job, its state, its log). A job whose rendezvous port
+    was taken meanwhile runs again on a new port (submit_script takes one), up to ``tries``."""
+    for _ in range(tries):
+        st = cluster.wait(job)
+        log = (cwd / f"labkit-{job}.out").read_text()
+        if st["JobState"] == "COMPLETED" or not port_taken(log):
+            break
+        job = submit_script(cluster, cwd, method, extra, env)
+    return job, st, log
+
+
 def show(record_property, line: str) -> None:
     """A job's state as Slurm recorded it, printed and kept with the test's report, so the
     suite's summary lists every job's state (conftest.pytest_terminal_summary), in CI too."""
@@ -253,10 +272,9 @@ def test_the_sbatch_script_runs_each_method_on_two_nodes(cluster, tmp_path, reco
     """All three at once (the two nodes fit two jobs of one CPU per node; the third waits)."""
     jobs = {m: submit_script(cluster, tmp_path, m) for m in RESULT}
     for m, job in jobs.items():
-        st = cluster.wait(job)
+        job, st, log = job_ended(cluster, tmp_path, job, m)
         show(record_property, f"{m}: Slurm job {job} JobState={st['JobState']} ExitCode={st['ExitCode']} "
               f"NodeList={st['NodeList']} RunTime={st['RunTime']}")
-        log = (tmp_path / f"labkit-{job}.out").read_text()
         assert (st["JobState"], st["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
         assert (st["NumNodes"], st["NodeList"]) == ("2", "node[1-2]"), st
         out = tmp_path / "runs" / f"slurm-{job}_{m}"
@@ -275,10 +293,10 @@ def test_the_sbatch_script_runs_each_method_on_two_nodes(cluster, tmp_path, reco
 def test_a_failing_method_fails_the_job_with_labkits_line(cluster, tmp_path, record_property):
     """Rank 1 (on either node) crashes at step 1: srun's --kill-on-bad-exit ends the other
     node, the job fails, and its log holds labkit's one line naming the rank."""
-    job = submit_script(cluster, tmp_path, "ddp", env={"LABKIT_TEST_FAULT": "ddp:1:1"})
-    st = cluster.wait(job)
+    fault = {"LABKIT_TEST_FAULT": "ddp:1:1"}
+    job, st, log = job_ended(cluster, tmp_path, submit_script(cluster, tmp_path, "ddp", env=fault),
+                             "ddp", env=fault)
     show(record_property, f"Slurm job {job} JobState={st['JobState']} ExitCode={st['ExitCode']}")
-    log = (tmp_path / f"labkit-{job}.out").read_text()
     assert st["JobState"] == "FAILED" and st["ExitCode"] != "0:0", (st, log[-3000:])
     # where it raised: the fault's hook (tests/hooks/sitecustomize.py), the innermost frame
     # outside labkit and the libraries
@@ -298,6 +316,9 @@ def test_scancel_stops_every_rank(cluster, tmp_path, record_property):
     while len(ranks) < 2:  # both ranks training, one per node
         assert time.monotonic() < deadline, cluster.job(job)
         time.sleep(0.5)
+        if cluster.job(job).get("JobState") in ENDED:  # its rendezvous port was taken: again
+            assert port_taken((tmp_path / f"labkit-{job}.out").read_text()), cluster.job(job)
+            job = submit_script(cluster, tmp_path, "allreduce", ["--epochs", "200"])
         ranks = [p for p in pids_with(f"SLURM_JOB_ID={job}") if "labkit.train" in cmdline(p)]
     assert len(pids_with(f"SLURM_JOB_ID={job}")) >= 6  # batch shell, srun, 2 x (labkit, torchrun, rank)
     assert cluster.run("scancel", job).returncode == 0
