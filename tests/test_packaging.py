@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT
+from helpers import HTML_ONLY, ROOT
 
 
 def _pyproject_deps():
@@ -220,6 +220,7 @@ def test_a_plain_install_runs_the_experiment_and_the_guides_command(wheel, tmp_p
     assert p.returncode == 0, p.stderr[-2000:]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    env.update(HTML_ONLY)  # the report as HTML: the PDF's export is test_experiment's
     work.mkdir()
     where = subprocess.run([str(py), "-c", "import labkit; print(labkit.__file__)"], cwd=work,
                            env=env, capture_output=True, text=True, check=True).stdout
