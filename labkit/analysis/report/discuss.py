@@ -9,6 +9,7 @@ loss diverged starts with that instead. Every sentence is computed from the resu
 from __future__ import annotations
 
 from statistics import mean
+
 from labkit.analysis import breakdown, stats
 from labkit.core import efficiency
 from labkit.core.health import diverged_where, replicas_verdict
