@@ -463,7 +463,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
     pkg = Package(a.root)
     for m in a.methods:
-        r = reading_path(a.root, m, a.instruments, pkg)
+        try:
+            r = reading_path(a.root, m, a.instruments, pkg)
+        except SystemExit as e:  # bad input: the usage and one line, exit 2
+            p.error(str(e).removeprefix("reading_path: "))
         if a.list:
             for name, n in r["functions"].items():
                 print(f"  {name:60s} {n:4d}")
