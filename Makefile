@@ -23,7 +23,7 @@ setup: $(STAMP) $(LAB_OVERRIDES) system-deps
 
 # Debian packages: Chromium prints the report to PDF offline (nbconvert's webpdf would try to
 # download its own), poppler-utils checks the PDF in the tests. Installed when missing and root.
-# A Chromium counts when it answers --version, under the names labkit.lab.export looks for:
+# A Chromium counts when it answers --version, under the names labkit.orchestrate.export looks for:
 # Ubuntu has no chromium package, and its chromium-browser without the snap is a stub.
 CHROMIUM_OK = for b in chromium chromium-browser google-chrome; do $$b --version >/dev/null 2>&1 && exit 0; done; exit 1
 NO_CHROMIUM = echo "note: no Chromium that runs here (Ubuntu: snap install chromium): the report is written as HTML only, no PDF"

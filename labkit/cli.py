@@ -15,14 +15,14 @@ from .core import params
 from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from .core.log import setup as setup_logging, transcript
-from .lab.check import add_check_parser, checked_launch, cmd_check, method_help
+from .orchestrate.check import add_check_parser, checked_launch, cmd_check, method_help
 from .core.status import Status
 
 log = logging.getLogger(__name__)
 
 
 def _nproc(text: str) -> Optional[int]:
-    """--nproc N, or --nproc auto (labkit.lab.launch_params.machine_defaults; N < 1 is rejected by validate)."""
+    """--nproc N, or --nproc auto (labkit.launch.launch_params.machine_defaults; N < 1 is rejected by validate)."""
     if text == "auto":
         return None
     try:
@@ -143,7 +143,7 @@ def _sweep_parser(sub) -> None:
 
 
 def _bench_parser(sub) -> None:
-    from .lab.launch_params import Nodes
+    from .launch.launch_params import Nodes
     b = sub.add_parser("bench", help="time each method against DDP and the raw collectives "
                        "(compute-only steps, exposed communication, bandwidths)",
                        argument_default=argparse.SUPPRESS)
@@ -245,14 +245,14 @@ def _load_yaml(path: str) -> dict:
 def _split(values: dict):
     """Flags and file values -> (TrainConfig with the machine's defaults, LaunchParams), checked
     like the notebook's parameters."""
-    from .lab.launch_params import split_params, with_machine_defaults
+    from .launch.launch_params import split_params, with_machine_defaults
 
     train, launch_params = split_params(values)
     return TrainConfig(**with_machine_defaults(train, launch_params.nproc)), launch_params
 
 
 def cmd_run(values: dict) -> int:
-    from .lab.launch_params import method_out, nproc_or_default
+    from .launch.launch_params import method_out, nproc_or_default
 
     cfg, lp = _split(values)
     out = method_out(cfg, lp.runs_dir)
@@ -270,7 +270,7 @@ def cmd_run(values: dict) -> int:
 
 def _experiment_params(values: dict):
     """Flags and the -f file -> (TrainConfig, Experiment, what is left: e.g. a YAML sweep)."""
-    from .lab.experiment import Experiment
+    from .orchestrate.experiment import Experiment
 
     if "parameters_file" in values:
         values = {**_load_yaml(values.pop("parameters_file")), **values}
@@ -286,11 +286,11 @@ def _experiment_params(values: dict):
 
 
 def cmd_experiment(args: dict) -> int:
-    from .lab.experiment import run_experiment
+    from .orchestrate.experiment import run_experiment
 
     allow = args.pop("allow_changed_env", False)
     if "continue_run" in args:
-        from .lab.continuation import continue_experiment
+        from .orchestrate.continuation import continue_experiment
         run_dir = args.pop("continue_run")
         if args:
             typed = [params.flag(k) if v is not False else "--no-" + params.flag(k)[2:]
@@ -309,13 +309,13 @@ def cmd_experiment(args: dict) -> int:
     for m, e in status["methods"].items():
         print(f"  {m:10s} {e['status']}" + (f"  ({e['error']})" if e.get("error") else ""))
     print(f"report: {status['report']}")
-    from .analysis.report import load_run, terminal_summary
+    from .report import load_run, terminal_summary
     print("\n" + terminal_summary(load_run(run)))  # Table 1 with its CIs and the verdicts
     return 0 if status["status"] == Status.COMPLETED else 1
 
 
 def cmd_sweep(args: dict) -> int:
-    from .lab.sweep import parse_grid
+    from .orchestrate.sweep import parse_grid
 
     slurm = {k: args.pop(k) for k in ("slurm", "sbatch_args") if k in args}
     cfg, exp, extra = _experiment_params(args)
@@ -326,7 +326,7 @@ def cmd_sweep(args: dict) -> int:
     grid = {**(parse_grid(yaml_grid) if yaml_grid else {}), **(parse_grid(specs) if specs else {})}
     if not grid:
         grid = parse_grid([])  # says what to give
-    from .lab.slurm import sweep_here_or_on_slurm
+    from .orchestrate.slurm import sweep_here_or_on_slurm
     root, doc = sweep_here_or_on_slurm(cfg, exp, grid, **slurm)
     print(f"\nsweep folder: {root}")
     for p in doc["points"]:
@@ -336,11 +336,11 @@ def cmd_sweep(args: dict) -> int:
 
 
 def cmd_bench(args: dict) -> int:
-    from .lab.bench import bench, bench_params
-    from .analysis.bench_view import text_table
+    from .orchestrate.bench import bench, bench_params
+    from .bench.bench_view import text_table
 
     cfg, plan = bench_params(args)
-    run, doc = bench(cfg, plan, transcript("labkit.lab.bench"))
+    run, doc = bench(cfg, plan, transcript("labkit.orchestrate.bench"))
     print("\n" + text_table(doc))
     print(f"\nrun folder: {run}\nbench.json, bench.txt, bench.png"
           + ("" if not doc[Status.FAILED] else "\nfailed: " + ", ".join(
@@ -349,7 +349,7 @@ def cmd_bench(args: dict) -> int:
 
 
 def cmd_reproduce(args: dict) -> int:
-    from .lab import reproduce
+    from .orchestrate import reproduce
 
     methods = args.get("methods")
     if methods is not None:
@@ -370,10 +370,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = vars(build_parser().parse_args(argv))
     setup_logging(args.pop("verbose") - args.pop("quiet"))
     command = args.pop("command")
-    if command == "model":  # its own parser and messages (labkit.analysis.costmodel.cli)
-        from .analysis.costmodel.cli import main as model_main
+    if command == "model":  # its own parser and messages (labkit.costmodel.cli)
+        from .costmodel.cli import main as model_main
         return model_main(args["argv"])
-    from .lab import readers  # report, runs, diff: the commands that only read run folders
+    from .runs import readers  # report, runs, diff: the commands that only read run folders
     try:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
                 "report": lambda a: readers.report_command(a["paths"], a.get("out")),

@@ -6,6 +6,6 @@ A thin shim (the guide's command is a contract): the rank's work is labkit.train
 life (SIGTERM, errors, exit) labkit.training.lifecycle.start_rank.
 """
 if __name__ == "__main__":
-    from labkit.training.lifecycle import start_rank
+    from .training.lifecycle import start_rank
 
     start_rank("labkit.training.rank")

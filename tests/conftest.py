@@ -248,7 +248,7 @@ def _module_fixtures_on_one_worker(items) -> None:
 # ------------------------------------------------------------------ the kind of a test
 # unit: in-process only; warm: trains on ranks forked from the worker's warm interpreter
 # (tests/warm.py: arithmetic, no launcher; make test-fast runs the unit tests and the warm
-# ones not marked slow); torchrun: starts real ranks under torchrun (or labkit.lab.launch);
+# ones not marked slow); torchrun: starts real ranks under torchrun (or labkit.launch.launch);
 # e2e: starts a labkit command, a notebook kernel, a browser, Slurm, or any other program. A
 # test marked with one of them (itself or its module's pytestmark) is that kind; any other is
 # judged by what it starts: the names its code, its fixtures' code and the functions of its

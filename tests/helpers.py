@@ -423,9 +423,9 @@ def reference_config(**overrides):
 
 
 # One reference implementation of the exact update (issue 61): the synchronous step is
-# labkit's own (labkit.training.exactness, what `labkit check` holds a method of one's own to;
-# test_reference_state.py pins this function to exactness.reference_state bit for bit). A copy
-# kept here "to be independent" would check nothing more: the methods under test (DDP, the
+# labkit's own (labkit.training.instruments.exactness, what `labkit check` holds a method of one's
+# own to; test_reference_state.py pins this function to exactness.reference_state bit for bit). A
+# copy kept here "to be independent" would check nothing more: the methods under test (DDP, the
 # all-reduce, the PS) are implemented apart from it either way, and two copies drift. What
 # exactness does not model stays here: more epochs, DDP's fp16 hook, the asynchronous PS.
 def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> dict:
@@ -440,7 +440,7 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
     from torch.utils.data import DataLoader
 
     from labkit.training.data import build_datasets, train_sampler
-    from labkit.training.exactness import exact_step
+    from labkit.training.instruments.exactness import exact_step
     from labkit.training.models import build_model
 
     torch.set_num_threads(1)  # as each torchrun rank (OMP_NUM_THREADS=1): same conv kernels
@@ -571,11 +571,11 @@ def restore_process_state(state: tuple) -> None:
 # ------------------------------------------------------------------ the emulated cluster
 def cluster_cannot() -> str:
     """Why this machine cannot build an emulated cluster of 2 nodes at 100mbit ('' when it can:
-    labkit.lab.cluster.check_machine's one line)."""
+    labkit.launch.cluster.check_machine's one line)."""
     if sys.platform != "linux":
         return "Linux only"
     from labkit.core.errors import ConfigError
-    from labkit.lab.cluster import ClusterSpec, check_machine, parse_link
+    from labkit.launch.cluster import ClusterSpec, check_machine, parse_link
 
     try:
         check_machine(ClusterSpec(2, 1, parse_link("100mbit")))

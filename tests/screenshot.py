@@ -1,11 +1,11 @@
 """A PNG of a rendered report page, for the tests that check it is not blank (test-only, so it
-lives here and not in labkit.lab.export)."""
+lives here and not in labkit.orchestrate.export)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from labkit.lab.export import run_chromium
+from labkit.orchestrate.export import run_chromium
 from labkit.core.files import atomic_path
 
 

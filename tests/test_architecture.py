@@ -1,7 +1,8 @@
-"""The house: four layers whose imports only run downward, no import circles (imports inside
-functions included), no private name imported from another module, small functions, and the
-run statuses spelled in one module. A long module is a warning, not a failure: a line cap split
-files into circles (issue 58). Each rule is checked on labkit/ and on a small tree made to
+"""The house: folders by capability whose imports run one way (the graph of
+docs/architecture.md), no import circles (imports inside functions included), no private name
+imported from another module, small functions, and the run statuses spelled in one module. A long
+module is a warning, not a failure: a line cap split files into circles (issue 58). Each rule is
+checked on labkit/ and on a small tree made to
 break it, so the check is seen to fail when it should."""
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ import pytest
 
 from helpers import ROOT
 
-# what each layer may import, besides itself; the entry (cli, __main__, train) may import all
-LAYERS = {"core": set(), "training": {"core"}, "analysis": {"core"},
-          "lab": {"core", "training", "analysis"}}
+# what each capability folder may import, besides itself (docs/architecture.md draws it); the
+# entry (cli, __main__, train) may import all. The thin part of the design card: training (the
+# loop, the methods in training/sync), launch (torchrun)
+LAYERS = {
+    "core": set(),
+    "training": {"core"},
+    "launch": {"core", "training"},
+    "bench": {"core", "training"},
+    "costmodel": {"core", "bench"},
+    "report": {"core", "bench", "costmodel"},
+    "runs": {"core", "training", "bench", "report"},
+    "orchestrate": {"core", "training", "launch", "bench", "costmodel", "report", "runs"},
+}
 # a function over MAX_FUNCTION lines fails; a module over LONG_MODULE lines is a warning
 MAX_FUNCTION, LONG_MODULE = 60, 800
 
@@ -41,13 +52,14 @@ def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            # `from labkit.lab import x`: x may be a module of that package
+            # `from labkit.runs import x`: x may be a module of that package
             out += [(node.lineno, f"{target}.{a.name}") for a in node.names]
     return [(line, t) for line, t in out if t == "labkit" or t.startswith("labkit.")]
 
 
 def _layer(module: str) -> str | None:
-    """core | training | analysis | lab, or None for the entry and the package root."""
+    """The capability folder of ``module`` (a key of LAYERS), or None for the entry and the
+    package root."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
 
@@ -160,8 +172,8 @@ def json_parsers(root: Path) -> set[str]:
 # module names that may appear twice, each for a reason (docs/glossary.md: one name, one meaning)
 SHARED_NAMES = {
     "__init__.py": "a package's own", "__main__.py": "python -m of labkit and of its cost model",
-    "cli.py": "labkit's command line, and labkit model's (analysis/costmodel/cli.py)",
-    "sweep.py": "running a sweep (lab) and its report (analysis/report)",
+    "cli.py": "labkit's command line, and labkit model's (costmodel/cli.py)",
+    "sweep.py": "running a sweep (orchestrate) and its report (report)",
 }
 
 
@@ -208,9 +220,9 @@ def test_one_module_reads_run_folders():
 
 # the commands that read run folders: diff, reproduce, runs, the report's loader, the
 # explorer, continue and the sweep report each open theirs with RunFolder
-RUN_FOLDER_USERS = ("analysis/rundiff.py", "lab/reproduce.py", "analysis/runs_index.py",
-                    "analysis/report/load.py", "analysis/explore.py", "lab/continuation.py",
-                    "analysis/report/sweep.py")
+RUN_FOLDER_USERS = ("runs/rundiff.py", "orchestrate/reproduce.py", "runs/runs_index.py",
+                    "report/load.py", "runs/explore.py", "orchestrate/continuation.py",
+                    "report/sweep.py")
 
 
 @pytest.mark.parametrize("user", RUN_FOLDER_USERS)
@@ -235,27 +247,27 @@ def broken_tree(tmp_path) -> Path:
     (root / "__init__.py").write_text("__version__ = '0'\n")
     (root / "cli.py").write_text("")
     (root / "core" / "ok.py").write_text("from labkit import __version__\nfrom . import ok\n")
-    (root / "core" / "up.py").write_text("def f():\n    from labkit.lab import experiment\n")
-    (root / "analysis" / "side.py").write_text("from ..training.trainer import Trainer\n")
+    (root / "core" / "up.py").write_text("def f():\n    from labkit.orchestrate import experiment\n")
+    (root / "report" / "side.py").write_text("from ..training.trainer import Trainer\n")
     (root / "training" / "entry.py").write_text("import labkit.cli\n")
-    (root / "lab" / "ok.py").write_text("")
-    (root / "lab" / "fine.py").write_text("from labkit.training import rank\nfrom ..core import x\n")
+    (root / "orchestrate" / "ok.py").write_text("")
+    (root / "orchestrate" / "fine.py").write_text("from labkit.training import rank\nfrom ..core import x\n")
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION))
-    (root / "lab" / "long.py").write_text(f"def long():\n{body}\n" + "\n" * LONG_MODULE)
+    (root / "orchestrate" / "long.py").write_text(f"def long():\n{body}\n" + "\n" * LONG_MODULE)
     # a circle closed by an import inside a function, and a private name from another module
-    (root / "analysis" / "ring_a.py").write_text("from . import ring_b\n\ndef _helper():\n    pass\n")
-    (root / "analysis" / "ring_b.py").write_text("def f():\n    from .ring_a import g\n")
-    (root / "lab" / "peek.py").write_text(
-        "from labkit.analysis.ring_a import _helper\nfrom .fine import __all__\n")
-    (root / "lab" / "words.py").write_text('STATE = "failed"\n')
+    (root / "runs" / "ring_a.py").write_text("from . import ring_b\n\ndef _helper():\n    pass\n")
+    (root / "runs" / "ring_b.py").write_text("def f():\n    from .ring_a import g\n")
+    (root / "orchestrate" / "peek.py").write_text(
+        "from labkit.runs.ring_a import _helper\nfrom .fine import __all__\n")
+    (root / "orchestrate" / "words.py").write_text('STATE = "failed"\n')
     (root / "core" / "run_folder.py").write_text(
         "import json\nfrom . import layout\n\ndef read(run):\n"
         "    return json.loads((run / layout.CONFIG).read_text())\n")
-    (root / "analysis" / "second_reader.py").write_text(
+    (root / "runs" / "second_reader.py").write_text(
         "import json\nfrom labkit.core import layout\n\ndef env(run):\n"
         "    path = run / layout.ENVIRONMENT\n    with open(path) as f:\n"
         "        return json.load(f)\n\ndef other(p):\n    return json.loads(p.read_text())\n")
-    (root / "lab" / "results.py").write_text(
+    (root / "orchestrate" / "results.py").write_text(
         "from json import loads\n\nclass R:\n    def doc(self, out):\n"
         "        return loads((out / 'results_ddp.json').read_text())\n")
     return root
@@ -264,18 +276,18 @@ def broken_tree(tmp_path) -> Path:
 def test_the_checks_fail_when_a_rule_is_broken(broken_tree):
     layers = layer_violations(broken_tree)
     assert len(layers) == 3, layers
-    assert any("core/up.py:2 (core) imports labkit.lab.experiment (lab)" in v for v in layers)
-    assert any("analysis/side.py:1 (analysis) imports labkit.training.trainer.Trainer" in v
+    assert any("core/up.py:2 (core) imports labkit.orchestrate.experiment (orchestrate)" in v for v in layers)
+    assert any("report/side.py:1 (report) imports labkit.training.trainer.Trainer" in v
                for v in layers)
     assert any("training/entry.py:1 imports the entry labkit.cli" in v for v in layers)
-    assert size_violations(broken_tree) == ["labkit/lab/long.py:1 long: 61 lines (at most 60)"]
-    assert long_modules(broken_tree) == ["labkit/lab/long.py: 861 lines (a warning above 800)"]
-    assert import_circles(broken_tree) == [("labkit.analysis.ring_a", "labkit.analysis.ring_b")]
-    assert private_imports(broken_tree) == ["labkit/lab/peek.py:1 labkit.analysis.ring_a._helper"]
-    assert status_word_modules(broken_tree) == {"labkit/lab/words.py"}
-    assert twice_named(broken_tree) == ["ok.py: labkit/core/ok.py, labkit/lab/ok.py"]
+    assert size_violations(broken_tree) == ["labkit/orchestrate/long.py:1 long: 61 lines (at most 60)"]
+    assert long_modules(broken_tree) == ["labkit/orchestrate/long.py: 861 lines (a warning above 800)"]
+    assert import_circles(broken_tree) == [("labkit.runs.ring_a", "labkit.runs.ring_b")]
+    assert private_imports(broken_tree) == ["labkit/orchestrate/peek.py:1 labkit.runs.ring_a._helper"]
+    assert status_word_modules(broken_tree) == {"labkit/orchestrate/words.py"}
+    assert twice_named(broken_tree) == ["ok.py: labkit/core/ok.py, labkit/orchestrate/ok.py"]
     assert json_parsers(broken_tree) - JSON_PARSERS == {
-        "labkit/analysis/second_reader.py", "labkit/lab/results.py"}
+        "labkit/runs/second_reader.py", "labkit/orchestrate/results.py"}
 
 
 # ------------------------------------------------------------------ the suite's own rule

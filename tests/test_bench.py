@@ -62,7 +62,7 @@ def test_bench_writes_every_field(bench_run):
         # ring all-reduce sends 2(n-1)/n = 1 x the gradients, a PS worker pushes them once
         # (the request of none here: the synchronous server pulls by broadcast)
         assert r["sent_per_step"] == pytest.approx(r["grad_bytes"], rel=0.01), r["variant"]
-        # where the step goes, by the experiment's definitions (labkit.analysis.breakdown): the
+        # where the step goes, by the experiment's definitions (labkit.core.breakdown): the
         # marked parts of the synchronised steps (a mean over the trainers) tile a step, so they
         # add up to the trials' step (the slowest rank's); compute is the compute-only one
         b = r["breakdown"]
@@ -99,7 +99,7 @@ def test_bench_writes_every_field(bench_run):
     assert ddp["throughput_vs_ddp"] == 1.0
     assert ar["throughput_vs_ddp"] == pytest.approx(ar["throughput"] / ddp["throughput"])
     # each method's own communication time beside the raw collective of the same bytes
-    from labkit.analysis.bench_view import rows
+    from labkit.bench.bench_view import rows
 
     by = {r["variant"]: r for r in rows(doc)}
     ps_sync = sum(ps["phases"].values())
@@ -122,7 +122,7 @@ def test_bench_writes_every_field(bench_run):
 
 def test_bench_holds_labkits_overhead_against_the_plain_loop(bench_run):
     """Every bench also times a plain DDP loop against labkit's DDP training loop, both loading
-    their data, trials alternating in one job (labkit.training.plain_loop): the document holds
+    their data, trials alternating in one job (labkit.bench.plain_loop): the document holds
     the ratio with its 95% interval, the two loops ended with the same parameters, and the
     table prints it. A figure and its interval, not a speed: speeds are the bench's own."""
     run, doc, p = bench_run
@@ -171,7 +171,7 @@ def test_bench_prices_each_instrument_in_paired_rounds(bench_run):
             [("--time-comm hook", "--time-comm hook", "--time-comm off")] if ddp else [])
         # the same steps on the same batches from the same weights: equal, bit for bit
         assert ins["params_differing"] == {k: 0 for k in loops[1:]}, v
-        from labkit.analysis.instrument_cost import instrument_intervals
+        from labkit.bench.instrument_cost import instrument_intervals
 
         for pair, iv in instrument_intervals(r):
             on = ins["loops"][pair["on"]]["step_time"]["trials"]
@@ -197,7 +197,7 @@ def test_bench_prices_each_instrument_in_paired_rounds(bench_run):
 def test_instrument_lines_say_what_the_interval_supports():
     """A cost is called a cost only when the rounds' interval excludes 1.00; a loop whose
     parameters differ is flagged, except for an asynchronous PS, where timing decides them."""
-    from labkit.analysis import instrument_cost
+    from labkit.bench import instrument_cost
 
     def row(on, off, differing=0, timing_dependent=False, repeatable=None):
         return {"variant": "m", "nproc": 2, "instruments": {
@@ -259,7 +259,7 @@ def test_profile_trace_labels_the_phases(bench_run):
 
 
 def test_cost_model_calibrates_on_a_real_bench(bench_run):
-    from labkit.analysis import costmodel as model
+    from labkit import costmodel as model
 
     _, doc, _ = bench_run
     cal = model.calibrate(doc)[2]
@@ -283,7 +283,7 @@ def test_bench_bad_input_is_one_line(tmp_path):
 
 
 def test_report_shows_the_bench_and_the_cost_model(bench_run, tmp_path):
-    from labkit.analysis import report
+    from labkit import report
 
     run, doc, _ = bench_run
     blocks = report.bench_section(run, tmp_path)
@@ -316,7 +316,7 @@ def constructed_bench(ddp_trials, ar_trials, ar_sync=None, raw=None, ps_batch=Fa
         if sync is not None:
             r["sync_trials"] = sync
         return r
-    from labkit.analysis import bench_view
+    from labkit.bench import bench_view
     results = [result("ddp", "ddp", ddp_trials, 4),
                result("allreduce", "allreduce", ar_trials, 3 if ps_batch else 4,
                       {"comm": sum(ar_sync) / len(ar_sync)} if ar_sync else {"comm": 0.03},
@@ -338,7 +338,7 @@ def test_bench_ci_columns_against_an_independent_computation():
     import numpy as np
     from scipy import stats as sps
 
-    from labkit.analysis import bench_view
+    from labkit.bench import bench_view
 
     ddp, ar = [0.50, 0.52, 0.49, 0.51], [0.40, 0.41, 0.42, 0.40]
     sync, raw = [0.030, 0.034, 0.031, 0.033], [0.020, 0.021, 0.019, 0.022, 0.020]
@@ -373,7 +373,7 @@ def test_bench_ci_columns_against_an_independent_computation():
 def test_bench_files_without_trial_times_say_na():
     """A bench.json from before sync_trials and the collectives' times were kept, or with one
     trial: n/a, not a failure."""
-    from labkit.analysis import bench_view
+    from labkit.bench import bench_view
 
     doc = constructed_bench([0.5], [0.4])
     by = {r["variant"]: r for r in bench_view.rows(doc)}
@@ -388,7 +388,7 @@ def test_the_repeatability_probe_tells_a_deterministic_device_from_one_that_is_n
     instrument."""
     import torch
 
-    from labkit.training.pricing import repeatable as _repeatable
+    from labkit.bench.pricing import repeatable as _repeatable
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))

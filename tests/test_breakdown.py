@@ -1,6 +1,6 @@
 """Where the time goes: the breakdown of a step for every method (DDP's communication from its
 reducer's statistics or its timing hook, and the two compared), overlap with its interval,
-the rank the others waited for, and time to accuracy (labkit.analysis.breakdown and the
+the rank the others waited for, and time to accuracy (labkit.core.breakdown and the
 report that shows them)."""
 import shutil
 
@@ -10,10 +10,11 @@ import torch
 from scipy import stats as sps
 
 from helpers import check_ok, load_json, tiny_flags, torchrun
-from labkit.analysis import breakdown, report
-from labkit.analysis.report import load_files
+from labkit.core import breakdown
+from labkit import report
+from labkit.report import load_files
 from labkit.core.methods import SHORT
-from labkit.training.timers import StepParts, busy_figures
+from labkit.training.instruments.timers import StepParts, busy_figures
 
 # enough steady-state steps in one epoch for a batch-means interval that a busy 2-core machine
 # does not swamp: 41 steps in 6 blocks of about 7 (with 12 steps in 4 blocks of 3, the overlap
@@ -29,7 +30,7 @@ STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=None)
 def test_a_gpus_marks_reuse_their_events_and_still_tile_the_step():
     """On a GPU the marks are CUDA events from one pool: an epoch's events are recorded again in
     the next once their times are read, and the parts still add up to each step."""
-    from labkit.training.timers import StepClock, events
+    from labkit.training.instruments.timers import StepClock, events
 
     dev = torch.device("cuda")
     parts, clock = StepParts(dev), StepClock(dev)
@@ -115,7 +116,7 @@ def test_ddp_in_one_process_reads_no_statistics():
 def test_a_phase_is_a_profiler_range_only_while_a_profiler_records():
     """labkit's phase names (labkit.forward, ...) are record_function ranges in a torch.profiler
     trace; with no profiler recording, none is opened (each costs microseconds a step)."""
-    from labkit.training.timers import PhaseTimer, label
+    from labkit.training.instruments.timers import PhaseTimer, label
 
     timer = PhaseTimer(torch.device("cpu"))
     with torch.profiler.profile() as prof:

@@ -264,7 +264,7 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     figures = page.locator(".jp-OutputArea-output figure")
     # the five figures in order, each with its caption from the one captions table: the step
     # breakdown (Figure 5) with Table 1 in the summary, then Figures 1-4 in the results
-    from labkit.analysis import report
+    from labkit import report
     expected = [report.figure_caption(k) for k in (report.PLOTS[4], *report.PLOTS[:4])]
     assert [c.split(".")[0] for c in expected] == [f"Figure {i}" for i in (5, 1, 2, 3, 4)]
     assert figures.locator("figcaption").all_text_contents()[:5] == expected
@@ -297,7 +297,7 @@ def test_runs_index_lists_every_run_and_opens_one_in_the_explorer(lab, lab_root,
 def test_the_runs_index_page_has_one_row_per_run_folder(lab_root, run_names, page, tmp_path):
     """runs/index.html as a person opens it from the file manager: the lab notebook's page,
     one row per run folder (runs/latest is a link, not a row), each naming its folder."""
-    from labkit.lab.runs_dir import write_index
+    from labkit.runs.runs_dir import write_index
 
     runs = lab_root / "runs"
     index = write_index(runs)

@@ -8,7 +8,7 @@ import pytest
 from helpers import labkit
 from labkit import cli
 
-# labkit model has its own parser (labkit.analysis.costmodel.cli) behind a placeholder
+# labkit model has its own parser (labkit.costmodel.cli) behind a placeholder
 POSITIONALS = {"model": ["bench.json"]}
 
 

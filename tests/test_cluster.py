@@ -1,4 +1,4 @@
-"""The emulated cluster (labkit.lab.cluster, issue 57): links and node counts are checked in one
+"""The emulated cluster (labkit.launch.cluster, issue 57): links and node counts are checked in one
 line each; nodes get their own hostnames, addresses and shaped links; the probe and a gloo
 all_reduce across two nodes at 100mbit come within 10% of the rate; labkit's multi-node
 `labkit run` trains across them; a finished, failed, timed-out, Ctrl-C'd or kill -9'd run
@@ -26,8 +26,8 @@ import torch
 
 from helpers import ROOT, TINY, labkit, needs_namespaces_mark, tiny_flags
 from labkit.core.errors import ConfigError
-from labkit.lab import cluster, cluster_node
-from labkit.lab.cluster import ClusterSpec, Link, check_machine, parse_link, run_cluster
+from labkit.launch import cluster, cluster_node
+from labkit.launch.cluster import ClusterSpec, Link, check_machine, parse_link, run_cluster
 
 pytestmark = pytest.mark.xdist_group("cluster")
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -166,7 +166,7 @@ def test_a_failed_node_and_a_timeout_are_reported_and_leave_nothing(tmp_path):
 
 LAUNCHER = textwrap.dedent("""
     import sys
-    from labkit.lab.cluster import ClusterSpec, parse_link, run_cluster
+    from labkit.launch.cluster import ClusterSpec, parse_link, run_cluster
     cmd = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(300)",
            sys.argv[2]]
     run_cluster(ClusterSpec(2, 1, parse_link("100mbit")), [cmd, cmd], sys.argv[1])
@@ -296,7 +296,7 @@ def test_bad_cluster_input_is_one_line_and_creates_nothing(tmp_path, args, says)
 ROOTLESS = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[1])
-    from labkit.lab.cluster import ClusterSpec, check_machine, parse_link, run_cluster
+    from labkit.launch.cluster import ClusterSpec, check_machine, parse_link, run_cluster
     spec = ClusterSpec(2, 1, parse_link("100mbit"))
     check_machine(spec)
     cmd = [sys.executable, "-c", "import socket; print('I am', socket.gethostname())"]

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from helpers import BENCH_FLAGS, labkit, needs_namespaces_mark
-from labkit.analysis.bench_view import link_fit_line, link_lines
-from labkit.analysis.costmodel.calibrate import BURST_MARGIN, calibrate, link_fit
+from labkit.bench.bench_view import link_fit_line, link_lines
+from labkit.costmodel.calibrate import BURST_MARGIN, calibrate, link_fit
 
 pytestmark = pytest.mark.xdist_group("cluster")
 

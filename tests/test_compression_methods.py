@@ -131,7 +131,7 @@ def averaged_steps(cfg: TrainConfig, trainers: int, steps: int, dtype=torch.floa
     BatchNorm statistics are the first trainer's. The model after ``steps`` steps."""
     import copy
 
-    from labkit.training import exactness
+    from labkit.training.instruments import exactness
     from labkit.training.data import build_datasets
     from labkit.training.models import build_model
 
@@ -172,7 +172,7 @@ def test_averaging_after_every_step_is_ddps_step_in_exact_arithmetic():
     summation-order tolerance from DDP's parameters on one CPU and within it on another
     (measured in docs/testing.md). So the runs are compared with this computation in their
     own order (below), and the two orders with each other here, in double precision."""
-    from labkit.training import exactness
+    from labkit.training.instruments import exactness
 
     cfg = resolve(TrainConfig(method="localsgd", dataset="digits", model="resnet10_small",
                               batch_size=8, lr=0.01, max_steps_per_epoch=EXACT_STEPS), False, N)
@@ -196,7 +196,7 @@ def test_with_one_local_step_the_parameters_are_ddps(runs, name):
     process end (the same order of operations, so within summation order: DiLoCo with outer
     lr 1 and no momentum takes the mean as start - (start - mean)), which in exact arithmetic
     is DDP's step (the test above)."""
-    from labkit.training import exactness
+    from labkit.training.instruments import exactness
 
     cfg = resolve(TrainConfig(method=RUNS[name][1], dataset="digits", model="resnet10_small",
                               batch_size=8, lr=0.01, max_steps_per_epoch=EXACT_STEPS), False, N)
@@ -207,7 +207,7 @@ def test_with_one_local_step_the_parameters_are_ddps(runs, name):
 
 @trained
 def test_the_report_gives_each_method_its_bytes_per_step(runs):
-    from labkit.analysis import report
+    from labkit import report
 
     res = report.load_files([str(runs["powersgd"]), str(runs["localsgd_h8"])])
     rows = {r["Method"]: r[report.tables.WIRE] for r in report.communication_rows(res)}

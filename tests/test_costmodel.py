@@ -1,4 +1,4 @@
-"""The cost model (labkit.analysis.costmodel): hand-computed cases, calibration on a synthetic bench file
+"""The cost model (labkit.costmodel): hand-computed cases, calibration on a synthetic bench file
 made from known alpha and beta, validation arithmetic, the projection and the command line."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from labkit.analysis import costmodel
-from labkit.analysis.costmodel import Link, MiB
+from labkit import costmodel
+from labkit.costmodel import Link, MiB
 
 ALPHA = 1e-5             # 10 us
 BETA = 1 / 10e9          # 10 GB/s

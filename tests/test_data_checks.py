@@ -19,7 +19,7 @@ from helpers import TINY, check_ok, expect_error, load_json, torchrun
 from labkit.training import preflight
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.training.data import build_datasets, check_image
-from labkit.lab.launch import validate
+from labkit.launch.launch import validate
 
 # the two bad files of the `bad_tree` fixture, as paths under the dataset root
 TRUNCATED = os.path.join("train", "cat", "0.png")

@@ -105,7 +105,7 @@ def test_a_perturbed_replica_is_named_at_the_end_of_its_epoch(tmp_path, method, 
 
 @pytest.mark.xdist_group("equivalence_runs")  # the session's runs, built once on one worker
 def test_unperturbed_runs_say_identical_after_every_epoch(equivalence_runs):
-    from labkit.analysis import report
+    from labkit import report
 
     for name, (out, _) in equivalence_runs.items():
         r = result_of(out)
@@ -213,7 +213,8 @@ def old_style_result(tmp_path: Path) -> Path:
 
 
 def test_old_nan_files_and_new_null_files_load_in_the_report_and_explorer(tmp_path):
-    from labkit.analysis import explore, report
+    from labkit.runs import explore
+    from labkit import report
 
     (tmp_path / "old").mkdir()
     old = old_style_result(tmp_path / "old")
@@ -241,7 +242,7 @@ def test_old_nan_files_and_new_null_files_load_in_the_report_and_explorer(tmp_pa
 
 
 def test_the_launcher_shows_a_failed_runs_line_alone(tmp_path):
-    from labkit.lab.failures import explain_failure
+    from labkit.launch.failures import explain_failure
 
     log = tmp_path / "logs" / "run" / "attempt_0" / "0"
     log.mkdir(parents=True)

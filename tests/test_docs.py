@@ -32,7 +32,7 @@ def commands(text: str) -> list[str]:
 
 def check(line: str) -> str | None:
     """None if ``line`` parses with the parser that will read it, else why not."""
-    from labkit.analysis.costmodel.cli import build_parser as model_parser
+    from labkit.costmodel.cli import build_parser as model_parser
     from labkit.cli import build_parser
     from labkit.training.rank import parser as train_parser
 
@@ -84,7 +84,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 def labkit_flags() -> set[str]:
     """Every flag of every labkit subcommand, of labkit model and of labkit.train."""
-    from labkit.analysis.costmodel.cli import build_parser as model_parser
+    from labkit.costmodel.cli import build_parser as model_parser
     from labkit.cli import build_parser
     from labkit.training.rank import parser as train_parser
 
@@ -234,7 +234,7 @@ def test_notebook_parameters_are_the_experiments_defaults(monkeypatch):
 
     from labkit import cli
     from labkit.core.config import resolve
-    from labkit.lab.launch_params import notebook_params, nproc_or_default
+    from labkit.launch.launch_params import notebook_params, nproc_or_default
 
     nb = nbformat.read(ROOT / "notebooks" / "run_method.ipynb", as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))

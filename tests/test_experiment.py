@@ -93,7 +93,7 @@ def test_the_record_is_complete_and_the_run_folder_works_from_anywhere(experimen
     assert p.returncode == 0, p.stderr
     assert (moved / "report" / "performance_report.txt").stat().st_mtime > (run / "report" / "performance_report.txt").stat().st_mtime
     # the copy's report, from the copy's files alone, is the original's, but for where it lies
-    # (labkit.analysis.compare reads a run's <method>/ folders, not repeat-<i>/: the copy's
+    # (labkit.runs.compare reads a run's <method>/ folders, not repeat-<i>/: the copy's
     # compare_runs verdict is test_reproduce's, on a copied single run)
     def report_text(folder):
         return [l for l in (folder / "report" / "performance_report.txt").read_text().splitlines()
@@ -104,7 +104,8 @@ def test_the_record_is_complete_and_the_run_folder_works_from_anywhere(experimen
 @on_the_experiment
 def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
     """The exported write-up: both tables, every figure inline, the verdicts, no code."""
-    from labkit.analysis import breakdown, report
+    from labkit.core import breakdown
+    from labkit import report
 
     run = experiment.run
     rep = run / "report"
@@ -136,7 +137,7 @@ def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
     discussion = txt.split("\nDiscussion\n", 1)[1]
     ps = next(l for l in discussion.splitlines() if l.startswith("- Parameter Server: "))
     assert "replicas identical after epoch 1." in ps  # checked every epoch
-    # where the time goes, for every method, DDP included (labkit.analysis.breakdown)
+    # where the time goes, for every method, DDP included (labkit.core.breakdown)
     for m in EXPERIMENT_METHODS:
         b = breakdown.of_result(res.ok[m])
         assert b is not None and b.comm > 0, m
@@ -187,8 +188,8 @@ def pdf_table_headers(layout: str, table: str, first_row: str) -> list[str]:
 def test_the_report_pdf_reads_table_1_and_every_verdict(experiment):
     """The PDF itself, as text (poppler's pdftotext): Table 1's headers as the HTML's table
     has them, and each verdict line of the discussion; a real PDF of several pages, not blank."""
-    from labkit.analysis import report
-    from labkit.lab.export import find_chromium
+    from labkit import report
+    from labkit.orchestrate.export import find_chromium
     from screenshot import screenshot
 
     run = experiment.run
@@ -224,8 +225,8 @@ def test_the_report_answers_on_page_one_within_eight_pages(experiment):
     for (its --repeats 2: Repeats and time to accuracy over seeds), the others named in one
     line; a table of contents; and the PDF's body, before the appendix, at most 8 pages, with
     the whole summary on page 1."""
-    from labkit.analysis import report
-    from labkit.lab.export import find_chromium
+    from labkit import report
+    from labkit.orchestrate.export import find_chromium
 
     run = experiment.run
     rep = run / "report"
@@ -283,7 +284,7 @@ def test_a_failed_method_is_recorded_and_the_others_kept(failed_experiment):
     ps = status["methods"]["ps"]
     assert ps["status"] == "failed" and "LaunchError" in ps["error"]
     # rank 1 either exits on its own or is stopped by torchrun first, or torchrun's summary lost
-    # its exit code and only its error file tells (labkit.lab.failures._blame; seen once in a
+    # its exit code and only its error file tells (labkit.launch.failures._blame; seen once in a
     # full suite, 2026-11-26): each names it, with its error
     assert re.search(r"rank 1 (exited with code 1|failed first \(torchrun then stopped it|raised an "
                      r"exception \(known from its error file only\))", ps["error"]), ps["error"]

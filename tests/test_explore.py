@@ -25,8 +25,8 @@ import papermill as pm  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers import ROOT, load_json  # noqa: E402
-from labkit.analysis import explore  # noqa: E402
-from labkit.core import layout  # noqa: E402
+from labkit.runs import explore
+from labkit.core import layout
 from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES  # noqa: E402
 from labkit.core.status import Status  # noqa: E402
 

@@ -14,8 +14,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 pytestmark = pytest.mark.xdist_group("export")
 
 from helpers import ROOT
-from labkit.lab import export
-from labkit.lab.export import export_html, export_pdf, find_chromium
+from labkit.orchestrate import export
+from labkit.orchestrate.export import export_html, export_pdf, find_chromium
 from screenshot import screenshot
 
 # Appears only in code cells, so finding it in the HTML means code leaked into the report.
@@ -24,7 +24,7 @@ CODE_MARKER = "labkit_code_marker_7f3a"
 def test_a_chromium_stub_is_not_a_chromium(tmp_path, monkeypatch):
     """Ubuntu's chromium-browser without the snap only says to install the snap: labkit and the
     Makefile pass over it (HTML only) and take a Chromium that answers --version."""
-    from labkit.lab.export import CHROMIUM_NAMES
+    from labkit.orchestrate.export import CHROMIUM_NAMES
 
     stub = tmp_path / "chromium-browser"
     stub.write_text("#!/bin/sh\necho \"Command '$0' requires the chromium snap to be installed.\"\n"

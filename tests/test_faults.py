@@ -14,8 +14,8 @@ import torch
 
 from helpers import leftovers, load_json, tiny_cfg, tiny_flags, wait_for
 from labkit.core.config import TrainConfig
-from labkit.lab.launch import launch
-from labkit.lab.launch_params import Nodes
+from labkit.launch.launch import launch
+from labkit.launch.launch_params import Nodes
 
 # its module-scoped fixture is built once: the whole module on one xdist worker
 pytestmark = pytest.mark.xdist_group("faults")

@@ -136,7 +136,7 @@ def test_gpu_flags_without_cuda_are_one_line(capsys, flags, needle):
 def test_flops_are_counted_per_image():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from labkit.training.flops import forward_flops
+    from labkit.training.instruments.flops import forward_flops
     from labkit.training.models import build_model
 
     n = forward_flops("resnet10_small", 10, 16)
@@ -182,7 +182,7 @@ def _doc(data_share: float) -> dict:
 
 @pytest.mark.parametrize("share, flagged", [(0.25, True), (0.04, False)])
 def test_the_report_flags_a_run_that_measured_the_data_loader(share, flagged):
-    from labkit.analysis import report
+    from labkit import report
 
     res = report.RunResults(docs={"ddp": _doc(share)}, problems={})
     lines = report.discussion(res)

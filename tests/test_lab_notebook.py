@@ -266,8 +266,8 @@ def test_runs_and_diff_show_the_emulated_link_as_set_and_measured(experiment, tm
     assert "2 nodes x 1 ranks, 100mbit, measured" in second and "100mbit" not in first
     # `labkit reproduce` and `labkit experiment --continue` run it on the same link again
     from labkit.core.run_folder import RunFolder
-    from labkit.lab.continuation import _prepared as continuation
-    from labkit.lab.reproduce import plan as reproduction
+    from labkit.orchestrate.continuation import _prepared as continuation
+    from labkit.orchestrate.reproduce import plan as reproduction
 
     config["experiment"]["repeats"] = 1  # reproduce re-runs single-repeat experiments
     (b / "config.json").write_text(json.dumps(config))

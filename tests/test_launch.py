@@ -9,8 +9,8 @@ import pytest
 
 from helpers import load_json, tiny_cfg
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.lab.launch import launch, torchrun_command
-from labkit.lab.launch_params import Nodes
+from labkit.launch.launch import launch, torchrun_command
+from labkit.launch.launch_params import Nodes
 
 TINY_CFG = tiny_cfg(max_steps_per_epoch=4, max_val_steps=1, timeout=60, pin_cpus=None)
 
@@ -77,7 +77,7 @@ def test_error_file_names_the_rank_and_its_exception(tmp_path):
     """What a rank's error file says is what the message says, even when the console lost
     the failure summary and the rank's log is empty (a full disk); a rank that only lost
     its peer, and an empty error file, are not blamed."""
-    from labkit.lab.failures import explain_failure
+    from labkit.launch.failures import explain_failure
 
     first = _rank_dir(tmp_path, 1)
     (first / "error.json").write_text(json.dumps({"message": {
@@ -95,7 +95,7 @@ def test_error_file_names_the_rank_and_its_exception(tmp_path):
 def test_rank_prefix_only_where_torchrun_has_the_option(tmp_path, monkeypatch):
     """torch 2.11's torchrun has no --log-line-prefix-template: passed anyway, it became the
     script to run and every rank died (seen on an H100 box, 2026-11-23)."""
-    from labkit.lab import torchrun_job as launch_mod  # where the command is built
+    from labkit.launch import torchrun_job as launch_mod
 
     assert launch_mod.torchrun_knows("--tee") and not launch_mod.torchrun_knows("--no-such-option")
     with_prefix = torchrun_command(TrainConfig(**TINY_CFG), 2, str(tmp_path))

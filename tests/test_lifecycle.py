@@ -14,7 +14,7 @@ import pytest
 
 from helpers import ONE_THREAD, Pause, labkit, leftovers, load_json, tiny_flags, wait_for
 from labkit.core import status
-from labkit.analysis import report
+from labkit import report
 
 pytestmark = pytest.mark.xdist_group("lifecycle")
 

@@ -26,7 +26,7 @@ NAMES = {"ddp": "Baseline DDP (PyTorch)", "powersgd": "PowerSGD", "localsgd": "L
 # ------------------------------------------------------------------ parsing the grid
 @pytest.mark.unit
 def test_link_values_parse_as_links_and_emulate_nodes_as_a_count():
-    from labkit.lab.sweep import parse_grid, point_name, sweepable
+    from labkit.orchestrate.sweep import parse_grid, point_name, sweepable
 
     assert parse_grid(["link=100mbit, 1GBIT,unshaped"]) == {"link": ["100mbit", "1gbit", "unshaped"]}
     assert parse_grid({"link": ["10mbit", "100mbit"], "emulate_nodes": "2,3"}) == {  # -f's sweep:
@@ -45,7 +45,7 @@ def test_link_values_parse_as_links_and_emulate_nodes_as_a_count():
     ("emulate_nodes=2,two", "sweep emulate_nodes=2,two: a value does not parse as int"),
 ])
 def test_a_bad_link_value_is_one_line_naming_it(spec, says):
-    from labkit.lab.sweep import parse_grid
+    from labkit.orchestrate.sweep import parse_grid
 
     with pytest.raises(ConfigError, match=says) as e:
         parse_grid([spec])
@@ -119,7 +119,7 @@ def link_sweep(root: Path, seeds: int = 3, methods=("ddp", "powersgd", "localsgd
 
 @pytest.mark.unit
 def test_unshaped_sits_right_of_the_fastest_rate():
-    from labkit.analysis.report.linkaxis import UNSHAPED_GAP, x_positions
+    from labkit.report.linkaxis import UNSHAPED_GAP, x_positions
 
     assert x_positions([0, 100 * MBIT, 1000 * MBIT]) == {100 * MBIT: 100.0, 1000 * MBIT: 1000.0,
                                                           0: 1000.0 * UNSHAPED_GAP}
@@ -141,7 +141,7 @@ def test_unshaped_sits_right_of_the_fastest_rate():
     ("b b b b", None, None, "not judged at any rate"),
 ])
 def test_the_crossover_lies_between_the_last_win_and_the_next_rate_up(labels, low, high, says):
-    from labkit.analysis.report.linkaxis import Judged, crossover
+    from labkit.report.linkaxis import Judged, crossover
 
     word = {"F": "faster", "S": "slower", "N": "within noise", "b": "not judged"}
     rates = [10 * MBIT, 100 * MBIT, 1000 * MBIT, 0]
@@ -160,8 +160,8 @@ def test_a_constructed_link_sweep_names_its_crossovers(tmp_path):
     1 Gbit/s, slower unshaped; it needs 3 epochs for 80% where DDP needs 2. So on throughput and
     on time to 80% it beats DDP below 1 Gbit/s (at 1 Gbit/s: throughput within noise, time 1.5x
     DDP's, slower); local SGD beats DDP at every rate on both."""
-    from labkit.analysis.report import linkaxis as la
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import linkaxis as la
+    from labkit.report import sweep as rs
 
     sw = rs.load_sweep(link_sweep(tmp_path / "sw"))
     assert rs.studied(sw) == [] and la.is_link_sweep(sw)
@@ -196,8 +196,8 @@ def test_the_figure_puts_unshaped_last_and_shades_each_crossover(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit.analysis.report import linkaxis as la
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import linkaxis as la
+    from labkit.report import sweep as rs
 
     sw = rs.load_sweep(link_sweep(tmp_path / "sw"))
     fig, axes = plt.subplots(1, 2)
@@ -237,8 +237,8 @@ def test_labkit_report_of_a_link_sweep_writes_the_figure_and_the_crossovers(tmp_
 def test_one_seed_per_point_judges_throughput_but_not_time(tmp_path):
     """One seed: throughput has its interval within the run (its 3 epochs); time to the target
     has none over seeds, and the line says so instead of calling a crossover."""
-    from labkit.analysis.report import linkaxis as la
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import linkaxis as la
+    from labkit.report import sweep as rs
 
     sw = rs.load_sweep(link_sweep(tmp_path / "one", seeds=1, methods=("ddp", "powersgd")))
     lines = la.crossover_lines(sw)
@@ -253,7 +253,7 @@ def test_one_seed_per_point_judges_throughput_but_not_time(tmp_path):
 def test_a_sweep_over_emulated_nodes_is_a_scaling_study(tmp_path):
     """emulate_nodes=1,2 with --nproc 1: 1 and 2 processes, one series per method (not one per
     node count), and no study of a method's parameter."""
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import sweep as rs
 
     root, points = tmp_path / "sw", []
     for n in (1, 2):
@@ -276,7 +276,7 @@ def test_a_sweep_over_emulated_nodes_is_a_scaling_study(tmp_path):
 def test_one_run_beside_other_work_is_not_judged():
     """labkit's load rule (stats.compare_speed): one run of each, other work took 40% of the CPU
     while the method ran: twice DDP's throughput, yet no verdict, and no crossover from it."""
-    from labkit.analysis.report.linkaxis import judge_throughput
+    from labkit.report.linkaxis import judge_throughput
 
     ddp = _doc("ddp", 100 * MBIT, 0.6, ACCS["ddp"], 0, 1.0)
     fast = _doc("powersgd", 100 * MBIT, 0.3, ACCS["powersgd"], 0, 1.0)

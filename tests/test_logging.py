@@ -1,6 +1,6 @@
 """labkit's console (issue 39, item 5): every module logs through its own logger, the console
 reads as before, -q and -v change the level; torchrun's output is read by one adapter
-(labkit.lab.torchrun_output), tested here on lines real torchrun runs printed."""
+(labkit.launch.torchrun_output), tested here on lines real torchrun runs printed."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +12,7 @@ import pytest
 from helpers import EXPERIMENT_METHODS, EXPERIMENT_REPEATS, ROOT, labkit, tiny_flags
 
 from labkit.core import log as console
-from labkit.lab.torchrun_output import TorchrunOutput, failures, knows
+from labkit.launch.torchrun_output import TorchrunOutput, failures, knows
 
 # ------------------------------------------------------------------ torchrun's output, for real
 # torch 2.14.1's torchrun, 2026-11-26, `labkit run` on 2 gloo ranks (what torchrun.log keeps);
@@ -126,7 +126,7 @@ def levels(monkeypatch):
 
 
 def test_messages_print_bare_info_on_stdout_warnings_on_stderr_at_each_level(levels, capsys):
-    log = logging.getLogger("labkit.lab.somewhere")
+    log = logging.getLogger("labkit.orchestrate.somewhere")
     said = {}
     for verbosity in (1, 0, -1, -2):
         levels(verbosity)
@@ -150,7 +150,7 @@ def test_messages_print_bare_info_on_stdout_warnings_on_stderr_at_each_level(lev
 
 def test_a_transcript_logs_whole_lines_and_lets_labkits_warnings_through_quiet(levels, capsys):
     levels(0)
-    t = console.transcript("labkit.lab.experiment")
+    t = console.transcript("labkit.orchestrate.experiment")
     t.write("=== ddp: 2 pro")
     assert capsys.readouterr().out == ""  # half a line waits for its end
     t.write("cesses ===\n[rank0]: labkit.train: warning: 3 images left out\nlabkit: warning: ")
@@ -227,7 +227,7 @@ def test_the_structure_check_fails_on_a_console_that_changed():
 def test_quiet_experiment_prints_only_the_summary_and_errors(tmp_path):
     """`labkit -q experiment`: stdout is the summary alone, stderr the failed method's one
     error (allreduce's one rank fails at its first step), nothing of the kernels or the ranks."""
-    from labkit.analysis.report import load_run, terminal_summary
+    from labkit.report import load_run, terminal_summary
 
     p = labkit(["-q", "experiment", "--methods", "ddp,allreduce", "--nproc", "1", "--no-report",
                 *tiny_flags(max_steps_per_epoch=2, max_val_steps=1), "--runs-dir", "runs"],

@@ -9,8 +9,8 @@ import torch
 
 from labkit import cli
 from labkit.core.config import resolve
-from labkit.lab import bench, experiment
-from labkit.lab.launch_params import SHARED_GPU_RANKS, machine_defaults
+from labkit.orchestrate import bench, experiment
+from labkit.launch.launch_params import SHARED_GPU_RANKS, machine_defaults
 
 
 def fake_gpus(monkeypatch, n: int) -> None:
@@ -97,14 +97,14 @@ def test_on_a_real_one_gpu_machine_every_method_is_planned():
 
 
 def _res(device: str, ranks: int, gpus: int):
-    from labkit.analysis.report import RunResults
+    from labkit.report import RunResults
 
     world = {"device": device, "local_world_size": str(ranks), "gpus": gpus, "backend": "gloo"}
     return RunResults(docs={"ddp": {"epochs": [{}], "world": world}})
 
 
 def test_the_report_says_when_ranks_shared_a_device_and_shows_table_9_only_for_gpu_runs():
-    from labkit.analysis.report.text import ran_on_gpu, shared_device_line
+    from labkit.report.text import ran_on_gpu, shared_device_line
 
     line = shared_device_line(_res("cuda:0", 2, 1))
     assert line.startswith("The ranks shared one device: 2 processes on 1 GPU(s), over gloo")

@@ -364,7 +364,7 @@ def test_a_parameter_server_trainer_pulls_and_pushes_the_model(equivalence_runs,
 def test_the_report_says_mb_per_step_on_the_wire(ring_run):
     """The ring moves 2(n-1)/n of the gradients each way, counted from its sends and recvs,
     and Table 2 says so in MB."""
-    from labkit.analysis import report
+    from labkit import report
 
     g = _gradient_bytes()
     w = _wire(ring_run)
@@ -444,7 +444,7 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
     """examples/methods/zero1.py: DDP's parameters (the equivalence reference), each rank holding
     1/n of the momentum DDP's SGD holds: against DDP's state as the lab counted it in a DDP run,
     and against the parameter count; Table 2 of their report shows both."""
-    from labkit.analysis import report
+    from labkit import report
     from helpers import ATOL, RTOL, reference_state
 
     check_ok(warm_run(2, TINY + ["--method", f"{ZERO1}:ShardedOptimizer", "--out", str(tmp_path / "z")],
@@ -478,7 +478,7 @@ def test_the_sharded_optimizer_is_exact_and_holds_a_slice_of_the_momentum(tmp_pa
 def test_a_method_registered_elsewhere_is_no_row_of_another_runs_tables(ddp_run):
     """A live kernel that read a user's run keeps its method registered; the tables of a run
     without it still list only the guide's three (a missing one says why)."""
-    from labkit.analysis import report
+    from labkit import report
 
     methods.register(methods.MethodSpec("ghost", "Ghost", "Ghost", "results_ghost.json", ("comm",),
                                         False, True, "elsewhere.py:Ghost"))
@@ -492,7 +492,7 @@ def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run
     """`--method nosync`: no byte on the wire in any step, one model at the end of the epoch (the
     replica check passes); beside DDP the report states the bound from the two throughputs and
     leaves nosync out of the accuracy verdicts, saying why."""
-    from labkit.analysis import report
+    from labkit import report
 
     check_ok(warm_run(2, TINY + ["--method", "nosync", "--out", str(tmp_path / "nosync")], cwd=tmp_path))
     doc = load_json(tmp_path / "nosync" / "results_nosync.json")
@@ -519,7 +519,7 @@ def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run
 def test_the_report_says_which_methods_are_exact(ring_run, ddp_run, tmp_path):
     """Each method's kind, as its class declares it: the ring is exact; the same file declared
     approximate is listed as approximate."""
-    from labkit.analysis import report
+    from labkit import report
 
     lines = report.verdict_lines(report.load_files([str(ddp_run), str(ring_run)]))
     kinds = [l for l in lines if l.startswith("Methods: ")]

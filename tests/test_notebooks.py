@@ -11,9 +11,9 @@ import pytest
 
 from helpers import ROOT, tiny_cfg
 from labkit.core.config import TrainConfig
-from labkit.lab.kernels import kernel_name
-from labkit.lab import launch_params
-from labkit.lab.launch_params import LAUNCH_PARAMS, NOTEBOOK_ONLY, LaunchParams
+from labkit.orchestrate.kernels import kernel_name
+from labkit.launch import launch_params
+from labkit.launch.launch_params import LAUNCH_PARAMS, NOTEBOOK_ONLY, LaunchParams
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -68,8 +68,8 @@ def test_run_method_by_hand_trains_with_labkit_experiments_defaults(monkeypatch)
     with no flags resolves for the same method on this machine (both through the machine's
     defaults, then the launcher's resolution), and with as many processes."""
     from labkit import cli
-    from labkit.lab import experiment
-    from labkit.lab.launch import validate
+    from labkit.orchestrate import experiment
+    from labkit.launch.launch import validate
 
     monkeypatch.setattr("builtins.print", lambda *a, **k: None)  # the cell's one line
     ns = by_hand_cells()

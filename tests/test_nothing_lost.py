@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from labkit.lab.runs_dir import new_run_dir
+from labkit.runs.runs_dir import new_run_dir
 from labkit.core.files import atomic_write_json
 
 

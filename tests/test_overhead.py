@@ -1,4 +1,4 @@
-"""The plain DDP loop (labkit.training.plain_loop), the floor labkit's overhead is measured
+"""The plain DDP loop (labkit.bench.plain_loop), the floor labkit's overhead is measured
 against: it computes labkit's DDP parameters bit for bit, and the bench's figure of labkit
 DDP / plain loop is paired over rounds that turn the loops' order round. Speeds are the bench's business
 (`labkit bench`, docs/performance.md), not a test's."""
@@ -18,10 +18,10 @@ pytestmark = pytest.mark.xdist_group("equivalence_runs")
 
 
 def plain_torchrun(nproc: int, args: list[str], cwd, timeout: float = 240):
-    """``torchrun -m labkit.training.plain_loop ARGS`` for real (gloo, one thread per rank, as
+    """``torchrun -m labkit.bench.plain_loop ARGS`` for real (gloo, one thread per rank, as
     conftest.torchrun runs labkit.train)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "labkit.training.plain_loop", *args,
+           f"--nproc_per_node={nproc}", "-m", "labkit.bench.plain_loop", *args,
            "--backend", "gloo"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -39,7 +39,7 @@ def test_the_plain_loop_takes_its_batches_as_labkits_loop_does_on_the_device(dev
     from labkit.training.data import build_datasets
     from labkit.training.dist import DistContext
     from labkit.training.models import build_model
-    from labkit.training.plain_loop import PlainDDP
+    from labkit.bench.plain_loop import PlainDDP
     from labkit.training.trainer import Trainer
 
     cfg = resolve(TrainConfig(**{**TINY_CFG, "device": device}), device == "cuda")
@@ -98,7 +98,7 @@ def test_the_overhead_job_on_an_image_folder_computes_the_same_parameters(image_
 
 def test_plain_loop_refuses_what_it_does_not_do(tmp_path, capsys):
     """One line, exit 2, before any process group: the floor is DDP's, without labkit's options."""
-    from labkit.training import plain_loop
+    from labkit.bench import plain_loop
 
     for args, needle in ((["--method", "allreduce"], "the plain loop is DDP's floor"),
                          (["--compress", "fp16"], "the plain loop has no --compress"),
@@ -112,7 +112,7 @@ def test_plain_loop_refuses_what_it_does_not_do(tmp_path, capsys):
 
 def overhead_result(plain, labkit, nproc=2):
     """An overhead job's result holding known trials (only the fields the view reads)."""
-    from labkit.analysis.bench_view import derive_overhead
+    from labkit.bench.bench_view import derive_overhead
 
     def side(ts):
         return {"step_time": {"trials": ts}, "throughput": 16 * nproc * len(ts) / sum(ts)}
@@ -129,7 +129,7 @@ def test_overhead_ratio_is_the_paired_interval_over_the_rounds():
     import numpy as np
     from scipy import stats as sps
 
-    from labkit.analysis import bench_view
+    from labkit.bench import bench_view
 
     plain, labkit = [2.00, 2.04, 1.98, 2.02], [2.10, 2.13, 2.08, 2.12]
     o = overhead_result(plain, labkit)

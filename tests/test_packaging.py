@@ -182,13 +182,13 @@ def wheel(tmp_path_factory) -> Path:
 @pytest.mark.xdist_group("wheel")  # the module's wheel, built once
 def test_wheel_ships_the_notebooks_and_templates(wheel):
     """A non-editable install must find the notebooks and the export template inside the
-    package (labkit.lab.render.NOTEBOOKS comes from importlib.resources)."""
+    package (labkit.orchestrate.render.NOTEBOOKS comes from importlib.resources)."""
     import zipfile
 
     names = set(zipfile.ZipFile(wheel).namelist())
     for nb in ("run_method", "report", "explore"):
         assert f"labkit/notebooks/{nb}.ipynb" in names
-    assert "labkit/lab/templates/offline/index.html.j2" in names
+    assert "labkit/orchestrate/templates/offline/index.html.j2" in names
     assert not any(n.startswith("tests/") for n in names)
     # exactly the package that is in the tree, nothing left over from an older layout
     tree = {str(p.relative_to(ROOT)) for p in (ROOT / "labkit").rglob("*.py")}

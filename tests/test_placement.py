@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from labkit.lab import reproduce
+from labkit.orchestrate import reproduce
 from labkit.core.config import TrainConfig
 from labkit.training.dist import cpu_share
 

@@ -1,5 +1,5 @@
 """Each method projected to large machines from what it was measured to send (issue 37, item
-6: labkit.analysis.costmodel.measured and the report's Table 11). The inputs are built here, so
+6: labkit.costmodel.measured and the report's Table 11). The inputs are built here, so
 what the projection must say follows from the alpha-beta formulas written out below, not from
 the code under test."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from labkit.analysis.costmodel import INTERCONNECTS
-from labkit.analysis.costmodel.measured import (break_even, project_one, project_methods,
+from labkit.costmodel import INTERCONNECTS
+from labkit.costmodel.measured import (break_even, project_one, project_methods,
                                                 round_bytes, trainers_wire, where_it_wins)
 
 MB = 1e6
@@ -103,9 +103,9 @@ def test_table_12_sets_the_models_step_on_the_runs_link_beside_the_measured_one(
     (ddp, allreduce, ps on 2 ranks) stands in for a run on 2 nodes x 1 rank at 100mbit: the
     link is put into its results here, so the prediction follows from the ring arithmetic
     below and the measured step from its own breakdown."""
-    from labkit.analysis import breakdown
-    from labkit.analysis.report.load import load_run
-    from labkit.analysis.report.projection import TCP_ALPHA, inputs_of, on_link, on_link_text
+    from labkit.core import breakdown
+    from labkit.report.load import load_run
+    from labkit.report.projection import TCP_ALPHA, inputs_of, on_link, on_link_text
 
     res = load_run(experiment.run)
     assert on_link(res) is None  # no emulated link: no Table 12

@@ -73,7 +73,7 @@ TOY = {
     # the loop: fit's for-loop is 3 lines, step 6 (the step: backprop calls backward, step is
     # what the loop calls), backprop 2; __init__ and log are set-up and logging
     "labkit/training/loop.py": """\
-        from labkit.training import meter
+        from labkit.training.instruments import meter
         from labkit.training.sync import make
 
 
@@ -101,7 +101,7 @@ TOY = {
                 loss.backward()
         """,
     # an instrument: read where it is called, not followed (2 lines)
-    "labkit/training/meter.py": """\
+    "labkit/training/instruments/meter.py": """\
         def tick(i):
             return i
         """,
@@ -195,7 +195,7 @@ def test_the_counter_follows_the_calls_across_modules_and_counts_their_lines(scr
     assert r["lines"] == 29 and r["files"] == 4, r
     # the instruments followed too: meter.tick's 2 lines in a 5th file
     full = script["reading_path"](str(tmp_path), "toy", instruments=True)
-    assert full["functions"]["labkit.training.meter:tick"] == 2
+    assert full["functions"]["labkit.training.instruments.meter:tick"] == 2
     assert full["lines"] == 31 and full["files"] == 5, full
 
 

@@ -1,6 +1,6 @@
 """The tests' single-process reference and labkit's are one (issue 61, item 5): helpers'
 reference_state, which the equivalence, method and PS-variant tests compare runs under
-torchrun with, trains the same model as labkit.training.exactness.reference_state (what
+torchrun with, trains the same model as labkit.training.instruments.exactness.reference_state (what
 `labkit check` holds a method of one's own to), bit for bit, on TINY's settings."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import STEPS, reference_config, reference_state
-from labkit.training import exactness
+from labkit.training.instruments import exactness
 
 pytestmark = pytest.mark.unit
 

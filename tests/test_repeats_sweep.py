@@ -56,7 +56,7 @@ def test_repeats_in_the_parameters_file_are_checked_too(tmp_path, monkeypatch, c
 
 
 def test_rotated_plan_and_seeds():
-    from labkit.lab.experiment import repeat_plan
+    from labkit.orchestrate.experiment import repeat_plan
 
     plan = repeat_plan(["ddp", "allreduce", "ps"], 4, seed=7)
     assert [o for _, _, o in plan] == [["ddp", "allreduce", "ps"], ["allreduce", "ps", "ddp"],
@@ -65,7 +65,7 @@ def test_rotated_plan_and_seeds():
 
 
 def test_grid_parsing_types_values():
-    from labkit.lab.sweep import parse_grid, point_name
+    from labkit.orchestrate.sweep import parse_grid, point_name
 
     g = parse_grid(["nproc=2,4", "batch-size=16,32", "amp=off,bf16", "max_steps_per_epoch=none,5"])
     assert g == {"nproc": [2, 4], "batch_size": [16, 32], "amp": ["off", "bf16"],
@@ -97,8 +97,8 @@ def test_repeats_run_rotated_and_the_report_aggregates_them(experiment):
     assert set(load_json(run / "environment.json")["torchrun_commands"]) == {
         f"repeat-{i}/{m}" for i in (1, 2) for m in RAN}
 
-    from labkit.analysis import report
-    from labkit.analysis import stats
+    from labkit import report
+    from labkit.core import stats
 
     res = report.load_run(run)
     assert {m: len(v) for m, v in res.repeats.items()} == dict.fromkeys(RAN, 2)
@@ -129,7 +129,7 @@ def test_loss_and_accuracy_figures_draw_every_repeat():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit.analysis.report import RunResults, plot_accuracy, plot_losses
+    from labkit.report import RunResults, plot_accuracy, plot_losses
 
     docs = [_doc("ddp", 2, [[0.5] * 9], seed=s) for s in (0, 1, 2)]
     res = RunResults(docs={"ddp": docs[0]}, repeats={"ddp": docs})
@@ -173,7 +173,7 @@ def _sweep_folder(root: Path, per_point: dict[int, dict[str, list[dict]]]) -> Pa
 
 
 def test_scaling_efficiency_ci_over_repeats_matches_an_independent_computation(tmp_path):
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import sweep as rs
 
     # 3 repeats per point, constant steps within a run: each repeat's throughput is exact
     step2 = {"ddp": [0.50, 0.52, 0.49], "allreduce": [0.45, 0.47, 0.46]}
@@ -197,7 +197,7 @@ def test_scaling_efficiency_ci_over_repeats_matches_an_independent_computation(t
 
 def test_sweep_chart_and_table_from_constructed_runs(tmp_path):
     from labkit.cli import main
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import sweep as rs
 
     rng = np.random.default_rng(0)
 

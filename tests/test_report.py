@@ -11,7 +11,7 @@ import sys
 import pytest
 from PIL import Image
 
-from labkit.analysis import report
+from labkit import report
 
 PLOTS = ["throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
          "communication_overhead"]
@@ -167,7 +167,7 @@ def test_implementation_section_quotes_the_current_source():
 def test_every_quoted_function_has_exactly_one_marker(tmp_path, monkeypatch):
     """The implementation section quotes by ``# report-quote: NAME`` markers: each name it
     uses is marked once, above a function; a missing marker is an error, not a silent gap."""
-    from labkit.analysis.report import implementation as impl
+    from labkit.report import implementation as impl
 
     found = impl.find_quotes()
     for name in impl.QUOTES:
@@ -436,7 +436,7 @@ def test_terminal_summary_ends_with_the_verdicts(tmp_path):
 def test_the_accuracy_range_is_the_exact_methods_and_the_bound_is_said_apart():
     """Issue 59: "ranged from 93.04% to 99.16%: the methods apply the same averaged SGD step"
     was false where 93.04% was No sync's, whose ranks never average."""
-    from labkit.analysis.report.findings import accuracy_apart, exact_range_lines
+    from labkit.report.findings import accuracy_apart, exact_range_lines
 
     acc = {"ddp": 99.16, "allreduce": 98.89, "ps": 99.0, "nosync": 93.04, "powersgd": 97.5}
     exact = next(l for l in exact_range_lines(acc) if "same averaged SGD step" in l)
@@ -483,7 +483,7 @@ def test_the_bounds_replicas_are_not_called_identical():
     rank 0's parameters to every rank at each epoch's end, so the check cannot fail for it."""
     from types import SimpleNamespace
 
-    from labkit.analysis.report.findings import health_lines
+    from labkit.report.findings import health_lines
     from labkit.core.health import REPLICAS
 
     epochs = [{"epoch": e, REPLICAS: {"identical": True}} for e in (1, 2, 3)]
@@ -544,7 +544,7 @@ def test_a_run_with_a_variant_shows_its_section_and_no_longer_names_it(tmp_path)
 def test_summary_numbers_are_the_tables(tmp_path):
     """Every figure of the summary is one the report's tables or discussion state (computed by
     the same functions): a constructed run whose clear win the summary names as faster."""
-    from labkit.analysis.texttable import text_table, two_decimals
+    from labkit.core.texttable import text_table, two_decimals
 
     res = report.load_run(write_run(tmp_path / "run", constructed(1, win=0.8)))
     lines = report.summary_lines(res)
@@ -567,8 +567,8 @@ def test_summary_numbers_are_the_tables(tmp_path):
 def test_captions_are_three_lines_and_point_to_the_definitions():
     """Every caption, its fields filled as a real run fills them, is at most three lines
     (MAX_CHARS); a table's terms are defined once, in the appendix its caption links to."""
-    from labkit.analysis.report import reading
-    from labkit.analysis.report.captions import MAX_CHARS
+    from labkit.report import reading
+    from labkit.report.captions import MAX_CHARS
 
     fields = dict(target="94.21% (95% of the best validation accuracy any method reached)", ok=3,
                   total=4, created="2026-11-27T19:50:18", model="resnet10_small", dataset="digits",
@@ -591,7 +591,7 @@ def test_captions_are_three_lines_and_point_to_the_definitions():
 def test_table_11_collapses_what_says_the_same_as_ddp():
     """A method whose every cell is DDP's (1.00x, never faster) is one line, not a row; a
     method that never wins has its ratios in the row and "never" said once; DDP has no row."""
-    from labkit.analysis.report import projection
+    from labkit.report import projection
 
     links = ("nvlink", "ib_ndr", "10gbe")
     got = (0.6, {"ddp": {k: (1.0, False, None) for k in links},

@@ -1,4 +1,4 @@
-"""labkit.analysis.compare and labkit.lab.record: a run and its rerun from one seed agree bit for bit on
+"""labkit.runs.compare and labkit.runs.record: a run and its rerun from one seed agree bit for bit on
 CPU; an edited loss or a changed data fingerprint is named; bad input is one clear error; the
 environment record installs (format) and a copied run folder still works. The runs are real:
 conftest's `reproduced` (a point of a real sweep, copied, and its `labkit reproduce`)."""
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from helpers import HTML_ONLY, labkit, load_json, snapshot_tree
-from labkit.lab import record
-from labkit.analysis import compare
+from labkit.runs import record
+from labkit.runs import compare
 from labkit.core import layout, lockfile
 from labkit.core.config import ConfigError
 from labkit.core.run_folder import RunFolder
-from labkit.analysis.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
+from labkit.runs.compare import DIFFERENT, IDENTICAL, WITHIN, ReproduceError
 
 # conftest's `reproduced` is this module's and test_lab_notebook's: one xdist group, so that one
 # worker builds it and reads it while the other goes on (in two groups, the second worker to

@@ -178,7 +178,7 @@ def shown_by_readers(out: Path, why: str, tmp_path: Path) -> None:
     assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
     assert (tmp_path / "report" / "performance_report.txt").exists()
     assert "failed" in p.stdout + p.stderr and why in p.stdout + p.stderr
-    from labkit.analysis import explore
+    from labkit.runs import explore
 
     rows = explore.comparison_rows(explore.load_runs([copy]))
     assert rows and "status failed" in rows[0]["status"] and why in rows[0]["status"], rows

@@ -150,9 +150,9 @@ def test_an_epochs_loss_and_accuracy_are_its_steps_own():
 
     from labkit.core.config import TrainConfig
     from labkit.training.dist import DistContext
-    from labkit.training.meter import EpochMeter
+    from labkit.training.instruments.meter import EpochMeter
     from labkit.training.sync.ddp import DDPStrategy
-    from labkit.training.timers import StepParts
+    from labkit.training.instruments.timers import StepParts
 
     cpu = torch.device("cpu")
     s = DDPStrategy(TrainConfig(), DistContext(0, 1, 0, 1, "gloo", cpu))

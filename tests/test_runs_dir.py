@@ -17,7 +17,7 @@ import pytest
 from helpers import ROOT, tiny_cfg
 from labkit.core import layout
 from labkit.core.config import ConfigError
-from labkit.lab.kernels import kernel_name
+from labkit.orchestrate.kernels import kernel_name
 
 PROJECT_RUNS = ROOT / "runs"
 NOTEBOOK = ROOT / "notebooks" / "run_method.ipynb"
@@ -54,7 +54,7 @@ def test_an_installed_labkit_has_no_project_and_uses_the_current_folder(tmp_path
 
 
 def test_the_notebooks_runs_dir_is_a_checked_parameter():
-    from labkit.lab.launch_params import notebook_params
+    from labkit.launch.launch_params import notebook_params
 
     with pytest.raises(ConfigError, match="runs_dir"):
         notebook_params({"method": "ddp", "runs_dir": 3})
@@ -65,7 +65,7 @@ def test_the_notebooks_runs_dir_is_a_checked_parameter():
 def launched_out(monkeypatch, argv: list[str]) -> Path:
     """The --out that `labkit run ARGV` hands the launcher (which is replaced: nothing runs)."""
     from labkit import cli
-    from labkit.lab import launch
+    from labkit.launch import launch
 
     seen = []
     monkeypatch.setattr(launch, "launch", lambda cfg, nproc, out, nodes: seen.append(out)
@@ -85,7 +85,7 @@ def test_labkit_run_without_out_uses_the_projects_runs_from_any_folder(tmp_path,
 
 
 def test_the_explorer_reads_the_projects_runs_by_default(tmp_path, monkeypatch):
-    from labkit.analysis import explore
+    from labkit.runs import explore
 
     looked = []
     monkeypatch.setattr(explore, "find_runs", lambda root: looked.append(root) or [])
@@ -101,9 +101,9 @@ def test_experiment_bench_sweep_and_runs_use_the_projects_runs_from_any_folder(t
     import json
 
     from labkit import cli
-    from labkit.lab.bench import BenchPlan
-    from labkit.lab.experiment import Experiment
-    from labkit.lab.runs_dir import new_run_dir
+    from labkit.orchestrate.bench import BenchPlan
+    from labkit.orchestrate.experiment import Experiment
+    from labkit.runs.runs_dir import new_run_dir
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     elsewhere.mkdir()

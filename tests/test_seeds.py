@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from labkit.analysis.report import seeds
-from labkit.analysis.report.load import RunResults
+from labkit.report import seeds
+from labkit.report.load import RunResults
 
 GOAL = 80.0  # --target-accuracy of these runs
 
@@ -127,7 +127,7 @@ def test_a_sweep_over_a_methods_parameter_is_a_study_of_time_to_accuracy_and_byt
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit.analysis.report import sweep as rs
+    from labkit.report import sweep as rs
     from labkit.cli import main
 
     # H=1 reaches 80% in 2 epochs of 10 s, H=8 in 3 epochs of 6 s sending an eighth
@@ -167,7 +167,7 @@ def test_a_variants_runs_are_read_from_its_folder_or_from_every_repeat(tmp_path)
     the variants table (load_variants) takes repeat 1's."""
     import json
 
-    from labkit.analysis.report.load import load_variants, variant_runs
+    from labkit.report.load import load_variants, variant_runs
 
     def write(folder, seed):
         folder.mkdir(parents=True)

@@ -339,7 +339,7 @@ def test_sweep_on_slurm_is_one_job_per_point_and_ends_with_the_sweep_report(clus
                                                                            record_property):
     """nproc=2,3: two jobs of one array, at once on the two nodes; rank 2, which only the
     nproc=3 point has, crashes: that point is reported failed, the other kept and reported."""
-    from labkit.analysis import runs_index
+    from labkit.runs import runs_index
 
     env = {**cluster.env, **HTML_ONLY, "LABKIT_TEST_FAULT": "ddp:2:1"}
     cmd = [sys.executable, "-m", "labkit", "sweep", "nproc=2,3", "--methods", "ddp", "--no-report",

@@ -1,4 +1,4 @@
-"""labkit.analysis.stats: intervals checked against independent computations, verdicts that respect the
+"""labkit.core.stats: intervals checked against independent computations, verdicts that respect the
 noise, and result files without step_times."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from labkit.analysis import stats as S
+from labkit.core import stats as S
 
 Z = sps.norm.ppf(0.975)
 
@@ -364,7 +364,7 @@ def test_machine_load_tells_this_run_from_other_processes(tmp_path):
     """MachineLoad (rank 0's meter): a busy child of this process counts as the run's own CPU
     time; the same work in a process outside its tree counts as background."""
     from helpers import wait_for
-    from labkit.training.timers import MachineLoad
+    from labkit.training.instruments.timers import MachineLoad
     meter = MachineLoad()
     child = _hog(1.5, detached=False)
     child.wait()

@@ -2,7 +2,7 @@
 
     .venv/bin/python tools/parameters_cell.py
 
-The cell is labkit.lab.launch_params.parameters_cell(): TrainConfig's fields and the launcher's,
+The cell is labkit.launch.launch_params.parameters_cell(): TrainConfig's fields and the launcher's,
 with their defaults and help text. Run this after changing a default or a field;
 tests/test_notebooks.py fails while the notebook's cell differs.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.lab.launch_params import parameters_cell
+from labkit.launch.launch_params import parameters_cell
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "run_method.ipynb"
 

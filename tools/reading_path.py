@@ -60,7 +60,7 @@ REGISTRY = "labkit.core.methods"
 #: the instruments: modules that measure a step (its parts' times, the epoch's figures, the
 #: bytes on the wire). The step calls them as named components, read at the call site
 #: (``meter.step_ends(...)``, ``mark("sync")``), like torchtitan's metrics and profiler.
-INSTRUMENTS = ("labkit.training.meter", "labkit.training.timers",
+INSTRUMENTS = ("labkit.training.instruments.meter", "labkit.training.instruments.timers",
                "labkit.training.sync.collectives")
 
 

@@ -11,7 +11,7 @@ loop on synthetic data (no loader, no labkit loop) in alternating rounds of thre
   sampled one iteration in SAMPLE_EVERY["cuda"] sampled, every one read (labkit's default on a GPU)
 
 and prints, per variant against `off`, the paired ratio of step times over the rounds with its
-95% interval (labkit.analysis.instrument_cost.paired_ratio) and the difference per step.
+95% interval (labkit.bench.instrument_cost.paired_ratio) and the difference per step.
 
     torchrun --standalone --nproc_per_node=2 tools/reducer_stats_cost.py              # CPU, gloo
     python tools/reducer_stats_cost.py --device cuda --model resnet18 --image-size 224 --batch-size 64
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from labkit.analysis.instrument_cost import paired_ratio
-from labkit.analysis.stats import t_quantile
+from labkit.bench.instrument_cost import paired_ratio
+from labkit.core.stats import t_quantile
 from labkit.training.dist import sync_device
 from labkit.training.models import build_model
 from labkit.training.sync.ddp import SAMPLE_EVERY

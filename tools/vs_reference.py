@@ -17,7 +17,7 @@ Rounds alternate which of the two goes first. Each round compares the training l
 of the epochs after the first (labkit's result file's train_time; the reference's
 train_one_epoch, timed around the call): labkit ÷ reference in throughput is the reference's time
 over labkit's. The figure is the geometric mean over the rounds with its 95% t-interval on the
-logs (labkit.analysis.stats.t_interval); each run's whole wall time is printed beside it.
+logs (labkit.core.stats.t_interval); each run's whole wall time is printed beside it.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         data = out / "data"
         subprocess.run([sys.executable, str(HERE / "make_jpeg_folder.py"), str(data), "--train",
                         "512", "--val", "64", "--classes", "10"], check=True, capture_output=True)
-    from labkit.analysis import stats
+    from labkit.core import stats
 
     rounds = []
     for r in range(a.rounds):

@@ -7,7 +7,7 @@ A name is ``resnet10 | resnet18 | resnet50``, plain (torchvision's 7x7 stem and 
 """
 from __future__ import annotations
 
-from labkit.core.errors import ConfigError
+from .errors import ConfigError
 
 #: torchvision's layer tables: (block, blocks per stage); resnet10 is the smallest member
 RESNETS = {

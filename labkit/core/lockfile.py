@@ -1,6 +1,6 @@
 """requirements.lock: every distribution installed where a run ran, one ``name==version`` a
 line, so ``pip install -r requirements.lock`` installs them again. The writer (the environment
-record, labkit.lab.record) and the readers (labkit reproduce, the report's package list) share
+record, labkit.runs.record) and the readers (labkit reproduce, the report's package list) share
 this one definition of the format.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def requirements_lock(dists: Optional[dict[str, dict]] = None) -> str:
     be fetched from an index by version: such lines are comments naming where they came from
     (the project itself is installed with ``pip install -e .`` from the recorded commit)."""
     dists = distributions() if dists is None else dists
-    lines = ["# every distribution installed where this run ran (labkit.lab.record); "
+    lines = ["# every distribution installed where this run ran (labkit.runs.record); "
              "pip install -r requirements.lock"]
     for key, d in dists.items():
         if key == PROJECT:

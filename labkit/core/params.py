@@ -9,8 +9,8 @@ read once into a :class:`FieldType`, which then
 - makes the argparse flags (:func:`add_arguments`) and turns a config back into the flags that
   reproduce it (:func:`to_flags`).
 
-TrainConfig (labkit.core.config) and the launcher's parameters (labkit.lab.launch_params) both go
-through it, so a flag, a notebook parameter and a grid value of one name mean the same thing.
+TrainConfig (labkit.core.config) and the launcher's parameters (labkit.launch.launch_params) both
+go through it, so a flag, a notebook parameter and a grid value of one name mean the same thing.
 """
 from __future__ import annotations
 

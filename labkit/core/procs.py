@@ -4,12 +4,12 @@ Linux's ``PR_SET_PDEATHSIG``: the kernel sends the chosen signal to this process
 thread that started it exits, however that happens (an exception, SIGKILL, the OOM killer), and
 the signal reaches a process that is stopped or stuck as well. The launcher's torchrun, every
 rank, the ranks' loader-worker fork server and each loader worker ask for it
-(labkit.lab.launch, labkit.training.lifecycle, labkit.training.workers).
+(labkit.launch.launch, labkit.training.lifecycle, labkit.training.workers).
 """
 from __future__ import annotations
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-#: set (to the node count) in every process of an emulated cluster (labkit.lab.emulated), whose
+#: set (to the node count) in every process of an emulated cluster (labkit.launch.emulated), whose
 #: PID namespace holds the whole run: its ranks count every node's processes as the run's own
 EMULATED_NODES = "LABKIT_EMULATED_NODES"
 

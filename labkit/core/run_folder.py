@@ -58,7 +58,7 @@ def goodputs(link: dict) -> list[float]:
 
 
 def describe_link(link: Optional[dict]) -> str:
-    """An emulated link as a result file records it (labkit.lab.cluster.link_record), in a few
+    """An emulated link as a result file records it (labkit.launch.cluster.link_record), in a few
     words: "2 nodes x 2 ranks, 100mbit, measured 93-95 Mbit/s"; "" for none."""
     if not isinstance(link, dict):
         return ""

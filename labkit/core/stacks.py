@@ -1,6 +1,6 @@
 """Where a rank stood, said in one line, and what a collective mismatch was: the words both the
-ranks (labkit.training.stacks, which writes them into the rank's log) and the launcher
-(labkit.lab.failures, which reads them back) use, spelled here once.
+ranks (labkit.training.stackdump, which writes them into the rank's log) and the launcher
+(labkit.launch.failures, which reads them back) use, spelled here once.
 
 A student whose hand-written method hangs needs to know where each rank waited *in their own
 code*: "rank 0 at mine.py:14 (after_backward) in all_reduce; rank 1 at mine.py:10
@@ -44,7 +44,7 @@ _MARK = re.compile(r"labkit\.stack: rank (\d+) ([^:]+): (.*\S)")
 TIMED_OUT = re.compile(r"timed out|Timeout|monitoredBarrier", re.I)
 
 
-#: the words of a rank whose watchdog ended it (labkit.training.stacks.stalled_line): a cause,
+#: the words of a rank whose watchdog ended it (labkit.training.stackdump.stalled_line): a cause,
 #: never a consequence, though its line names --timeout
 STALLED = "made no progress for"
 

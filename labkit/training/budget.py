@@ -4,9 +4,9 @@ labkit.core.resources holds the arithmetic and the wording; this module supplies
 figures: the model's size (counted from labkit.core.architectures' table, the one the model
 factory builds from, so neither torch nor torchvision is imported and no weights are read), the
 checkpoint and the data a rank holds. The launcher checks before it spawns anything
-(labkit.lab.launch, labkit.lab.experiment); a rank of the bare torchrun command, which no launcher checked for,
-checks the disk and /dev/shm before its process group exists. A shortfall is bad input:
-ConfigError, one line, exit 2.
+(labkit.launch.launch, labkit.orchestrate.experiment); a rank of the bare torchrun command, which
+no launcher checked for, checks the disk and /dev/shm before its process group exists. A shortfall
+is bad input: ConfigError, one line, exit 2.
 """
 from __future__ import annotations
 

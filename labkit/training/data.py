@@ -149,7 +149,7 @@ def find_bad_images(root: str, progress: bool = True) -> tuple[list[str], list[t
 
     from tqdm import tqdm
 
-    from .timers import Lines
+    from .instruments.timers import Lines
 
     files = sorted(os.path.relpath(os.path.join(d, f), root)
                    for split in ("train", "val")

@@ -9,7 +9,7 @@ stuck worker (after ``--loader-timeout``) ``DataLoader timed out after 120 secon
 ``torch.OutOfMemoryError``. :func:`translate` turns each into labkit.core.errors.Exhausted with
 one line; labkit.training.rank raises it in place of the original (which stays chained, so the
 rank's log keeps the whole traceback). A rank killed by SIGKILL says nothing: the launcher
-explains it (labkit.lab.failures).
+explains it (labkit.launch.failures).
 """
 from __future__ import annotations
 

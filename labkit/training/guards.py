@@ -1,9 +1,9 @@
 """Training that goes wrong without crashing, caught at the end of every epoch.
 
 - A loss that diverged: the loop keeps every step's loss on the device already
-  (labkit.training.meter) and reads them once, reduced over the trainers, when the epoch ends;
-  the first one that is not finite (or, after a last step that left the weights not finite,
-  the validation loss) is where the run diverged. Nothing is added to a step: no host
+  (labkit.training.instruments.meter) and reads them once, reduced over the trainers, when the
+  epoch ends; the first one that is not finite (or, after a last step that left the weights not
+  finite, the validation loss) is where the run diverged. Nothing is added to a step: no host
   synchronisation per step on a GPU. The price is that the rest of that epoch still runs.
 - Replicas that drifted apart: after ``finish_epoch`` every rank (a parameter server's
   servers too: each holds the whole model then) must hold the same parameters and buffers.

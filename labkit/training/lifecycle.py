@@ -57,7 +57,7 @@ def _unblock() -> None:
 def _wait_for_sigterm() -> None:
     signal.sigwait({signal.SIGTERM})
     # where this rank stood, into its log: torchrun stops the ranks that waited for one that
-    # failed or hung, and a hung rank's position is what its author needs (labkit.lab.failures)
+    # failed or hung, and a hung rank's position is what its author needs (labkit.launch.failures)
     for cb in [_dump_stacks, *_callbacks, _remove_temp_dir]:
         try:
             cb()
@@ -133,7 +133,7 @@ def leave_now(code: int) -> None:
 # ------------------------------------------------------------------ a rank's life
 def start_rank(module: str) -> None:
     """The whole life of a rank under torchrun, for every rank entry point (labkit/train.py,
-    labkit.training.bench_rank): SIGTERM when torchrun dies (torchrun starts each rank in a
+    labkit.bench.bench_rank): SIGTERM when torchrun dies (torchrun starts each rank in a
     session of its own, so a SIGKILLed torchrun would leave its ranks training on, orphaned),
     taken by a thread before anything else (before torch is imported, so its threads inherit
     the blocked signal); glibc's malloc made steady (labkit.training.dist.steady_malloc); then
@@ -182,7 +182,7 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     try:
-        # record: on an exception, torchrun's per-rank error file (read by labkit.lab.failures)
+        # record: on an exception, torchrun's per-rank error file (read by labkit.launch.failures)
         failed = record(verdict)()
     except ConfigError as e:
         return _one_line(prog, e, rank, 2)

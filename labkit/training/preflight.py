@@ -1,9 +1,9 @@
 """Checks before any process group: everything that can reject the input, in seconds (the
 output folder and the checkpoint to continue from: labkit.training.checkpoint).
 
-The launcher (labkit.lab.torchrun_job.validate) runs them once, in the CLI or notebook process, before
-it spawns torchrun, and hands its ranks the result (resolved.json, labkit.core.resolved); only a
-rank of the bare ``torchrun -m labkit.train --flags`` runs them itself, first thing
+The launcher (labkit.launch.torchrun_job.validate) runs them once, in the CLI or notebook process,
+before it spawns torchrun, and hands its ranks the result (resolved.json, labkit.core.resolved);
+only a rank of the bare ``torchrun -m labkit.train --flags`` runs them itself, first thing
 (labkit.training.rank.main); the bench's ranks read it too (:func:`rank_config`). torch is
 imported where
 a check needs it, so the launcher and the report can import this module without torch or

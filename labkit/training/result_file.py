@@ -35,7 +35,7 @@ def torchrun_world() -> dict:
 
 
 class ResultFile:
-    """The rank-0 writer of one method's result file (readers: labkit.analysis.report.load)."""
+    """The rank-0 writer of one method's result file (readers: labkit.report.load)."""
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
                  phases: tuple[str, ...], previous: Optional[dict] = None):

@@ -1,5 +1,5 @@
 """A rank says where it stood when its run went wrong, into its own log (stderr), for the
-launcher to name (labkit.lab.failures) and for a person to read:
+launcher to name (labkit.launch.failures) and for a person to read:
 
 - :func:`dump_live`: every thread's Python stack, the main thread's position first as one
   marker line. Called from the SIGTERM thread (labkit.training.lifecycle), so a rank that hung

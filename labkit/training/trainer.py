@@ -1,8 +1,9 @@
 """THE training loop, shared by all three methods.
 
 A method differs only in its synchronisation strategy (labkit.training.sync); everything else
-(data, model, optimizer, the per-step measurements of labkit.training.meter, validation,
-checkpoints) is here, once. labkit.training.rank builds a Trainer on every rank and runs it.
+(data, model, optimizer, the per-step measurements of labkit.training.instruments.meter,
+validation, checkpoints) is here, once. labkit.training.rank builds a Trainer on every rank and
+runs it.
 """
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ from labkit.core.methods import comm_key
 from . import extensions, guards
 from .data import Datasets, ShardSampler, default_workers, train_sampler
 from .dist import DistContext, all_reduce_sum
-from .flops import Efficiency
+from .instruments.flops import Efficiency
 from .gpu_data import make_loaders
-from .meter import Bar, EpochMeter
+from .instruments.meter import Bar, EpochMeter
 from .result_file import ResultFile
 from .sync import make_strategy
 from . import checkpoint
 from .checkpoint import atomic_torch_save
-from .timers import PARTS, StepParts, label
+from .instruments.timers import PARTS, StepParts, label
 from .workers import LoaderWatch, batches
 
 
@@ -43,8 +44,8 @@ class Trainer:
         self.strategy = s = make_strategy(cfg, ctx)
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(ctx.device, memory_format=fmt)
-        # where each step goes (labkit.training.timers.StepParts): the loop marks its parts,
-        # the method stamps its collectives
+        # where each step goes (labkit.training.instruments.timers.StepParts): the loop marks its
+        # parts, the method stamps its collectives
         self.parts = s.parts = StepParts(ctx.device)
         s.steps_per_epoch = steps
         self.forward_model = s.setup(self.model)

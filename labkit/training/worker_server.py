@@ -17,6 +17,6 @@ import torchvision.transforms  # noqa: E402,F401
 
 import labkit.training.data  # noqa: E402,F401
 import labkit.training.jpeg_files  # noqa: E402,F401
-from labkit.training.dist import steady_malloc  # noqa: E402
+from .dist import steady_malloc  # noqa: E402
 
 steady_malloc()  # as in the ranks; the workers it forks inherit it

@@ -218,7 +218,7 @@ def _install() -> None:
 
 _COUNTED = (("labkit.core.params", "check_values"), ("labkit.core.config", "resolve"),
             ("labkit.training.preflight", "preflight"), ("labkit.training.budget", "machine"),
-            ("labkit.lab.torchrun_job", "validate"), ("labkit.core.resolved", "read"))
+            ("labkit.launch.torchrun_job", "validate"), ("labkit.core.resolved", "read"))
 
 
 def _count(path: str) -> None:

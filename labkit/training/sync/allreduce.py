@@ -37,14 +37,14 @@ class AllReduceStrategy(Strategy):
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         return model
 
-    # report-quote: allreduce-grad-ready  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: allreduce-grad-ready  (quoted in the report: labkit/report/implementation.py)
     def _grad_ready(self, p: nn.Parameter) -> None:
         if not self.sync:
             return
         for i in self.order.ready(self.bucket_of[p]):
             self._start(self.buckets[i])
 
-    # report-quote: allreduce-start  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: allreduce-start  (quoted in the report: labkit/report/implementation.py)
     def _start(self, b: Bucket) -> None:
         if b.half is None:
             b.flat.div_(self.ctx.world_size)  # average as DDP does: divide first, then sum
@@ -57,7 +57,7 @@ class AllReduceStrategy(Strategy):
         for b in self.buckets:
             b.flat.zero_()
 
-    # report-quote: allreduce-after-backward  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: allreduce-after-backward  (quoted in the report: labkit/report/implementation.py)
     def after_backward(self) -> None:
         if not self.ctx.distributed:
             return

@@ -19,7 +19,7 @@ from torch import nn
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
-from labkit.training.timers import PhaseTimer, StepParts
+from labkit.training.instruments.timers import PhaseTimer, StepParts
 
 from .collectives import Stamped, Wire, nbytes, wire_figures
 
@@ -38,7 +38,7 @@ class Collectives:
 
     wire: Wire
     is_trainer: bool
-    parts: Any  # the step's parts (labkit.training.timers.StepParts), None outside the loop
+    parts: Any  # the step's parts (labkit.training.instruments.timers.StepParts), None outside the loop
     cfg: Any
     count_phase: str = "comm"
 
@@ -134,8 +134,8 @@ class Strategy(Collectives):
         self.phases: tuple[str, ...] = spec(cfg.method).phases
         self.timer = PhaseTimer(ctx.device)
         self.sync = True  # False inside no_sync(): compute-only steps
-        #: the loop's record of each step's parts (labkit.training.timers.StepParts); each
-        #: collective issued through Collectives is stamped in it, unless --time-comm off
+        #: the loop's record of each step's parts (labkit.training.instruments.timers.StepParts);
+        #: each collective issued through Collectives is stamped in it, unless --time-comm off
         self.parts: Optional[StepParts] = None
         #: the training steps of each epoch, set by the loop (labkit bench: those of a trial)
         self.steps_per_epoch: Optional[int] = None
@@ -232,7 +232,7 @@ class Strategy(Collectives):
         end of each epoch's training on every rank; rank 0's go into the result file."""
         return {}
 
-    # report-quote: bn-finish-epoch  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: bn-finish-epoch  (quoted in the report: labkit/report/implementation.py)
     def finish_epoch(self, model: nn.Module) -> None:
         """Make every rank hold the model as the method defines it (for validation and saving).
 

@@ -42,7 +42,7 @@ SAMPLE_EVERY = {"cpu": 1, "cuda": 20}
 
 
 class DDPStrategy(Strategy):
-    # report-quote: ddp-setup  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ddp-setup  (quoted in the report: labkit/report/implementation.py)
     def setup(self, model: nn.Module) -> nn.Module:
         self.stats: Optional[ReducerStats] = None  # the reducer's figures (--time-comm)
         if not self.ctx.distributed:
@@ -138,10 +138,10 @@ class ReducerStats:
     The reducer publishes an iteration's figures only when the next synchronised forward
     begins (``Logger.set_runtime_stats_and_log``, called from DDP's forward), so figures read
     during step k are step k-1's: each read hands them to the previous synchronised step's
-    reporter (labkit.training.timers.StepParts.reporter) and takes this step's. The last step
-    before the figures are collected (an epoch's, a bench stretch's) gets none, nor does a step
-    the reducer did not time (``every`` > 1: it times one synchronised step in ``every`` after
-    its first 10); the breakdown averages over the steps that have them. A reading already
+    reporter (labkit.training.instruments.timers.StepParts.reporter) and takes this step's. The
+    last step before the figures are collected (an epoch's, a bench stretch's) gets none, nor does
+    a step the reducer did not time (``every`` > 1: it times one synchronised step in ``every``
+    after its first 10); the breakdown averages over the steps that have them. A reading already
     handed on (the same forward start: no synchronised step ran since, e.g. after compute-only
     steps, or the reducer timed none) is not handed on twice. Beside the timing hook
     (--time-comm hook), its figures go to their own channel (the result file's

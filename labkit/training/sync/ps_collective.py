@@ -29,7 +29,7 @@ from torch import nn
 
 from labkit.core.config import ConfigError
 
-from ..timers import label
+from labkit.training.instruments.timers import label
 from .base import Strategy
 from .buckets import InOrder, backward_order, group_params
 
@@ -73,7 +73,7 @@ class ServerRoles:
     def trainers(self) -> int:
         return self.ctx.world_size - self.servers
 
-    # report-quote: ps-trainer-index  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-trainer-index  (quoted in the report: labkit/report/implementation.py)
     @property
     def trainer_index(self) -> Optional[int]:
         return None if self.is_server else self.ctx.rank - self.servers
@@ -82,7 +82,7 @@ class ServerRoles:
     def first_trainer(self) -> int:
         return self.servers
 
-    # report-quote: ps-steps-optimizer  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-steps-optimizer  (quoted in the report: labkit/report/implementation.py)
     @property
     def steps_optimizer(self) -> bool:
         return self.is_server
@@ -172,7 +172,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
         if not self.layer_waits:  # a server (its sends must finish before its next step), or
             self._await_pull()    # --compile: the whole pull now
 
-    # report-quote: ps-start-pull  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-start-pull  (quoted in the report: labkit/report/implementation.py)
     def _start_pull(self) -> None:
         """Every bucket's broadcast, in the order the forward needs them (the flat layout is
         backward's order, so the last bucket first)."""
@@ -190,7 +190,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
             w.wait()
         self.timer.totals[phase] += time.perf_counter() - t0
 
-    # report-quote: ps-await-layer  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-await-layer  (quoted in the report: labkit/report/implementation.py)
     def _await_layer(self, buckets: list[int], module, args) -> None:
         """Forward pre-hook: a layer's forward waits for its own parameters only."""
         if self.pulls is not None:
@@ -206,7 +206,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
             self.pulls = None
 
     # (3) push and (4) average
-    # report-quote: ps-grad-ready  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-grad-ready  (quoted in the report: labkit/report/implementation.py)
     def _grad_ready(self, p: nn.Parameter) -> None:
         """A worker's gradient hook: push every consecutive bucket, from the next one in
         order, whose gradients are all in."""
@@ -215,7 +215,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
         for i in self.order.ready(self.bucket_of[p]):
             self._push(i)
 
-    # report-quote: ps-push  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-push  (quoted in the report: labkit/report/implementation.py)
     def _push(self, i: int) -> None:
         for s, lo, hi, g in self.buckets[i]:
             if self.half is None:
@@ -225,7 +225,7 @@ class CollectiveParameterServer(ServerRoles, Strategy):
                 t.copy_(self.flat_grads[lo:hi]).div_(self.trainers)
             self.pushes.append(self.reduce(t, dst=s, group=g, async_op=True, phase="push"))
 
-    # report-quote: ps-after-backward  (quoted in the report: labkit/analysis/report/implementation.py)
+    # report-quote: ps-after-backward  (quoted in the report: labkit/report/implementation.py)
     def after_backward(self) -> None:
         self._await_pull()  # (a layer the forward skipped; normally nothing is left)
         with self.timer("push"):

@@ -1,0 +1,196 @@
+"""One method on an emulated cluster (labkit.launch.cluster): the lab's multi-node path, each
+node a network namespace of this machine joined to the others by a shaped link.
+
+    launch(cfg, nproc=1, out_dir, Nodes(emulate_nodes=2, link="100mbit"))  # via labkit.launch.launch
+
+Each node runs the same torchrun command a real node would (``--nnodes N --node-rank K
+--rdzv-endpoint node0:29400``), so the ranks, their result file and their logs are those of a
+multi-node run (``<out>/logs/node<K>/``); the cluster's own logs and the goodput probe's
+files are in ``<out>/logs/cluster/``. Before the first step the probe measures each node's
+link both ways; the link as set and as measured goes into the result file (``link``) and the
+launch file. The emulation changes time, never results: ranks, data shards and the order of
+every sum are those of the same world on one machine.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+import time
+from typing import IO, Optional
+
+from labkit.core import layout
+from labkit.core.config import ConfigError, TrainConfig
+from labkit.core.files import atomic_write_json
+from labkit.core.methods import key_of
+from labkit.core.procs import EMULATED_NODES
+from labkit.core.resources import oom_kills
+from labkit.core.run_folder import read_json
+from labkit.core.status import INTERRUPTED_WHY, Status
+
+from .cluster import RDZV_PORT, ClusterSpec, check_machine, link_record, parse_link, run_cluster
+from .cluster_node import hostname
+from .failures import explain_failure
+from .torchrun_job import (LaunchResult, Throttle, checked_config, environment, log_dir_of,
+                          mark_ended, shown_ranks, torchrun_command)
+from .launch_params import Nodes
+from .torchrun_output import TorchrunOutput
+
+PROBE_S = 2.0  # seconds the probe measures each link, both ways at once, before training
+CLUSTER_LOGS = "cluster"  # <out>/logs/cluster: each node's console, the probe's files
+
+
+def cluster_spec(nodes: Nodes, nproc: int) -> Optional[ClusterSpec]:
+    """The emulated cluster ``nodes`` asks for, checked against this machine (ConfigError, one
+    line, before anything starts); None for none."""
+    if not nodes.emulated:  # a --link without --emulate-nodes: refused by Nodes itself
+        return None
+    if nodes.multi:
+        raise ConfigError("--emulate-nodes builds its nodes on this machine: drop --nnodes, "
+                          "--node-rank and --rdzv-endpoint (those start real nodes)")
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1 (got {nproc}): the ranks of each emulated node")
+    spec = ClusterSpec(nodes.emulate_nodes, nproc, parse_link(nodes.link or "unshaped"))
+    check_machine(spec)
+    return spec
+
+
+def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, stream: IO[str],
+                    env: Optional[dict], throttle_s: float, module: str,
+                    extra: tuple[str, ...], resolved: Optional[str]) -> LaunchResult:
+    """labkit.launch.launch.launch for ``nodes.emulated``: one torchrun per node, node 0's rank 0
+    streamed, a failure explained from the node where it happened."""
+    spec = cluster_spec(nodes, nproc)
+    endpoint = f"{hostname(0)}:{RDZV_PORT}"
+    if resolved is None:
+        cfg, resolved = checked_config(cfg, nproc, out_dir, nodes.node(0, endpoint), module)
+    show = shown_ranks(cfg, nproc)
+    dirs = [log_dir_of(out_dir, nodes.node(k, endpoint)) for k in range(spec.nodes)]
+    cmds = [torchrun_command(cfg, nproc, dirs[k], nodes.node(k, endpoint), show, module, extra,
+                             resolved) for k in range(spec.nodes)]
+    logs = os.path.join(out_dir, layout.LOGS_DIR, CLUSTER_LOGS)
+    os.makedirs(logs, exist_ok=True)
+    streamer = _Streamer(logs, spec, set(show), Throttle(stream, throttle_s))
+    t0, kills = time.monotonic(), oom_kills()
+    try:
+        env = {**environment(nproc * spec.nodes, env, nodes.max_restarts),
+               EMULATED_NODES: str(spec.nodes)}
+        res = run_cluster(spec, cmds, logs, env=env, cwd=os.getcwd(), probe_s=PROBE_S)
+    except KeyboardInterrupt:
+        mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
+        raise
+    finally:
+        streamer.stop()
+    texts = [_read(res.log(k)) for k in range(spec.nodes)]
+    codes = [1 if c is None else c for c in res.returncodes]
+    code = next((c for c in codes if c != 0), 0 if res.ok else 1)
+    out = LaunchResult(cfg.method, code, out_dir, dirs[0], cmds[0], time.monotonic() - t0)
+    if code != 0:
+        after = oom_kills()
+        oom = None if kills is None or after is None else after > kills
+        _explain(out, res.error, key_of(cfg.method), codes, texts, dirs, oom)
+    _record(out, cfg, nproc, spec, res, cmds, texts, dirs)
+    return out
+
+
+def _explain(out: LaunchResult, error: str, key: str, codes: list[int], texts: list[str],
+             dirs: list[str], oom: Optional[bool]) -> None:
+    """The failure, from the node whose rank is blamed (the others only lost their peers)."""
+    if error:
+        out.message = f"{key} failed: {error}"
+        return
+    whys = [explain_failure(key, c, t, d, True, oom)
+            for c, t, d in zip(codes, texts, dirs) if c != 0]
+    why = next((w for w in whys if w.rank is not None), whys[0])
+    out.message, out.failed_rank, out.log_tail = why.message, why.rank, why.lines
+    out.explained_from = why.error_file
+
+
+def _record(out: LaunchResult, cfg: TrainConfig, nproc: int, spec: ClusterSpec, res,
+            cmds: list[list[str]], texts: list[str], dirs: list[str]) -> None:
+    """Each node's torchrun.log, the launch file (with the link), the link into the result
+    file, and a failed run's result file marked failed."""
+    link = link_record(spec, res.goodput)
+    try:
+        for text, d, cmd in zip(texts, dirs, cmds):
+            with open(os.path.join(d, layout.TORCHRUN_LOG), "w") as f:
+                f.write(" ".join(cmd) + "\n\n" + text)
+        path = os.path.join(out.out_dir, cfg.result_file)
+        if os.path.exists(path):
+            doc = read_json(path)
+            doc["link"] = link
+            atomic_write_json(path, doc)
+        if not out.ok:
+            mark_ended(out.out_dir, cfg.result_file, Status.FAILED, out.message.splitlines()[0])
+        atomic_write_json(os.path.join(out.out_dir, layout.launch_file(0)), layout.portable({
+            "method": cfg.method, "nproc": nproc, "emulated": link, "commands": cmds,
+            "command": cmds[0], "command_line": " && ".join(shlex.join(c) for c in cmds), "returncodes": res.returncodes, "returncode": out.returncode,
+            "wall_time": out.wall_time, "failed_rank": out.failed_rank, "message": out.message,
+            "explained_from": out.explained_from}, out.out_dir))
+    except (OSError, ValueError) as e:
+        if out.ok:
+            raise
+        out.message += f"\n(could not record the failure in {out.out_dir}: {e})"
+
+
+def _read(path) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+class _Streamer:
+    """Follows every node's console while the cluster runs: the shown ranks' lines (rank 0
+    runs on whichever node the rendezvous put it), and one line with the probe's goodput."""
+
+    def __init__(self, logs: str, spec: ClusterSpec, show: set[int], out: Throttle):
+        self.logs, self.spec, self.show, self.out = logs, spec, show, out
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="labkit-cluster-stream", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+    def _follow(self) -> None:
+        readers = [TorchrunOutput() for _ in range(self.spec.nodes)]
+        offsets, rest = [0] * self.spec.nodes, [""] * self.spec.nodes
+        said_probe = False
+        while True:
+            last = self.done.is_set()
+            for k in range(self.spec.nodes):
+                offsets[k], rest[k] = self._lines(k, offsets[k], rest[k], readers[k])
+            if not said_probe:
+                said_probe = self._probe()
+            if last:
+                return
+            self.done.wait(0.5)
+
+    def _lines(self, k: int, offset: int, rest: str, reader: TorchrunOutput) -> tuple[int, str]:
+        try:
+            with open(os.path.join(self.logs, f"node{k}.log"), errors="replace") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+        except OSError:
+            return offset, rest
+        *whole, rest = (rest + chunk).split("\n")
+        for raw in whole:
+            for line in reader.feed(raw):
+                rank = line.text[5:line.text.find("]")] if line.text.startswith("[rank") else ""
+                if line.shown and rank.isdigit() and int(rank) in self.show:
+                    self.out.line(line.text, is_progress=line.progress)
+        return offset, rest
+
+    def _probe(self) -> bool:
+        files = [os.path.join(self.logs, f"node{k}.probe") for k in range(self.spec.nodes)]
+        if self.spec.nodes < 2 or not all(os.path.exists(f) for f in files):
+            return self.spec.nodes < 2
+        got = [_read(f).split("mbit=")[-1].split()[0] if "mbit=" in _read(f) else "?" for f in files]
+        self.out.line(f"emulated cluster: {self.spec.nodes} nodes x {self.spec.ranks_per_node} "
+                      f"rank(s), link {self.spec.link} each way; measured "
+                      + ", ".join(f"node{k} received {g} Mbit/s" for k, g in enumerate(got)), False)
+        return True

@@ -1,0 +1,225 @@
+"""Reading result files: one run folder, loose files from the original scripts, and the
+variants an experiment ran. Result files are only read, never modified. Where they lie, and
+the folder's other documents, come from labkit.core.run_folder.RunFolder; what they must hold
+(the guide's keys) is checked here."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Optional
+
+from labkit.core import layout
+from labkit.core.config import VARIANTS
+from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, SPECS
+from labkit.core.run_folder import RunFolder, read_json, recorded
+from labkit.core.status import Status, as_seen, status_of
+NAN = float("nan")
+
+
+class ResultError(ValueError):
+    """A result file that is missing, unreadable or of another schema."""
+
+
+def method_key(doc: dict, path: str | os.PathLike = "") -> Optional[str]:
+    """ddp | allreduce | ps, from the lab's own key, the guide's method name or the file name;
+    a method of one's own from the spec its file records (registered here, so every table and
+    figure lists it)."""
+    recorded(doc)
+    if doc.get("method_key") in METHOD_ORDER:
+        return doc["method_key"]
+    by_name = {v: k for k, v in METHOD_NAMES.items()}
+    if doc.get("method") in by_name:
+        return by_name[doc["method"]]
+    by_file = {v: k for k, v in RESULT_FILES.items()}
+    return by_file.get(os.path.basename(str(path)))
+
+
+def load_result(path: str | os.PathLike) -> dict:
+    """Read one result file: the lab's, or one with only the guide's keys."""
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        raise ResultError(f"{path}: missing") from None
+    except ValueError as e:  # a JSONDecodeError or a UnicodeDecodeError
+        raise ResultError(f"{path}: not valid JSON ({e.__class__.__name__}): truncated or corrupt") from None
+    if not isinstance(doc, dict) or "method" not in doc or not isinstance(doc.get("epochs"), list):
+        raise ResultError(f"{path}: not a result file (needs 'method' and a list of 'epochs')")
+    needed = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput")
+    for e in doc["epochs"]:
+        if not isinstance(e, dict) or any(k not in e for k in needed):
+            raise ResultError(f"{path}: an epoch lacks the guide's keys ({', '.join(needed)})")
+    if method_key(doc, path) is None:
+        raise ResultError(f"{path}: unknown method {doc.get('method')!r}")
+    return as_seen(numbers(doc))  # running with its writer gone: stopped without finishing
+
+
+def numbers(doc: dict) -> dict:
+    """``doc`` with the nulls that stand for values that were not numbers (labkit writes strict
+    JSON: labkit.core.files.finite) read back as NaN, in the epochs, their per-step lists, the
+    losses and the summary, so every figure reads as it did from files written before (whose
+    NaN tokens Python's json reads as NaN). The document itself is not changed."""
+    def fix(v):
+        if v is None:
+            return NAN
+        if isinstance(v, list):
+            return [NAN if x is None else x for x in v]
+        return v
+
+    out = dict(doc)
+    out["epochs"] = [{k: fix(v) for k, v in e.items()} for e in doc["epochs"]]
+    if isinstance(doc.get("all_losses"), list):
+        out["all_losses"] = fix(doc["all_losses"])
+    if isinstance(doc.get("summary"), dict):
+        out["summary"] = {k: fix(v) for k, v in doc["summary"].items()}
+    return out
+
+
+@dataclass
+class RunResults:
+    """What a report is made of: the loaded results and the problems met on the way.
+    (The writer of result files is labkit.training.result_file.ResultFile; this is their reader.)"""
+    docs: dict[str, dict] = field(default_factory=dict)          # method key -> result
+    problems: dict[str, str] = field(default_factory=dict)       # method key or file -> problem
+    run_dir: Optional[Path] = None
+    # method key -> one result per repeat (`labkit experiment --repeats N`, repeat 1 first);
+    # a run without repeats: a list of one, the same document as in ``docs``, which keeps the
+    # first repeat so every single-run table and figure reads as before
+    repeats: dict[str, list[dict]] = field(default_factory=dict)
+    # `labkit experiment --target-accuracy` (config.json): None, a share of the best accuracy
+    target_accuracy: Optional[float] = None
+
+    @property
+    def ok(self) -> dict[str, dict]:
+        """RunResults with at least one finished epoch (a failed run keeps its finished epochs)."""
+        return {m: d for m, d in self.docs.items() if d["epochs"]}
+
+
+def load_run(run_dir: str | os.PathLike) -> RunResults:
+    """A run folder (method subfolders, or repeat-<i>/ folders holding them) or a folder holding
+    results_*.json directly."""
+    folder = RunFolder(run_dir)
+    res = RunResults(run_dir=folder.path, target_accuracy=folder.target_accuracy)
+    status = {}
+    if folder.has(layout.EXPERIMENT):
+        try:
+            status = folder.read(layout.EXPERIMENT).get("methods", {})
+        except (OSError, ValueError):
+            res.problems[layout.EXPERIMENT] = f"{folder.file(layout.EXPERIMENT)}: unreadable"
+    folder.discover()
+    for m in METHOD_ORDER:
+        for i, path in enumerate(folder.result_paths(m)):
+            if path.exists():
+                _add(res, path, m, first=i == 0)
+            elif path.parent.is_dir() or m in status:
+                res.problems.setdefault(m, f"{path}: missing")
+        st = status.get(m, {})
+        if st.get("status") not in (None, Status.COMPLETED):
+            res.problems[m] = f"{st['status']}: {st.get('error', '').strip()}".strip(": ")
+    return res
+
+
+def load_files(paths: list[str | os.PathLike]) -> RunResults:
+    res = RunResults()
+    for p in paths:
+        if Path(p).is_dir():
+            sub = load_run(p)
+            res.docs.update(sub.docs)
+            res.repeats.update(sub.repeats)
+            res.problems.update(sub.problems)
+            res.run_dir = res.run_dir or sub.run_dir
+        else:
+            _add(res, Path(p), None)
+    return res
+
+
+def _add(res: RunResults, path: Path, expected: Optional[str], first: bool = True) -> None:
+    """Load one result file; ``first`` False: a later repeat, kept in ``repeats`` only."""
+    try:
+        doc = load_result(path)
+    except ResultError as e:
+        res.problems.setdefault(expected or path.name, str(e))
+        return
+    m = method_key(doc, path)
+    if first or m not in res.docs:
+        res.docs[m] = doc
+        res.repeats[m] = [doc]
+    else:
+        res.repeats[m].append(doc)
+    if status_of(doc) != Status.COMPLETED:
+        res.problems.setdefault(m, f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else ""))
+
+
+def epochs_of(doc: dict) -> list[dict]:
+    """A result document's epochs."""
+    return doc["epochs"]
+
+
+def runs_of(res: RunResults, m: str) -> list[dict]:
+    """Every run of ``m`` (a method, or a variant such as ddp-bf16), one per seed, failed ones
+    included (they count), interrupted ones not: the user stopped them before their last epoch,
+    so their last accuracy is not a final one, nor their miss the method's."""
+    if m in SPECS:
+        docs = list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
+    else:
+        docs = variant_runs(res.run_dir, m) if res.run_dir is not None else []
+    return [d for d in docs if status_of(d) != Status.INTERRUPTED]
+
+
+def summary_value(doc: dict, key: str) -> float:
+    """A summary figure; recomputed from the epochs when the file lacks it."""
+    s = doc.get("summary") or {}
+    if key in s:
+        return s[key]
+    ep = epochs_of(doc)
+    if not ep:
+        return NAN
+    if key == "avg_train_throughput":
+        return mean(e["train_throughput"] for e in ep)
+    if key == "avg_train_time_per_epoch":
+        return mean(e["train_time"] for e in ep)
+    if key == "best_val_accuracy":
+        vals = [e["val_accuracy"] for e in ep if "val_accuracy" in e]
+        return max(vals) if vals else NAN
+    if key.startswith("avg_comm_time"):
+        vals = [e[key] for e in ep if key in e]
+        return mean(vals) if vals else NAN
+    return NAN
+
+
+def load_env(run_dir: Optional[Path]) -> Optional[dict]:
+    """environment.json of a run folder, or None (none, or unreadable)."""
+    return RunFolder(run_dir).get(layout.ENVIRONMENT) if run_dir else None
+
+
+def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
+    """reproduction.json of a run made by ``labkit reproduce``, or None (none, or unreadable)."""
+    doc = RunFolder(run_dir).get(layout.REPRODUCTION) if run_dir else None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("methods"), dict) else None
+
+
+def load_variants(run: Path) -> dict[str, dict]:
+    """Results of the variants an experiment ran besides the three methods (``labkit
+    experiment --methods ps,ps-async,...``): {variant: result document} (repeat 1's)."""
+    out = {}
+    for v in VARIANTS:
+        runs = variant_runs(run, v)
+        if runs:
+            out[v] = runs[0]
+    return out
+
+
+def variant_runs(run: Path, v: str) -> list[dict]:
+    """Every readable result of variant ``v`` in run folder ``run``: its one folder, or one per
+    repeat (repeat-<i>/<v>/) in order; [] for a name that is a method, not a variant."""
+    if v not in VARIANTS or v in METHOD_ORDER:
+        return []
+    name = RESULT_FILES[VARIANTS[v]["method"]]
+    out = []
+    for d in [Path(run)] + RunFolder(run).repeats:
+        try:
+            out.append(load_result(d / v / name))
+        except ResultError:  # missing (e.g. no repeats), truncated or not a result file
+            continue
+    return out

@@ -1,0 +1,90 @@
+"""The report's repeats part (`labkit experiment --repeats N`): every repeat of every method,
+with its seed and its place in the rotated run order, and each method aggregated over its
+repeats (throughput: mean with a t-interval over the repeats, labkit.core.stats.aggregate)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from labkit.core import stats
+from labkit.core import layout
+from labkit.core.run_folder import RunFolder
+from labkit.core.status import status_of
+from .blocks import Block, Html, Markdown
+from .captions import caption
+from labkit.core.methods import METHOD_ORDER, label
+
+from .load import RunResults
+from .tables import html_table
+
+
+def run_order(res: RunResults) -> Optional[list[list[str]]]:
+    """experiment.json's ``order``: the methods of each repeat in the order they ran."""
+    try:
+        return RunFolder(res.run_dir).read(layout.EXPERIMENT).get("order")
+    except (TypeError, OSError, ValueError):
+        return None
+
+
+def has_repeats(res: RunResults) -> bool:
+    return any(len(v) > 1 for v in res.repeats.values())
+
+
+def repeat_rows(res: RunResults) -> list[dict]:
+    """One row per method and repeat."""
+    order = run_order(res) or []
+    rows = []
+    for m in METHOD_ORDER:
+        for i, d in enumerate(res.repeats.get(m, []), 1):
+            agg = stats.aggregate([d])
+            pos = order[i - 1].index(m) + 1 if i <= len(order) and m in order[i - 1] else None
+            rows.append({"Method": label(m), "Repeat": i, "Seed": d.get("config", {}).get("seed", "-"),
+                         "Ran as": f"{pos} of {len(order[i - 1])}" if pos else "-",
+                         "Throughput (img/s)": agg["throughput_per_repeat"][0],
+                         "Best accuracy (%)": agg["best_val_accuracy"],
+                         "Status": status_of(d)})
+    return rows
+
+
+def aggregate_rows(res: RunResults) -> list[dict]:
+    """One row per method: mean over its repeats, with the 95% CI over repeats."""
+    rows = []
+    for m in METHOD_ORDER:
+        docs = [d for d in res.repeats.get(m, []) if d.get("epochs")]
+        if not docs:
+            continue
+        agg = stats.aggregate(docs)
+        iv = agg["throughput"]
+        rows.append({"Method": label(m), "Repeats": agg["repeats"],
+                     "Throughput (img/s)": iv.value if iv.value is not None else float("nan"),
+                     "95% CI": iv.ci_text(1) + (f" (over {iv.basis})" if iv.available else ""),
+                     "Best accuracy (%)": agg["best_val_accuracy"],
+                     "Seeds": ", ".join(str(s) for s in agg["seeds"])})
+    return rows
+
+
+def repeats_section(res: RunResults) -> list[Block]:
+    """Display blocks; none for a run without repeats (the report's "Not in this run" line
+    says how to add them)."""
+    if not has_repeats(res):
+        return []
+    order = run_order(res)
+    blocks = [Markdown(caption("repeats"))]
+    if order:
+        blocks.append(Markdown("Run order: " + "; ".join(
+            f"repeat {i}: {', '.join(o)}" for i, o in enumerate(order, 1))))
+    blocks += [Html(html_table(aggregate_rows(res))), Html(html_table(repeat_rows(res)))]
+    return blocks
+
+
+def repeats_text(res: RunResults) -> list[str]:
+    """The same for performance_report.txt (empty without repeats)."""
+    if not has_repeats(res):
+        return []
+    from labkit.core.texttable import text_table, two_decimals
+    from .captions import heading
+
+    order = run_order(res) or []
+    return [heading("repeats"), "",
+            *(f"repeat {i} ran: {', '.join(o)}" for i, o in enumerate(order, 1)), "",
+            text_table(aggregate_rows(res), two_decimals), "",
+            text_table(repeat_rows(res), two_decimals), ""]

@@ -1,0 +1,287 @@
+"""Methods judged over seeds (`labkit experiment --repeats N`: repeat i trains every method
+from seed + i - 1): time and steps to the target accuracy, final accuracy and bytes on the
+wire, each with its interval, and a verdict per method against DDP (and against DDP with bf16
+gradients where it ran) that says both how fast and whether accuracy was lost.
+
+This is how an approximate method (compression, local SGD, DiLoCo) is judged fairly: a method
+that sends less is worth it only if it reaches the same accuracy sooner, and one seed cannot
+show that (Agarwal et al., MLSys 2022).
+
+The scoring rule, MLPerf Training's: each seed's time to the target is the wall time of its
+epochs (training and validation) up to the first validation at or above it; a seed that never
+reaches it (or diverged) counts as infinitely slow, not as missing; where N >= 5 the fastest
+and the slowest seed are dropped; the mean of the rest is the method's time, with a t-interval
+over them. If a seed that remains never reached the target, the method has no time to target:
+it is reported as "not reached" with how many seeds did reach it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from labkit.core import breakdown, stats
+from labkit.core.health import diverged_where
+from labkit.core.config import VARIANTS
+from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
+from labkit.core.status import Status, status_of
+
+from .blocks import Block, Html, Markdown
+from .captions import caption
+from .figures import COLORS, figure_html
+from .load import RunResults, epochs_of, runs_of
+from .tables import html_table, target, target_text, wire_mb
+
+#: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
+DROP_FROM = 5
+#: the baselines every method is judged against, in this order, where they ran
+BASELINES = ("ddp", "ddp-bf16")
+
+
+@dataclass
+class Seeds:
+    """One method's runs, one per seed, scored by the rule above."""
+    method: str
+    seeds: list                                   # each run's seed
+    seconds: list[float]                          # to the target; inf: never reached
+    steps: list[float]                            # the same, in training steps
+    final: list[Optional[float]]                  # final validation accuracy (%)
+    failed: list[str] = field(default_factory=list)  # "seed 3: diverged at epoch 2 step 4 (of 9)"
+    mb_per_step: Optional[float] = None           # sent per trainer per step, mean over seeds
+
+    @property
+    def n(self) -> int:
+        return len(self.seconds)
+
+    @property
+    def reached(self) -> int:
+        return sum(math.isfinite(s) for s in self.seconds)
+
+    def kept(self, values: list[float]) -> list[float]:
+        """``values`` (per seed) with the fastest and slowest seed's dropped where N >= 5 (by
+        time to target, never-reached seeds the slowest)."""
+        if self.n < DROP_FROM:
+            return list(values)
+        order = sorted(range(self.n), key=lambda i: self.seconds[i])
+        return [values[i] for i in sorted(order[1:-1])]
+
+    def time(self) -> stats.Interval:
+        return _mean_interval(self.kept(self.seconds), f"{self.reached} of {self.n} seeds reached it")
+
+    def steps_to(self) -> stats.Interval:
+        return _mean_interval(self.kept(self.steps), f"{self.reached} of {self.n} seeds reached it")
+
+    def final_accuracy(self) -> stats.Interval:
+        return _mean_interval([v for v in self.final if v is not None], "no validation accuracy")
+
+
+def _mean_interval(values: list[float], note: str) -> stats.Interval:
+    """Mean with a t-interval over seeds; None (with ``note``) where any seed never got there."""
+    if not values or not all(math.isfinite(v) for v in values):
+        return stats.Interval(None, n=len(values), basis="seeds", note=note)
+    if len(values) < 2:
+        return stats.Interval(values[0], n=1, basis="seeds", note="one seed")
+    return stats.t_interval(np.asarray(values, dtype=float), stats.CONFIDENCE, lambda x: x, "seeds")
+
+
+def _exact(m: str) -> bool:
+    return SPECS[m].exact if m in SPECS else VARIANTS[m].get("compress", "none") == "none"
+
+
+def score(res: RunResults, m: str, goal: float) -> Seeds:
+    """Method ``m``'s runs against the target accuracy ``goal`` (%)."""
+    s = Seeds(m, [], [], [], [])
+    mbs = []
+    for d in runs_of(res, m):
+        seed = d.get("config", {}).get("seed", "-")
+        tta = breakdown.time_to_accuracy(d, goal)
+        s.seeds.append(seed)
+        s.seconds.append(tta.seconds if tta.reached else math.inf)
+        s.steps.append(float(tta.steps) if tta.reached and tta.steps is not None else math.inf)
+        accs = [e.get("val_accuracy") for e in epochs_of(d) if e.get("val_accuracy") is not None]
+        s.final.append(accs[-1] if accs else None)
+        why = diverged_where(d) or (d.get("error") if status_of(d) is Status.FAILED else None)
+        if why or status_of(d) is not Status.COMPLETED:
+            s.failed.append(f"seed {seed}: {why or status_of(d).value}")
+        w = wire_mb(d) if d.get("epochs") else None
+        if w is not None:
+            mbs.append(w[0])
+    s.mb_per_step = float(np.mean(mbs)) if mbs else None
+    return s
+
+
+def judged(res: RunResults) -> list[str]:
+    """The methods this part judges: every one that ran, in the registry's order, but a bound
+    (nosync's ranks drift apart: its accuracy means nothing)."""
+    methods = [m for m in METHOD_ORDER if runs_of(res, m) and not SPECS[m].bound]
+    return methods + [v for v in VARIANTS if v not in SPECS and runs_of(res, v)]
+
+
+def has_seeds(res: RunResults) -> bool:
+    """Whether some method ran from more than one seed."""
+    return any(len({d.get("config", {}).get("seed") for d in runs_of(res, m)}) > 1
+               for m in judged(res))
+
+
+def rows(res: RunResults) -> list[dict]:
+    """One row per method: seeds, how many reached the target, time and steps to it and the
+    final accuracy (mean, 95% CI over seeds), MB per step on the wire, failed seeds."""
+    goal = target(res)
+    out = []
+    for m in judged(res):
+        s = score(res, m, goal) if goal is not None else None
+        if s is None:
+            continue
+        out.append({"Method": label(m), "Exact": "yes" if _exact(m) else "no",
+                    "Seeds": s.n, "Reached": f"{s.reached} of {s.n}",
+                    "Time to target (s, 95% CI)": s.time().with_ci(1),
+                    "Steps to target (95% CI)": s.steps_to().with_ci(0),
+                    "Final accuracy (%, 95% CI)": s.final_accuracy().with_ci(2, 100.0),
+                    "MB/step sent": f"{s.mb_per_step:.3f}" if s.mb_per_step is not None else "-",
+                    "Failed": "; ".join(s.failed) or "-"})
+    return out
+
+
+# ------------------------------------------------------------------ verdicts
+def time_ratio(a: Seeds, b: Seeds) -> stats.Interval:
+    """Time to target of ``a`` over ``b``'s: the ratio of the kept seeds' mean times with the
+    delta-method interval of two independent sets (labkit.core.stats.ratio_over_trials);
+    None where either has no time (a kept seed never reached the target)."""
+    ta, tb = a.kept(a.seconds), b.kept(b.seconds)
+    if not all(math.isfinite(t) for t in ta + tb):
+        return stats.Interval(None, note="a seed never reached the target")
+    iv = stats.ratio_over_trials(ta, tb)
+    return stats.Interval(iv.value, iv.low, iv.high, iv.n, "seeds", iv.note.replace("trial", "seed"))
+
+
+def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
+    """One line: ``m`` against ``base`` on time to target (faster / slower / within noise /
+    not reached) and on final accuracy (lost / gained / kept within noise)."""
+    a, b = score(res, m, goal), score(res, base, goal)
+    name, bname = label(m), label(base)
+    if a.reached < a.n and not math.isfinite(max(a.kept(a.seconds))):
+        speed = (f"did not reach {goal:.2f}% in {a.n - a.reached} of {a.n} seeds, so it has no "
+                 f"time to target (counted as not reached, not dropped)")
+    else:
+        iv = time_ratio(a, b)
+        if iv.value is None:
+            speed = f"no time ratio against {bname} ({iv.note})"
+        elif not iv.available:
+            speed = f"{iv.value:.2f}x {bname}'s time to target ({iv.note})"
+        else:
+            word = ("faster" if iv.high < 1 else "slower" if iv.low > 1 else "within noise")
+            speed = (f"{word}: {iv.value:.2f}x {bname}'s time to target "
+                     f"(95% CI {iv.ci_text(ref=1.0)} over {a.n} and {b.n} seeds)")
+    acc = stats.accuracy_verdict(name, runs_of(res, m), runs_of(res, base), bname,
+                                 key="final_val_accuracy")
+    word = {"lower": "accuracy lost", "higher": "accuracy gained",
+            "within noise": "no accuracy lost beyond the noise"}.get(acc.label, "accuracy: " + acc.label)
+    return f"{name} vs {bname}: {speed}; {word}: {acc.sentence.split(': ', 1)[-1]}"
+
+
+def verdicts(res: RunResults) -> list[str]:
+    goal = target(res)
+    if goal is None:
+        return []
+    bases = [b for b in BASELINES if runs_of(res, b)]
+    # each method against each baseline; a baseline against the ones before it only
+    return [verdict(res, m, b, goal) for b in bases for m in judged(res)
+            if m not in BASELINES[:BASELINES.index(b) + 1]]
+
+
+# ------------------------------------------------------------------ the report's part
+def seeds_section(res: RunResults, plots: Optional[list] = None) -> list[Block]:
+    """Display blocks: the table, the verdict lines and the two figures (accuracy against wall
+    time and against bytes sent); a run with one seed per method gets one line saying so."""
+    if not has_seeds(res):  # the report's "Not in this run" line says how to add them
+        return []
+    from .captions import figure_caption
+
+    blocks = [Markdown(caption("seeds", target=target_text(res), drop=DROP_FROM)),
+              Html(html_table(rows(res))),
+              Markdown("\n".join(f"- {line}" for line in verdicts(res)))]
+    for png in plots or []:
+        if png.stem in SEED_PLOTS:
+            blocks.append(Html(figure_html(png, figure_caption(png.stem))))
+    return blocks
+
+
+def seeds_text(res: RunResults) -> list[str]:
+    """The same for performance_report.txt (empty with one seed per method)."""
+    if not has_seeds(res):
+        return []
+    from labkit.core.texttable import text_table, two_decimals
+    from .captions import heading
+
+    return [heading("seeds"), "", text_table(rows(res), two_decimals), "",
+            *(f"- {line}" for line in verdicts(res)), ""]
+
+
+# ------------------------------------------------------------------ the figures
+SEED_PLOTS = ("accuracy_vs_time", "accuracy_vs_bytes")
+
+
+def _curve(d: dict, mb_per_step: Optional[float]) -> tuple[list[float], list[float], list[float]]:
+    """(seconds, MB sent per trainer, validation accuracy) at each epoch's end."""
+    t, mb, acc, st, sb = [], [], [], 0.0, 0.0
+    for e in epochs_of(d):
+        st += e.get("train_time", 0.0) + e.get("val_time", 0.0)
+        w = e.get("wire") or {}
+        sent = [x for x, tr in zip(w.get("sent_per_step") or [], w.get("trainer") or []) if tr]
+        per_step = float(np.mean(sent)) / 1e6 if sent else (mb_per_step or 0.0)
+        sb += per_step * e.get("steps", 0)
+        if e.get("val_accuracy") is not None:
+            t.append(st), mb.append(sb), acc.append(e["val_accuracy"])
+    return t, mb, acc
+
+
+def plot_seeds(res: RunResults, ax, against: str) -> None:
+    """Validation accuracy against wall time (``against`` "time") or against the MB a trainer
+    sent (``"bytes"``): every seed faint, the mean over seeds bold, the target dashed."""
+    goal, drawn = target(res), False
+    for k, m in enumerate(judged(res)):
+        curves = [_curve(d, None) for d in runs_of(res, m)]
+        curves = [c for c in curves if c[2]]
+        if not curves:
+            continue
+        x_of = (lambda c: c[0]) if against == "time" else (lambda c: c[1])
+        if against == "bytes" and not any(x > 0 for c in curves for x in x_of(c)):
+            continue  # nothing sent: no place on a log axis
+        for c in curves:
+            ax.plot(x_of(c), c[2], "-", color=COLORS[m], lw=0.8, alpha=0.3)
+        n = min(len(c[2]) for c in curves)
+        # distinct markers: exact methods' curves lie on top of each other
+        ax.plot(np.mean([x_of(c)[:n] for c in curves], axis=0),
+                np.mean([c[2][:n] for c in curves], axis=0), "-" + "osD^v"[k % 5],
+                color=COLORS[m], ms=7 - k % 3 * 2, lw=2, label=f"{label(m)} ({len(curves)} seeds)")
+        drawn = True
+    if goal is not None:
+        ax.axhline(goal, ls="--", color="#555", lw=1, label=f"target {goal:.2f}%")
+    if against == "bytes":
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("MB sent per trainer (cumulative, log scale)")
+        ax.set_title("Accuracy against bytes sent")
+    else:
+        ax.set_xlabel("wall time (s): training and validation")
+        ax.set_title("Accuracy against wall time")
+    ax.set_ylabel("validation accuracy (%)")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+
+
+def points_target(points) -> Optional[float]:
+    """One target for every point of a sweep (each with ``name`` and ``res``): the sweep's
+    --target-accuracy, else 95% of the best validation accuracy any method reached at any
+    point (labkit.core.breakdown)."""
+    given = next((p.res.target_accuracy for p in points if p.res.target_accuracy is not None), None)
+    docs = {f"{p.name}/{m}/{i}": d for p in points for m, ds in p.res.repeats.items()
+            for i, d in enumerate(ds)}
+    return breakdown.target_accuracy(docs, given)

@@ -1,0 +1,121 @@
+"""Page one of the report: the answer in a few sentences, each built from the functions that
+build the tables (Table 1's rows, Table 2's rows, the verdicts, the bound, the projection), so
+every number in it is one the tables show. The notebook and the text report print the same
+sentences."""
+from __future__ import annotations
+
+from typing import Optional
+
+from labkit.core import breakdown
+from labkit.core.texttable import two_decimals
+from labkit.core.methods import METHOD_ORDER, SPECS, label
+
+from . import projection
+from .load import RunResults
+from .seeds import has_seeds
+from .tables import (SPEED_CI, STA, THR_CI, TTA, chance_only, communication_rows,
+                     comparison_rows, target)
+from .text import bound_claim, link_lines, speed_verdicts
+
+#: the verdict words of Table 1's rule, as the summary says them after an interval
+WORDS = {"faster": "faster than DDP", "slower": "slower than DDP",
+         "within noise": "within the measurement noise", "busy machine": "not judged: busy machine",
+         "not available": "no interval"}
+
+
+def _bound(m: str) -> bool:
+    return m in SPECS and SPECS[m].bound
+
+
+def _row(rows: list[dict], m: str) -> Optional[dict]:
+    return next((r for r in rows if r["Method"] == label(m)), None)
+
+
+def fastest_line(res: RunResults) -> Optional[str]:
+    """Which method was fastest here and by how much: Table 1's throughput and speedup with
+    their intervals and the verdict words of its rule (a bound is no candidate)."""
+    rows = comparison_rows(res)
+    methods = [m for m in METHOD_ORDER if m in res.ok and not _bound(m)]
+    thr = {m: _row(rows, m)["Avg throughput (img/s)"] for m in methods}
+    thr = {m: v for m, v in thr.items() if isinstance(v, float) and v == v}
+    if not thr or "ddp" not in res.ok:
+        return None
+    others = [m for m in METHOD_ORDER if m in res.ok and m != "ddp"]  # speed_verdicts' order
+    verdict = {m: v.label for m, v in zip(others, speed_verdicts(res))}
+    top = max(thr, key=thr.get)
+    r = _row(rows, top)
+    said = f"{label(top)}, {two_decimals(thr[top])} img/s (95% CI {r[THR_CI]})"
+    if top != "ddp":
+        said += f", {r['Speedup vs DDP']} DDP (95% CI {r[SPEED_CI]}: {WORDS[verdict[top]]})"
+    sure = (verdict.get(top) == "faster" if top != "ddp" else
+            all(verdict[m] == "slower" for m in methods if m != "ddp"))
+    lead = ("Fastest here (Table 1)" if sure else
+            "Highest measured throughput (Table 1; no verdict: see its interval)")
+    rest = [f"{label(m)} {_row(rows, m)['Speedup vs DDP']} DDP (95% CI {_row(rows, m)[SPEED_CI]}: "
+            f"{WORDS[verdict[m]]})" for m in methods if m not in ("ddp", top)]
+    return f"{lead}: {said}" + (f"; {'; '.join(rest)}" if rest else "") + "."
+
+
+def time_line(res: RunResults) -> Optional[str]:
+    """Where each method's step went (Figure 5): its largest part, with Table 2's exposed
+    communication where that is the largest."""
+    comm = {r["Method"]: r for r in communication_rows(res)}
+    by_part: dict[str, list[str]] = {}
+    for m in METHOD_ORDER:
+        b = breakdown.of_result(res.ok[m]) if m in res.ok else None
+        if b is not None:
+            by_part.setdefault(max(breakdown.ORDER, key=lambda k: b.parts[k]), []).append(m)
+    if not by_part:
+        return None
+    said = []
+    for part, ms in by_part.items():
+        ms_ = [comm.get(label(m), {}).get("Exposed (ms)") for m in ms]
+        numbers = (f" ({', '.join(two_decimals(x) for x in ms_)} ms per step, Table 2's "
+                   f"Exposed)" if part == "exposed" and all(isinstance(x, float) for x in ms_) else "")
+        said.append(f"{breakdown.LABELS[part]} for {', '.join(label(m) for m in ms)}{numbers}")
+    return f"Where the time went (Figure 5), the largest part of each step: {'; '.join(said)}."
+
+
+def accuracy_line(res: RunResults) -> Optional[str]:
+    """Time to the target accuracy, fastest first, as Table 1 gives it."""
+    chance = chance_only(res)
+    if chance:
+        return chance.split(". ")[0] + " (synthetic data)."
+    t = target(res)
+    if t is None:
+        return None
+    rows = comparison_rows(res)
+    got = [(m, _row(rows, m)) for m in METHOD_ORDER if m in res.ok]
+    reached = sorted(((m, r) for m, r in got if isinstance(r[TTA], float)), key=lambda x: x[1][TTA])
+    never = [label(m) for m, r in got if r[TTA] == "not reached"]
+    items = [f"{label(m)} {two_decimals(r[TTA])} s ({r[STA]} steps)" for m, r in reached]
+    seeds = ("; Table 10 judges it over seeds" if has_seeds(res) else
+             "; one seed per method, so these are not verdicts")
+    return (f"Time to {t:.2f}% validation accuracy (Table 1): " + ", ".join(items)
+            + (f"; not reached: {', '.join(never)}" if never else "") + seeds + ".")
+
+
+def machine_line(res: RunResults, env: Optional[dict]) -> Optional[str]:
+    """The machine and the run's shape, in one sentence."""
+    d = next(iter(res.ok.values()), None)
+    if d is None:
+        return None
+    cfg, w = d.get("config") or {}, d.get("world") or {}
+    where = ""
+    if env:
+        gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU"
+        where = f" on {env.get('host')} ({env.get('cpu')}, {env.get('cpu_count')} cores; {gpus})"
+    what = ", ".join(x for x in (f"{cfg['model']} on {cfg['dataset']}" if cfg.get("model") else "",
+                                 f"{d.get('world_size')} processes per method",
+                                 cfg.get("backend") or w.get("backend") or "",
+                                 f"{len(d.get('epochs') or [])} epoch(s)") if x)
+    return f"Measured{where}: {what}."
+
+
+def summary_lines(res: RunResults, env: Optional[dict] = None) -> list[str]:
+    """The report's first sentences: the fastest method, where the time went, what
+    communication costs at most, time to accuracy, the projection, the machine (and link)."""
+    got = projection.projected(res) if res.ok else None
+    return [x for x in (fastest_line(res), time_line(res), bound_claim(res), accuracy_line(res),
+                        projection.sentence(got) if got else None, machine_line(res, env))
+            if x] + link_lines(res)

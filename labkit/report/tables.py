@@ -1,0 +1,346 @@
+"""The report's tables as rows of dicts, and as HTML or plain text."""
+from __future__ import annotations
+
+import html
+from typing import Optional
+
+from labkit.core.texttable import text_table as _text_table
+from labkit.core.texttable import two_decimals
+from labkit.core import breakdown, stats
+from labkit.core import efficiency
+from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SPECS, comm_key, find, label
+
+from .load import RunResults, epochs_of, summary_value
+
+THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
+TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
+WIRE = "On the wire (MB/step per trainer, sent / received)"  # Table 2, counted by the lab
+STATE = "Optimizer state (MiB per rank)"  # Table 2, counted by the lab
+
+
+def _serves(method: str) -> bool:
+    s = find(method)
+    return bool(s and s.serves)
+
+
+def chance_only(res: RunResults) -> Optional[str]:
+    """Why no accuracy is compared, when every method trained on synthetic data: its labels
+    are drawn at random (labkit.training.data.SyntheticImages), so no model can beat chance and
+    time to accuracy would time noise. None otherwise."""
+    cfgs = [d.get("config") or {} for d in res.ok.values()]
+    if not cfgs or any(c.get("dataset") != "synthetic" for c in cfgs):
+        return None
+    classes = cfgs[0].get("num_classes")
+    chance = f", {100 / classes:.2f}% with {classes} classes" if classes else ""
+    return ("Accuracy: not compared. Synthetic data's labels are random, so every method's "
+            f"validation accuracy is chance (1 in the number of classes{chance}) and there is "
+            "no time to accuracy; synthetic data measures throughput. An image folder "
+            "(--data-dir) or the embedded digits (--dataset digits) measure accuracy.")
+
+
+def target(res: RunResults) -> Optional[float]:
+    """The validation accuracy (%) of time to accuracy: the experiment's --target-accuracy,
+    else a share of the best any method reached; None on synthetic data (chance_only)."""
+    if chance_only(res):
+        return None
+    return breakdown.target_accuracy(res.ok, res.target_accuracy)
+
+
+def target_text(res: RunResults) -> str:
+    """The target as Table 1's caption states it."""
+    t = target(res)
+    if t is None:
+        return ("a target (none here: synthetic data's labels are random, so accuracy stays at "
+                "chance)" if chance_only(res) else
+                "the target (no validation accuracy recorded)")
+    how = ("set by --target-accuracy" if res.target_accuracy is not None else
+           f"{100 * breakdown.TARGET_SHARE:.0f}% of the best validation accuracy any method reached")
+    return f"{t:.2f}% ({how})"
+
+
+def time_to_target(res: RunResults, m: str) -> tuple[object, object]:
+    """Table 1's two cells for method ``m``: seconds and steps, or "not reached"."""
+    t = target(res)
+    if t is None:
+        return "-", "-"
+    tta = breakdown.time_to_accuracy(res.ok[m], t)
+    if not tta.reached:
+        return "not reached", "not reached"
+    return tta.seconds, tta.steps if tta.steps is not None else "-"
+
+
+def method_runs(res: RunResults, m: str) -> list[dict]:
+    """Method ``m``'s result documents: one per repeat (``res.repeats``, when the run folder
+    has repeats), else its one result file."""
+    reps = [d for d in res.repeats.get(m) or [] if d.get("epochs")]
+    return reps or [res.ok[m]]
+
+
+def intervals(res: RunResults) -> dict[str, dict]:
+    """Per method with results: its throughput and, against DDP, its speedup, each a
+    ``stats.Interval`` (95% CI over steps, or over repeats)."""
+    docs = res.ok
+    base = method_runs(res, "ddp") if "ddp" in docs else None
+    out = {}
+    for m in METHOD_ORDER:
+        if m in docs:
+            runs = method_runs(res, m)
+            out[m] = {"throughput": stats.throughput(runs),
+                      "speedup": stats.speedup(runs, base) if base and m != "ddp" else None}
+    return out
+
+
+def listed(res: RunResults) -> list[str]:
+    """The methods a table has a row for: the guide's three always (a missing one says why),
+    any other registered method only where these results hold it (a method of one's own that
+    a live kernel registered for another run is no row here)."""
+    return [m for m in METHOD_ORDER
+            if m in GUIDE_METHODS or m in res.docs or m in res.problems]
+
+
+def comparison_rows(res: RunResults) -> list[dict]:
+    """Section 4.2, table 1: throughput with its 95% CI, time per epoch, best accuracy,
+    speedup vs DDP with its 95% CI ("n/a" where the files hold no step times)."""
+    docs, ivs = res.ok, intervals(res)
+    rows = []
+    for m in listed(res):
+        if m not in docs:
+            rows.append({"Method": label(m), "Avg throughput (img/s)": "-", THR_CI: "-",
+                         "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
+                         "Speedup vs DDP": "not available: " + res.problems.get(m, "no result"),
+                         SPEED_CI: "-", TTA: "-", STA: "-"})
+            continue
+        thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
+        if m == "ddp":
+            speed, speed_ci = "1.00x (baseline)", "-"
+        elif sp is None or sp.value is None:
+            speed, speed_ci = "n/a (no DDP result)", "n/a"
+        else:
+            speed, speed_ci = f"{sp.value:.2f}x", sp.ci_text(ref=1.0)
+        rows.append({"Method": label(m),
+                     "Avg throughput (img/s)": thr.value if thr.value is not None
+                     else summary_value(docs[m], "avg_train_throughput"),
+                     THR_CI: thr.ci_text(digits=1),
+                     "Avg train time/epoch (s)": summary_value(docs[m], "avg_train_time_per_epoch"),
+                     "Best accuracy (%)": summary_value(docs[m], "best_val_accuracy"),
+                     "Speedup vs DDP": speed, SPEED_CI: speed_ci})
+        rows[-1][TTA], rows[-1][STA] = time_to_target(res, m)
+    return rows
+
+
+def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
+    """Per-step communication times in ms (trainer blocked in sync), by each method's timed
+    phases: {"allreduce": ...} for the "comm" phase, {"pull": ..., "push": ...} for a PS."""
+    out = {}
+    for m, d in res.ok.items():
+        phases = SPECS[m].phases if m in SPECS else ()
+        if phases:
+            out[m] = {("allreduce" if p == "comm" else p): 1000 * summary_value(d, comm_key(p))
+                      for p in phases}
+    return out
+
+
+def wire_mb(doc: dict) -> Optional[tuple[float, float]]:
+    """MB (10^6 bytes) a trainer sent and received per step on the wire, the mean over the
+    trainers of the last epoch (counted by the lab from the collectives the method issued:
+    labkit.training.sync.collectives); None for a file written before they were counted."""
+    ep = epochs_of(doc)
+    w = ep[-1].get("wire") if ep else None
+    if not isinstance(w, dict) or not w.get("sent_per_step"):
+        return None
+    ranks = [i for i, t in enumerate(w["trainer"]) if t] or list(range(len(w["trainer"])))
+    return tuple(sum(w[k][i] for i in ranks) / len(ranks) / 1e6
+                 for k in ("sent_per_step", "received_per_step"))
+
+
+def wire_text(wire: Optional[tuple[float, float]]) -> str:
+    """MB sent / received per step, as Table 2 and the variants table give them."""
+    return "-" if wire is None else f"{wire[0]:.2f} / {wire[1]:.2f}"
+
+
+def communication_rows(res: RunResults) -> list[dict]:
+    """Section 4.2, table 2, ms per step: the guide's parameter pull, gradient push, all-reduce
+    and total, then how much of it was exposed on the critical path and how much hidden behind
+    compute, and the overlap with its 95% CI (labkit.core.breakdown); the bytes a trainer
+    put on the wire per step and the optimizer state each rank held. Result files written
+    before communication was timed per collective: the blocked times only."""
+    c, rows = comm_ms(res), []
+    for m in listed(res):
+        row = {"Method": label(m), "Param pull (ms)": "-", "Grad push (ms)": "-",
+               "All-Reduce (ms)": "-", "Total comm time (ms)": "not available",
+               "Exposed (ms)": "-", "Hidden (ms)": "-", "Overlap (95% CI)": "-", WIRE: "-",
+               STATE: "-"}
+        rows.append(row)
+        if m not in res.ok:
+            continue
+        b = breakdown.of_result(res.ok[m])
+        total = b.comm * 1000 if b is not None and b.comm is not None else None
+        row[WIRE] = wire_text(wire_mb(res.ok[m]))
+        state = (res.ok[m].get("efficiency") or {}).get("optimizer_state_bytes")
+        if state:
+            row[STATE] = ", ".join(f"{b / 2**20:.2f}" for b in state)
+        if {"pull", "push"} <= set(c.get(m, ())):
+            row.update({"Param pull (ms)": c[m]["pull"], "Grad push (ms)": c[m]["push"],
+                        "Total comm time (ms)": c[m]["pull"] + c[m]["push"]})
+        elif m in c or total is not None:
+            row["All-Reduce (ms)"] = total if total is not None else sum(c[m].values())
+            row["Total comm time (ms)"] = row["All-Reduce (ms)"]
+        elif m == "ddp":  # a result file from before DDP's all-reduce was timed
+            row["Total comm time (ms)"] = "(inside PyTorch)"
+        if total is not None:
+            ov = b.overlap
+            row.update({"Total comm time (ms)": total, "Exposed (ms)": 1000 * b.parts["exposed"],
+                        "Hidden (ms)": 1000 * b.hidden,
+                        "Overlap (95% CI)": "n/a" if ov.value is None else
+                        f"{100 * ov.value:.0f}% ({ov.ci_text(digits=2)})"})
+    return rows
+
+
+def efficiency_rows(res: RunResults) -> list[dict]:
+    """Table 9, per method: model FLOPs per image (forward and backward), MFU against the GPU's
+    peak for the precision used, peak GPU memory per rank, and the data wait as a share of the
+    step (labkit.core.efficiency; "-" where a file has none, e.g. a CPU run's MFU)."""
+    rows = []
+    for m in METHOD_ORDER:
+        if m not in res.ok:
+            continue
+        d = res.ok[m]
+        e, ep = d.get("efficiency") or {}, epochs_of(d)
+        waits = [w for w in (efficiency.data_wait_share(x) for x in ep) if w is not None]
+        mem = e.get("peak_memory_bytes")
+        rows.append({
+            "Method": label(m),
+            "GFLOP/image (fwd+bwd)": e["flops_per_image"] / 1e9 if e.get("flops_per_image") else "-",
+            "Precision": e.get("precision") or "-",
+            "MFU (%)": 100 * e["mfu"] if e.get("mfu") is not None else "-",
+            "Peak GPU memory per rank (GiB)": ", ".join(f"{b / 2**30:.2f}" for b in mem) if mem else "-",
+            "Data wait (% of step)": 100 * sum(waits) / len(waits) if waits else "-",
+            "GPU": e.get("device_name") or d.get("world", {}).get("device", "-"),
+        })
+    return rows
+
+
+def text_table(rows: list[dict]) -> str:
+    return _text_table(rows, lambda v: two_decimals("" if v is None else v), empty="(no results)")
+
+
+def html_table(rows: list[dict], columns: Optional[list[str]] = None) -> str:
+    columns = columns or (list(rows[0]) if rows else [])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(two_decimals(r.get(c, '')))}</td>" for c in columns)
+                   + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def epoch_rows(doc: dict) -> list[dict]:
+    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time",
+            "train_throughput", "avg_batch_time", "avg_comm_time", "avg_comm_time_pull",
+            "avg_comm_time_push")
+    rows = []
+    for e in doc["epochs"]:
+        r = {k: e[k] for k in keys if k in e}
+        if e.get("avg_data_time") is not None and e.get("avg_batch_time"):
+            # time a trainer waited for its next batch, as a share of the step (target: <= 5%)
+            r["data_wait_pct"] = 100 * e["avg_data_time"] / e["avg_batch_time"]
+        rows.append(r)
+    return rows
+
+
+def environment_rows(env: dict) -> list[dict]:
+    gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in env.get("gpus", [])) or "none"
+    git = env.get("git", {})
+    items = [("host", env.get("host")), ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
+             ("GPUs", gpus), ("driver", env.get("driver") or "-"), ("platform", env.get("platform")),
+             ("Python", env.get("python")), ("torch", env.get("torch")),
+             ("torchvision", env.get("torchvision")), ("CUDA", env.get("cuda") or "-"),
+             ("cuDNN", env.get("cudnn") or "-"), ("NCCL", env.get("nccl") or "-"),
+             ("git commit", f"{git.get('commit')}{' (uncommitted changes)' if git.get('dirty') else ''}"),
+             ("seed", env.get("seed")), ("recorded", env.get("time"))]
+    items += _record_items(env)
+    return [{"": k, "value": v} for k, v in items]
+
+
+def _record_items(env: dict) -> list[tuple[str, str]]:
+    """The environment record's rows (labkit.runs.record), each one readable line; absent parts of
+    older run folders are left out."""
+    items = []
+    git, pk = env.get("git") or {}, env.get("packages") or {}
+    if git.get("diff_file"):
+        items.append(("uncommitted diff", f"{git['diff_file']} (sha256 {str(git.get('diff_sha256'))[:12]}); "
+                                          f"git apply it on the commit above"))
+    if git.get("untracked"):
+        shown = ", ".join(git["untracked"][:5])
+        items.append(("untracked files", f"{len(git['untracked'])}: {shown}"
+                                         + (", ..." if len(git["untracked"]) > 5 else "")))
+    if pk:
+        items.append(("Python packages", f"{pk.get('count')} installed, every version in "
+                                         f"{pk.get('file')} (pip install -r accepts it)"))
+    if env.get("debian"):
+        items.append(("Debian packages", ", ".join(f"{n} {v or '(not installed)'}"
+                                                   for n, v in env["debian"].items())))
+    d = env.get("determinism") or {}
+    if d:
+        items.append(("determinism", f"seed {d.get('seed')}, backend {d.get('backend')} on "
+                                     f"{d.get('device')}, {d.get('torch_num_threads')} torch threads "
+                                     f"(OMP_NUM_THREADS={d.get('omp_num_threads_env')}), deterministic "
+                                     f"algorithms {'on' if d.get('deterministic_algorithms') else 'off'}, "
+                                     f"cuDNN benchmark {'on' if d.get('cudnn_benchmark') else 'off'}"))
+    by_fp: dict[str, list[str]] = {}
+    for m, fp in (env.get("data") or {}).items():
+        extra = {k: v for k, v in fp.items() if k not in ("dataset", "sha256", "layout_sha256")}
+        text = (f"{fp.get('dataset')} sha256 {str(fp.get('sha256'))[:16]}"
+                + (" (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")" if extra else ""))
+        by_fp.setdefault(text, []).append(m)
+    for text, ms in by_fp.items():
+        items.append((f"data ({', '.join(ms)})", text))
+    return items
+
+
+def reproduction_rows(doc: dict) -> list[dict]:
+    """labkit reproduce's verdict per method, and the speed of the rerun (not a verdict)."""
+    rows = []
+    for m, v in doc["methods"].items():
+        why = "; ".join(v.get("reasons") or []) or "-"
+        t = v.get("timing") or {}
+        speed = "-"
+        if t.get("speed_ratio") is not None:
+            ci = t.get("ci95")
+            speed = f"{t['speed_ratio']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else " (no CI)")
+        mad = v.get("max_abs_diff")
+        rows.append({"Method": label(m), "Verdict": v["verdict"],
+                     "Max abs difference": "-" if mad is None else f"{mad:.3g}",
+                     "Where it differs": why, "Speed vs recorded (95% CI)": speed})
+    return rows
+
+
+def config_rows(res: RunResults) -> list[dict]:
+    keys = ("world_size", "batch_size", "epochs", "dataset", "model", "backend", "lr", "momentum",
+            "weight_decay", "amp", "channels_last", "bucket_mb", "no_overlap", "ps_mode",
+            "max_steps_per_epoch", "workers", "pin_cpus")
+    rows = []
+    for k in keys:
+        row = {"setting": k}
+        for m, d in res.ok.items():
+            cfg = d.get("config", {})
+            v = cfg[k] if k in cfg else len(d["epochs"]) if k == "epochs" else d.get(k, "-")
+            row[label(m)] = "-" if v is None else v
+        rows.append(row)
+    return rows
+
+
+def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, d in [*base.items(), *variants.items()]:
+        c, ep = d.get("config", {}), epochs_of(d)
+        stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
+        rows.append({
+            "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", "ddp")) else None,
+            "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
+            "img/s": summary_value(d, "avg_train_throughput"),
+            "final train loss": ep[-1]["train_loss"] if ep else None,
+            "best val acc %": summary_value(d, "best_val_accuracy"),
+            "max staleness seen": max(stale) if stale else None,
+            WIRE: wire_text(wire_mb(d)),
+            "status": d.get("status"),
+        })
+    return rows

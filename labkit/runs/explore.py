@@ -1,0 +1,349 @@
+"""The run explorer's building blocks: find run folders, load them, overlay a metric, compare.
+
+``notebooks/explore.ipynb`` is a thin layer of widgets over these functions, so everything it
+shows can be tested (and reused) without a notebook.  Loading goes through :mod:`labkit.report`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from labkit.core import breakdown
+from labkit import report
+from labkit.core import layout
+from labkit.core.health import diverged_where, replicas_verdict
+from labkit.core.methods import METHOD_NAMES, label
+from labkit.core.run_folder import RunFolder
+from labkit.core.status import status_of
+
+# What can be overlaid: (key, axis label with its unit).  Per-epoch keys come first; "all_losses"
+# is the per-step loss over the whole run.  A tuple, not a dict: modules are re-imported in live
+# kernels and nothing here should be mutable.
+METRICS = (
+    ("all_losses", "training loss (per step)"),
+    ("train_loss", "training loss (epoch mean)"),
+    ("val_loss", "validation loss"),
+    ("train_accuracy", "training accuracy (%)"),
+    ("val_accuracy", "validation accuracy (%)"),
+    ("train_throughput", "training throughput (images/s)"),
+    ("train_time", "training time per epoch (s)"),
+    ("avg_batch_time", "average batch time (s)"),
+    ("avg_comm_time", "all-reduce time per step (s)"),
+    ("avg_comm_time_pull", "PS pull time per step (s)"),
+    ("avg_comm_time_push", "PS push time per step (s)"),
+)
+
+@dataclass(frozen=True)
+class Run:
+    """One run folder, loaded: results by method key, and problems (failed/corrupt) by method."""
+    name: str
+    path: Path
+    docs: dict
+    problems: dict
+
+
+def metric_label(metric: str) -> str:
+    return dict(METRICS).get(metric, metric)
+
+
+def has_results(run_dir: str | os.PathLike) -> bool:
+    """Whether report.load_run would find a result file: in a method subfolder or directly."""
+    return RunFolder(run_dir).has_results()
+
+
+def find_runs(runs_dir: str | os.PathLike) -> list[Path]:
+    """Run folders under ``runs_dir`` holding at least one result file, newest first.
+
+    Symlinks (``latest``) are skipped so the newest run is not listed twice; a missing
+    ``runs_dir`` is simply empty.
+    """
+    return [p for p in reversed(layout.run_folders(runs_dir)) if has_results(p)]
+
+
+def load_runs(run_dirs: Iterable[str | os.PathLike]) -> list[Run]:
+    """Load each run folder with :func:`report.load_run` (same order as given)."""
+    runs = []
+    for d in run_dirs:
+        res = report.load_run(d)
+        runs.append(Run(Path(d).name, Path(d), res.docs, res.problems))
+    return runs
+
+
+def _method_keys(methods: Optional[Iterable[str]]) -> list[str]:
+    """The chosen method keys in the report's order (None = all)."""
+    if methods is None:
+        return list(report.METHOD_ORDER)
+    chosen = set(methods)
+    return [m for m in report.METHOD_ORDER if m in chosen]
+
+
+def _select(runs: list[Run], run_names: Optional[Iterable[str]],
+            methods: Optional[Iterable[str]]) -> list[tuple[Run, str, dict]]:
+    """(run, method key, result) for the chosen runs x methods that have a result file."""
+    names = None if run_names is None else set(run_names)
+    keys = _method_keys(methods)
+    return [(r, m, r.docs[m]) for r in runs if names is None or r.name in names
+            for m in keys if m in r.docs]
+
+
+def series(doc: dict, metric: str) -> tuple[list, list]:
+    """(x, y) of one metric in one result: per step for "all_losses", else per epoch.
+
+    Epochs lacking the metric are left out (e.g. no ``avg_comm_time`` in a DDP result).
+    """
+    if metric == "all_losses":
+        ys = doc.get("all_losses") or []
+        return list(range(1, len(ys) + 1)), list(ys)
+    pts = [(e.get("epoch", i + 1), e[metric]) for i, e in enumerate(doc.get("epochs", []))
+           if isinstance(e.get(metric), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]] = None,
+                 methods: Optional[Iterable[str]] = None, ax=None):
+    """Overlay ``metric`` for the chosen runs x methods on one axis; returns the axis.
+
+    One line per (run, method) that has the metric, labelled "<run folder> / <method name>".
+    Colour encodes the method and line style the run, so the same method reads the same
+    across runs.  ``None`` for run_names / methods means all of them.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    styles = ("-", "--", ":", "-.")
+    run_index = {r.name: i for i, r in enumerate(runs)}
+    per_step = metric == "all_losses"
+    drawn, epochs = 0, set()
+    for run, m, doc in _select(runs, run_names, methods):
+        x, y = series(doc, metric)
+        if not y:
+            continue
+        epochs.update(x)
+        ax.plot(x, y, label=f"{run.name} / {doc.get('method', METHOD_NAMES.get(m, m))}",
+                color=report.COLORS.get(m),  # the report's colours, so figures read alike
+                linestyle=styles[run_index[run.name] % len(styles)],
+                lw=1.0 if per_step else 1.5, marker=None if per_step else "o", ms=4)
+        drawn += 1
+    ax.set_xlabel("step (over all epochs)" if per_step else "epoch")
+    ax.set_ylabel(metric_label(metric))
+    ax.set_title(metric_label(metric))
+    if not per_step and 0 < len(epochs) <= 20:
+        ax.set_xticks(sorted(epochs))  # one tick per epoch (a 1-epoch run got ticks 0.95 .. 1.05)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 1.5"
+    ax.grid(alpha=0.3)
+    if drawn > 4:  # several runs: a legend inside would cover the curves
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif drawn:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, f"no selected run/method has {metric!r}", ha="center", va="center",
+                transform=ax.transAxes, color="grey")
+    return ax
+
+
+def available_metrics(runs: list[Run]) -> list[str]:
+    """The METRICS keys that at least one loaded result has, in METRICS order."""
+    found = set()
+    for run in runs:
+        for doc in run.docs.values():
+            if doc.get("all_losses"):
+                found.add("all_losses")
+            for e in doc.get("epochs", []):
+                found.update(e)
+    return [k for k, _ in METRICS if k in found]
+
+
+def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
+                    methods: Optional[Iterable[str]] = None) -> list[dict]:
+    """One row per chosen (run, method); failed or unreadable methods get a row with status."""
+    names = None if run_names is None else set(run_names)
+    keys = _method_keys(methods)
+    rows = []
+    for run in runs:
+        if names is not None and run.name not in names:
+            continue
+        for m in keys:
+            row = {"run": run.name, "method": METHOD_NAMES.get(m, m)}
+            doc = run.docs.get(m)
+            if doc is not None:
+                row["method"] = doc.get("method", row["method"])
+                row["status"] = status_of(doc)
+                epochs = doc["epochs"]
+                row["epochs"] = len(epochs)
+                # summary_value falls back to the epochs when the summary lacks a figure; a
+                # value not recorded at all (NaN) is left as an empty cell rather than "nan"
+                for col, key in (("avg throughput (img/s)", "avg_train_throughput"),
+                                 ("best val accuracy (%)", "best_val_accuracy")):
+                    v = report.summary_value(doc, key)
+                    if v == v:
+                        row[col] = float(v)
+                if epochs:
+                    row["final train loss"] = float(epochs[-1]["train_loss"])
+                said = [t for t in (diverged_where(doc), replicas_verdict(doc)) if t]
+                if said:
+                    row["health"] = "; ".join(said)
+            if m in run.problems:
+                row["status"] = run.problems[m]
+            if doc is not None or m in run.problems:
+                rows.append(row)
+    return rows
+
+
+COLUMNS = ("run", "method", "status", "epochs", "avg throughput (img/s)",
+           "best val accuracy (%)", "final train loss", "health")
+
+
+def comparison_table(runs: list[Run], run_names: Optional[Iterable[str]] = None,
+                     methods: Optional[Iterable[str]] = None) -> str:
+    """The comparison rows as an HTML table (via report.html_table); empty cells = not recorded."""
+    rows = comparison_rows(runs, run_names, methods)
+    for r in rows:
+        # html_table shows floats with 2 decimals, too coarse for a loss near 0.05
+        if "final train loss" in r:
+            r["final train loss"] = f"{r['final train loss']:.4g}"
+    return report.html_table(rows, list(COLUMNS))
+
+
+def _png_output(fig) -> dict:
+    """A matplotlib figure as an Output widget's display_data (rendered here, in the kernel)."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(buf.getvalue()).decode(),
+                     "text/plain": f"<Figure: {fig.axes[0].get_title()}>"}}
+
+
+# Views that are not one value per epoch: the report's Figures 5 and 6 for the picked runs
+VIEWS = (
+    ("breakdown", "where a trainer's step goes (ms per step)"),
+    ("sync_waits", "each trainer's wait at the synchronisation point (ms per step)"),
+)
+
+
+def available_views(runs: list[Run]) -> list[str]:
+    """The VIEWS that at least one loaded result can draw."""
+    docs = [d for r in runs for d in r.docs.values()]
+    have = {"breakdown": any(breakdown.of_result(d) for d in docs),
+            "sync_waits": any(breakdown.waits(d) for d in docs)}
+    return [k for k, _ in VIEWS if have[k]]
+
+
+def plot_view(runs: list[Run], view: str, run_names: Optional[Iterable[str]] = None,
+              methods: Optional[Iterable[str]] = None, ax=None):
+    """Figure 5 (``breakdown``) or Figure 6 (``sync_waits``) of the report, one bar (or group
+    of bars, one per trainer) per picked run x method; returns the axis."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    picked = [(f"{run.name}\n{label(m)}", doc) for run, m, doc in _select(runs, run_names, methods)]
+    if view == "breakdown":
+        items = [(label, breakdown.of_result(doc)) for label, doc in picked]
+        items = [(label, b) for label, b in items if b is not None]
+        if items:
+            breakdown.draw(ax, [label for label, _ in items], [b for _, b in items])
+    else:
+        items = [(label, breakdown.waits(doc)) for label, doc in picked]
+        items = [(label, w) for label, w in items if w is not None]
+        for i, (label, w) in enumerate(items):
+            width = 0.8 / len(w.ranks)
+            for j, (r, t) in enumerate(zip(w.ranks, w.mean_wait)):
+                red = r == w.last and w.consistent
+                ax.bar(i - 0.4 + width * (j + 0.5), 1000 * t, width * 0.9,
+                       color="#C44E52" if red else "#8C8C8C")
+        ax.set_xticks(range(len(items)), [label for label, _ in items], fontsize=8)
+        ax.set_ylabel("ms waited per step (red: the rank the others waited for)")
+    ax.set_title(dict(VIEWS)[view])
+    if not items:
+        ax.text(0.5, 0.5, f"no selected run/method has {view!r}", ha="center", va="center",
+                transform=ax.transAxes, color="grey")
+    return ax
+
+
+def explorer(runs: list[Run], newest: int = 3):
+    """The widgets of explore.ipynb: pick runs, methods and a metric; the overlay and the table
+    are drawn when the box is displayed and redrawn whenever a selection changes.
+
+    The figure and the table are set as the Output widget's outputs from the kernel (PNG bytes
+    and HTML) rather than captured with ``with out:``, whose capture is a hand-off by message
+    id to the widget in the browser; as widget state they need no hand-off and arrive after
+    the widget, with or without a frontend.  Nothing is drawn while the box is only built.
+    """
+    import ipywidgets as w
+    from IPython.display import HTML
+    from matplotlib.figure import Figure
+
+    metrics = available_metrics(runs)
+    wide = {"description_width": "initial"}
+    run_pick = w.SelectMultiple(options=[r.name for r in runs], value=[r.name for r in runs[:newest]],
+                                rows=min(8, len(runs)), description="runs", style=wide)
+    method_pick = w.SelectMultiple(options=[(METHOD_NAMES[m], m) for m in report.METHOD_ORDER],
+                                   value=list(report.METHOD_ORDER), rows=len(report.METHOD_ORDER),
+                                   description="methods", style=wide)
+    views = dict(VIEWS)
+    metric_pick = w.Dropdown(options=[(metric_label(k), k) for k in metrics]
+                             + [(views[k], k) for k in available_views(runs)],
+                             value="all_losses" if "all_losses" in metrics else metrics[0],
+                             description="metric", style=wide)
+    out = w.Output()
+
+    def redraw(change=None):
+        # a Figure, not pyplot: no global figure left open for the inline backend to show later
+        fig = Figure(figsize=(9, 4.5))
+        draw = plot_view if metric_pick.value in views else plot_overlay
+        draw(runs, metric_pick.value, run_pick.value, method_pick.value, ax=fig.subplots())
+        table = comparison_table(runs, run_pick.value, method_pick.value)
+        out.outputs = (_png_output(fig), {"output_type": "display_data", "metadata": {},
+                                          "data": {"text/html": table, "text/plain": repr(HTML(table))}})
+
+    for pick in (run_pick, method_pick, metric_pick):
+        pick.observe(redraw, names="value")
+    hint = w.HTML("<i>Hold Ctrl or Shift to pick several runs or methods; the overview below "
+                  "shows the newest runs.</i>")
+
+    class ExplorerBox(w.VBox):
+        def _repr_mimebundle_(self, **kwargs):
+            redraw()  # the default selection, drawn as the box is shown: no click needed
+            return super()._repr_mimebundle_(**kwargs)
+
+    return ExplorerBox([w.HBox([run_pick, method_pick, metric_pick]), hint, out])
+
+
+def show(runs_dir: Optional[str | os.PathLike] = None, interactive: bool = True,
+         newest: int = 3) -> list[Run]:
+    """explore.ipynb in one call: the run folders under ``runs_dir`` (default: the project's
+    runs/, from any working directory: labkit.core.layout.runs_root), the explorer's widgets
+    when ``interactive`` (they need a live kernel), then static figures and the table of the
+    ``newest`` runs, which an exported or papermill-executed copy keeps. Returns the runs."""
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, Markdown, display
+
+    root = layout.runs_root(runs_dir)
+    runs = load_runs(find_runs(root))
+    if not runs:
+        display(Markdown(f"**No run folders with results under `{root}`.** "
+                         "Run `labkit experiment` (or `make experiment`) first."))
+        return runs
+    display(Markdown(f"**{len(runs)} run folder(s)** under `{root}`, newest first: "
+                     + ", ".join(f"`{r.name}`" for r in runs)))
+    if interactive:
+        display(explorer(runs, newest))
+    # widgets do not survive export or papermill; these figures and the table do
+    shown = runs[:newest]
+    display(Markdown("### Static overview\n\nThe newest runs, all methods: per-step training "
+                     "loss, validation accuracy and throughput. Runs: "
+                     + ", ".join(f"`{r.name}`" for r in shown)))
+    display(HTML(comparison_table(shown)))
+    for metric in ("all_losses", "val_accuracy", "train_throughput"):
+        _, ax = plt.subplots(figsize=(9, 4.5))
+        plot_overlay(shown, metric, ax=ax)
+        plt.show()
+    return runs

@@ -1,0 +1,242 @@
+"""The environment record of a run folder: what ran where, what is needed to run it again, and
+what tells why a rerun differs. Read once per run, before any folder exists (:func:`snapshot`),
+and written into the run folder by :func:`write_record`:
+
+    environment.json    the machine (host, CPU, GPUs, versions), "git" (commit, dirty, diff
+                        file, untracked files), "packages", "debian", "determinism", "data"
+                        (a fingerprint per method)
+    requirements.lock   every installed distribution as name==version (labkit.core.lockfile)
+    code.diff           `git diff HEAD --binary` when the working tree was dirty
+
+Paths inside the run folder are stored relative to it (labkit.core.layout.portable).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from labkit.core import layout
+from labkit.core.config import TrainConfig
+from labkit.core.files import atomic_path
+from labkit.core.lockfile import PROJECT, distributions, requirements_lock
+
+# a source checkout (its git state goes into environment.json)
+REPO_DIR = Path(__file__).resolve().parents[2]
+# Debian packages the lab depends on outside Python (the PDF report, the PDF checks)
+DEBIAN_PACKAGES = ("chromium", "poppler-utils")
+
+
+def debian_packages(names: Iterable[str] = DEBIAN_PACKAGES) -> dict[str, Optional[str]]:
+    """{package: installed version or None}: dpkg-query, where there is one."""
+    out: dict[str, Optional[str]] = {}
+    for name in names:
+        text = _run(["dpkg-query", "-W", "-f=${Status}\t${Version}", name])
+        status, _, version = (text or b"").decode(errors="replace").partition("\t")
+        out[name] = version.strip() if status.endswith(" installed") and version.strip() else None
+    return out
+
+
+# ------------------------------------------------------------------ code
+def _run(args: list[str], cwd: Optional[str | os.PathLike] = None) -> Optional[bytes]:
+    """A command's stdout as bytes (a diff may hold any encoding), or None when it fails."""
+    try:
+        return subprocess.run(args, cwd=cwd, capture_output=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def code_state(repo: str | os.PathLike) -> dict:
+    """{"commit", "dirty", "diff": bytes of `git diff HEAD --binary` (None when clean or not a
+    repository), "untracked": files git does not track nor ignore}."""
+    commit = _run(["git", "rev-parse", "HEAD"], repo)
+    if commit is None:
+        return {"commit": None, "dirty": False, "diff": None, "untracked": []}
+    # staged and unstaged changes against the commit, binary files included, so that
+    # `git apply code.diff` on the recorded commit gives back the code that ran
+    diff = _run(["git", "diff", "HEAD", "--binary"], repo) or b""
+    untracked = (_run(["git", "ls-files", "--others", "--exclude-standard"], repo) or b"")
+    files = [f for f in untracked.decode(errors="replace").splitlines() if f]
+    return {"commit": commit.decode().strip(), "dirty": bool(diff or files), "diff": diff or None,
+            "untracked": files}
+
+
+# ------------------------------------------------------------------ data
+# the config fields that decide what data a run trains on, per dataset
+DATA_FIELDS = {"digits": (), "synthetic": ("synthetic_samples", "image_size", "num_classes"),
+               "imagefolder": ("data_dir", "skip_bad_images")}
+
+
+def _sha(chunks: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+def data_fingerprint(cfg: TrainConfig) -> dict:
+    """A fingerprint of what ``cfg`` (resolved) trains and validates on:
+    digits: sha256 of the tensors' bytes, as the ranks build them; imagefolder: sha256 over the
+    sorted relative paths, sizes and modification times of the images and the class list (no
+    image is read), plus "layout_sha256" without the times (a copy of the same files); synthetic:
+    its parameters (the images are drawn from fixed seeds)."""
+    fp: dict[str, Any] = {"dataset": cfg.dataset,
+                          **{k: getattr(cfg, k) for k in DATA_FIELDS[cfg.dataset]}}
+    if cfg.dataset == "digits":
+        from labkit.training.data import build_datasets
+
+        data = build_datasets(cfg)
+        tensors = [t for ds in (data.train, data.val) for t in ds.tensors]
+        fp["samples"] = [len(data.train), len(data.val)]
+        fp["sha256"] = _sha(t.contiguous().numpy().tobytes() for t in tensors)
+    elif cfg.dataset == "imagefolder":
+        from labkit.training.data import IMG_EXTENSIONS
+
+        root = cfg.data_dir
+        entries, classes = [], sorted(e.name for e in os.scandir(os.path.join(root, "train"))
+                                      if e.is_dir())
+        for split in ("train", "val"):
+            for d, _, names in os.walk(os.path.join(root, split), followlinks=True):
+                for n in names:
+                    if n.lower().endswith(IMG_EXTENSIONS):
+                        p = os.path.join(d, n)
+                        st = os.stat(p)
+                        entries.append((os.path.relpath(p, root), st.st_size, st.st_mtime_ns))
+        entries.sort()
+        head = json.dumps(classes).encode()
+        fp["classes"] = len(classes)
+        fp["images"] = len(entries)
+        fp["sha256"] = _sha([head] + [f"{p}\0{s}\0{t}\n".encode() for p, s, t in entries])
+        fp["layout_sha256"] = _sha([head] + [f"{p}\0{s}\n".encode() for p, s, _ in entries])
+    else:
+        fp["sha256"] = _sha([json.dumps(fp, sort_keys=True).encode()])
+    return fp
+
+
+def data_fingerprints(configs: dict[str, TrainConfig]) -> dict[str, dict]:
+    """{method: fingerprint}; methods reading the same data are fingerprinted once."""
+    cache: dict[str, dict] = {}
+    out = {}
+    for m, cfg in configs.items():
+        key = json.dumps([cfg.dataset] + [getattr(cfg, k) for k in DATA_FIELDS[cfg.dataset]])
+        if key not in cache:
+            cache[key] = data_fingerprint(cfg)
+        out[m] = cache[key]
+    return out
+
+
+# ------------------------------------------------------------------ the machine
+def machine() -> dict:
+    """What ran where: host, CPU, GPUs, Python and the versions that decide the numbers."""
+    import torch
+    import torchvision  # its __version__ names the build (+cu130), as torch's does
+
+    env: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0], "executable": sys.executable,
+        "torch": torch.__version__, "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None, "gpus": [], "driver": None,
+    }
+    if torch.cuda.is_available():
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        env["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+                       for i in range(torch.cuda.device_count())]
+        out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        env["driver"] = out.decode().strip() if out else None
+    for pkg in ("papermill", "nbconvert", "matplotlib", "numpy"):
+        if _version(pkg):
+            env[pkg] = _version(pkg)
+    return env
+
+
+def _version(pkg: str) -> Optional[str]:
+    """The installed version, without importing the package (matplotlib: 0.5 s)."""
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ------------------------------------------------------------------ the record
+def _write_bytes(path: Path, data: bytes) -> None:
+    with atomic_path(str(path)) as tmp:
+        Path(tmp).write_bytes(data)
+
+
+def snapshot(configs: dict[str, TrainConfig], seed: Optional[int] = None,
+             repo: str | os.PathLike = REPO_DIR) -> dict:
+    """The record of this machine for the methods' resolved ``configs`` ({method: config}):
+    every entry of environment.json plus the bytes that go to files ("_dists", "_diff"),
+    without writing anything. The git state is read here and nowhere else."""
+    from labkit.training.dist import determinism
+
+    dists = distributions()
+    code = code_state(repo)
+    backends = sorted({c.backend for c in configs.values() if c.backend})
+    seeds = sorted({c.seed for c in configs.values()})
+    env = machine()
+    return {
+        **env, "seed": seed,
+        "git": {"commit": code["commit"], "dirty": code["dirty"],
+                "diff_file": layout.DIFF if code["diff"] else None,
+                "diff_sha256": hashlib.sha256(code["diff"]).hexdigest() if code["diff"] else None,
+                "untracked": code["untracked"]},
+        "packages": {"file": layout.LOCK, "count": len(dists),
+                     **({PROJECT: dists[PROJECT]["version"]} if PROJECT in dists else {})},
+        "debian": debian_packages(),
+        # the launcher's view; each result file records its rank 0's own ("determinism")
+        "determinism": {**determinism(seeds[0] if len(seeds) == 1 else None, ",".join(backends)),
+                        "device": "cuda" if env["cuda_available"] else "cpu"},
+        "data": data_fingerprints(configs),
+        "_dists": dists, "_diff": code["diff"],
+    }
+
+
+def public(snap: dict) -> dict:
+    """A snapshot's entries for environment.json (the file contents left out)."""
+    return {k: v for k, v in snap.items() if not k.startswith("_")}
+
+
+def write_record(run_dir: str | os.PathLike, snap: dict) -> dict:
+    """Write requirements.lock (and code.diff when the tree was dirty) of a :func:`snapshot`
+    into ``run_dir``; return the entries for environment.json."""
+    run = Path(run_dir)
+    _write_bytes(run / layout.LOCK, requirements_lock(snap["_dists"]).encode())
+    if snap["_diff"]:
+        _write_bytes(run / layout.DIFF, snap["_diff"])
+    return public(snap)
+
+
+def environment_now(configs: dict[str, TrainConfig], seed: Optional[int] = None) -> dict:
+    """This machine described like a recorded environment (as
+    labkit.runs.environments.load_environment reads one): for labkit reproduce and
+    labkit experiment --continue, which compare it with the record."""
+    from labkit.core.lockfile import parse_lock
+
+    snap = snapshot(configs, seed)
+    return {**public(snap), "package_versions": parse_lock(requirements_lock(snap["_dists"]))}

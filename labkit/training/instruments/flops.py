@@ -1,0 +1,82 @@
+"""A rank's efficiency figures (labkit.core.efficiency): model FLOPs per image, MFU, peak GPU
+memory and optimizer state per rank and the data wait as a share of the step, per epoch and for the whole run
+(the result file's "efficiency")."""
+from __future__ import annotations
+
+from statistics import mean
+from typing import Optional
+
+import torch
+
+from labkit.core.config import TrainConfig
+from labkit.core.efficiency import data_wait_share, mfu, peak_flops, precision
+
+from labkit.training.dist import DistContext, all_reduce_sum
+from labkit.training.models import build_model
+
+
+def forward_flops(model: str, num_classes: int, image_size: int) -> int:
+    """FLOPs of one forward of one image (torch.utils.flop_counter: convolutions and matrix
+    products, 2 per multiply-add), counted on the meta device: no memory, no compute, nothing
+    of the training model touched."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        net, _ = build_model(model, num_classes)
+        x = torch.empty(1, 3, image_size, image_size)
+    # eval mode: the same FLOPs, and BatchNorm takes one image at 1x1 (8 px inputs reach that)
+    with FlopCounterMode(display=False) as counter:
+        net.eval()(x)
+    return int(counter.get_total_flops())
+
+
+class Efficiency:
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, num_classes: int):
+        self.ctx, self.cuda = ctx, ctx.device.type == "cuda"
+        self.device_name = torch.cuda.get_device_name(ctx.device) if self.cuda else None
+        self.precision = precision(cfg.amp, self.cuda and torch.backends.cudnn.allow_tf32)
+        self.peak = peak_flops(self.device_name, self.precision) if self.cuda else None
+        # ranks sharing a GPU (--backend gloo --device cuda) count it once
+        per_gpu = -(-ctx.local_world_size // max(1, torch.cuda.device_count())) if self.cuda else 1
+        self.gpus = max(1, ctx.world_size // per_gpu) if self.cuda else 0
+        self.forward: Optional[int] = None
+        if ctx.is_main:  # rank 0 writes the file; a count that fails leaves FLOPs and MFU out
+            try:
+                self.forward = forward_flops(cfg.model, num_classes, cfg.image_size)
+            except Exception:  # noqa: BLE001 - a figure of the report, never a reason to stop
+                self.forward = None
+
+    def epoch(self, m: dict) -> dict:
+        """One epoch's new result-file keys, from its figures ``m`` (every rank calls it)."""
+        out = {"data_wait_share": data_wait_share(m)}
+        if self.cuda:
+            v = torch.zeros(max(1, self.ctx.world_size), dtype=torch.float64, device=self.ctx.device)
+            v[self.ctx.rank] = torch.cuda.max_memory_allocated(self.ctx.device)
+            out["peak_memory_bytes"] = [int(b) for b in all_reduce_sum(v).tolist()]
+        if self.forward:
+            out["mfu"] = mfu(3 * self.forward, m.get("train_throughput"), self.peak, self.gpus)
+        return out
+
+    def state_bytes(self, tensors: list[torch.Tensor]) -> list[int]:
+        """Every rank's bytes of ``tensors`` (its optimizer state), in rank order (every rank
+        calls it)."""
+        v = torch.zeros(max(1, self.ctx.world_size), dtype=torch.float64, device=self.ctx.device)
+        v[self.ctx.rank] = sum(t.numel() * t.element_size() for t in tensors)
+        return [int(b) for b in all_reduce_sum(v).tolist()]
+
+    def summary(self, epochs: list[dict]) -> dict:
+        """The run's "efficiency" entry (rank 0), over its epochs so far."""
+        waits = [e["data_wait_share"] for e in epochs if e.get("data_wait_share") is not None]
+        thr = [e["train_throughput"] for e in epochs if e.get("train_throughput")]
+        mem = [e["peak_memory_bytes"] for e in epochs if e.get("peak_memory_bytes")]
+        state = [e["optimizer_state_bytes"] for e in epochs if e.get("optimizer_state_bytes")]
+        flops = 3 * self.forward if self.forward else None
+        return {
+            "forward_flops_per_image": self.forward, "flops_per_image": flops,
+            "device_name": self.device_name, "precision": self.precision,
+            "peak_flops_per_gpu": self.peak, "gpus": self.gpus,
+            "mfu": mfu(flops, mean(thr), self.peak, self.gpus) if thr else None,
+            "peak_memory_bytes": [max(col) for col in zip(*mem)] if mem else None,
+            "optimizer_state_bytes": [max(col) for col in zip(*state)] if state else None,
+            "data_wait_share": mean(waits) if waits else None,
+        }

@@ -1,0 +1,221 @@
+"""What one epoch of training measures, step by step, and its figures once the epoch is over.
+
+The loop (labkit.training.trainer) only tells the meter where a step begins and ends and what
+it computed; the meter keeps the per-step loss and accuracy on the device (no host
+synchronisation per step), rank 0's step boundaries (labkit.training.instruments.timers.StepClock),
+the time spent waiting for data, each communication phase's time per steady-state step, and how
+busy the rest of the machine was; then reduces it all over the ranks in one collective per
+kind and returns the epoch's entry of the result file. The per-step losses are also where a
+diverged run shows (labkit.training.guards reads the reduced ones for the first that is not
+finite), so detecting it adds nothing to a step.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional
+
+import torch
+
+from labkit.core.methods import comm_key, comm_times_key
+
+from labkit.training.dist import all_reduce_sum, sync_device
+from .timers import PARTS, Lines, MachineLoad, StepClock, StepParts, busy_figures
+
+#: the progress bar's refresh interval in seconds on a terminal, and in a log (one line each)
+BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
+
+
+class EpochMeter:
+    def __init__(self, steps: int, warmup: int, strategy, device: torch.device, main: bool,
+                 parts: StepParts):
+        self.steps, self.warmup, self.s, self.dev = steps, warmup, strategy, device
+        self.losses = torch.zeros(steps, device=device)   # per-step loss, summed over trainers
+        self.correct = torch.zeros((), device=device)     # correct predictions, on the device
+        self.images = 0                                   # images seen, counted on the host
+        # the steps' losses and right predictions since the last fold(), as the steps left them
+        # on the device: a step adds no kernel of the meter's own (writing each loss into
+        # ``losses`` and summing each step's hits into ``correct`` took three more per step)
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, loss, hits)
+        self.data_time = 0.0
+        # rank 0's steady-state steps, one mark per step boundary: the same clock and window as
+        # train_throughput, so mean(step_times) is avg_batch_time (labkit.core.stats)
+        self.clock = StepClock(device)
+        # rank 0 (the one that writes the file): how busy the rest of the machine was meanwhile
+        self.main, self.load = main, None  # MachineLoad, from start() to stop()
+        self.step_comm: list[list[float]] = []  # per steady-state step, seconds in each phase
+        self.seen = [0.0] * len(strategy.phases)
+        self.machine: Optional[dict] = None
+        self.parts = parts  # where each step went, on this rank (marked by the loop)
+
+    def start(self) -> None:
+        # the machine's load over the whole epoch, sampled here and at stop(): a sample reads
+        # /proc for every process on the machine (milliseconds), which at the warm-up's end
+        # held up the other ranks' first steady-state step in its collective
+        if self.main:
+            self.load = MachineLoad()  # its first sample
+        sync_device(self.dev)
+        self.t_start = self.t_window = time.perf_counter()
+
+    def step_begins(self, step: int) -> None:
+        """The boundary before ``step``: the steady-state window opens after the warm-up."""
+        self.parts.begin()
+        if step == self.warmup:
+            if self.warmup:
+                sync_device(self.dev)
+            self.t_window = self.clock.mark()
+        elif step > self.warmup:
+            self.clock.mark()
+
+    def next_batch(self, it, to_device):
+        """The next batch from ``it`` on the device, the wait for it counted as data time."""
+        t0 = time.perf_counter()
+        x, y = next(it)
+        self.data_time += time.perf_counter() - t0
+        return to_device(x, y)
+
+    def step_ends(self, step: int, out, y: Optional[torch.Tensor]) -> None:
+        s = self.s
+        if s.phases:
+            now = [s.timer.totals.get(p, 0.0) for p in s.phases]
+            if step >= self.warmup:
+                self.step_comm.append([a - b for a, b in zip(now, self.seen)])
+            self.seen = now
+        if out is not None:
+            loss, logits = out
+            self.pending.append((step, loss, logits.argmax(1) == y))
+            self.images += y.numel()
+
+    def fold(self) -> None:
+        """The pending steps into ``losses`` and ``correct``: a few kernels for all of them, as
+        often as the bar shows its figures and once at the epoch's end."""
+        if not self.pending:
+            return
+        steps, losses, hits = zip(*self.pending)
+        self.pending = []
+        self.losses[list(steps)] = torch.stack(losses).float()
+        self.correct += torch.cat(hits).sum()
+
+    def stop(self) -> None:
+        self.clock.mark()
+        self.parts.close()
+        sync_device(self.dev)
+        self.t_end = time.perf_counter()
+        self.machine = self.load.stop() if self.load is not None else None
+
+    def running_text(self, step: int, batch_images: int) -> str:
+        """The progress bar's figures after ``step`` (a trainer's view)."""
+        elapsed = time.perf_counter() - self.t_start
+        ips = batch_images * (step + 1) / max(elapsed, 1e-9)
+        self.fold()
+        acc = 100.0 * self.correct.item() / max(1, self.images)
+        return f"loss={self.losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
+
+    def metrics(self, batch_images: int) -> dict:
+        """The epoch's figures, reduced over the ranks. A PS server contributes zeros (its own
+        pull and push would count the same transfer twice), so sums are over trainers."""
+        s, n = self.s, len(self.s.phases)
+        self.fold()
+        comm = s.timer.pop()
+        mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
+        per_step = [t if s.is_trainer else 0.0 for row in self.step_comm for t in row]
+        vec = torch.tensor([self.data_time] + mine + per_step, device=self.dev, dtype=torch.float64)
+        counts = torch.stack([self.correct, torch.tensor(float(self.images), device=self.dev)])
+        all_reduce_sum(self.losses)
+        all_reduce_sum(counts)
+        all_reduce_sum(vec)
+        losses = (self.losses / s.trainers).tolist()
+        window_steps, window_time = self.steps - self.warmup, self.t_end - self.t_window
+        m = {
+            "train_loss": sum(losses) / len(losses),
+            "train_accuracy": 100.0 * counts[0].item() / max(1.0, counts[1].item()),
+            "train_time": self.t_end - self.t_start,
+            "train_throughput": batch_images * window_steps / window_time,
+            "avg_batch_time": window_time / window_steps,
+            "all_losses": losses,
+            "steps": self.steps,
+            "throughput_warmup_steps": self.warmup,
+            "avg_data_time": vec[0].item() / s.trainers / self.steps,
+            "step_times": self.clock.durations(),
+        }
+        if self.machine is not None:
+            m["machine_load"] = self.machine
+        comm_steps = (vec[1 + n:] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
+        for i, p in enumerate(s.phases):
+            m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
+            m[comm_times_key(p)] = [row[i] for row in comm_steps]
+        m.update(self.parts_metrics())
+        return m
+
+    def parts_metrics(self) -> dict:
+        """Where the steady-state steps went (new keys of the result file, per step): each part
+        and the time collectives ran, as the mean over the trainers; a parameter server's
+        update time (mean over the servers); and, per trainer, the time it was held in
+        synchronisation (compute, pull and sync: its wait once its own compute-only time is
+        taken off, labkit.core.breakdown.waits)."""
+        s = self.s
+        got = self.parts.take(self.warmup)
+        n, world = self.steps - self.warmup, max(1, s.ctx.world_size)
+        zeros, servers = [0.0] * n, world - s.trainers
+        p = got["parts"]
+        rows = [p[k] if s.is_trainer else zeros for k in PARTS]
+        rows += [got["busy"] if s.is_trainer else zeros, zeros if s.is_trainer else p["optimizer"]]
+        held = [[0.0] * n for _ in range(world)]
+        if s.is_trainer:
+            held[s.ctx.rank] = [a + b + c for a, b, c in zip(p["compute"], p["pull"], p["sync"])]
+        vec = torch.tensor(rows + held, dtype=torch.float64, device=self.dev)
+        all_reduce_sum(vec)
+        k = len(PARTS)
+        per = vec[:k + 1] / s.trainers
+        out = {"step_parts": {name: per[i].tolist() for i, name in enumerate(PARTS)}}
+        busy = busy_figures(per[k]) if s.cfg.times_comm else []
+        if busy:  # None: a step without a figure (DDP's reducer: an epoch's last step)
+            out["comm_busy_times"] = busy
+        for channel, xs in got["also"].items():  # DDP's reducer's, beside its hook's
+            v = torch.tensor(xs, dtype=torch.float64, device=self.dev)
+            all_reduce_sum(v)
+            out[f"comm_{channel}_times"] = busy_figures(v / s.trainers)
+        if servers:
+            out["server_update_times"] = (vec[k + 1] / servers).tolist()
+        ranks = list(range(servers, world))  # a parameter server's servers are ranks 0..K-1
+        out["sync_held"] = {"ranks": ranks, "times": [vec[k + 2 + r].tolist() for r in ranks]}
+        return out
+
+
+class Bar:
+    """An epoch's progress bar: the first trainer shows the training bar, a PS server its own
+    batch bar, any other rank none (nor any rank with --no-progress). Its figures (loss,
+    accuracy, img/s) are set only as often as the bar can show them (its mininterval) and at
+    the epoch's last step: they read the device, which on a GPU waits for the step's work to
+    finish, a stall the step would not have otherwise. Set before the update, so the refresh
+    that update makes shows this step's figures."""
+
+    def __init__(self, cfg, ctx, strategy, steps: int, epoch: int):
+        s = self.s = strategy
+        self.steps, self.batch_images, self.bar = steps, cfg.batch_size * s.trainers, None
+        if cfg.progress and (ctx.rank == s.first_trainer or (not s.is_trainer and ctx.is_main)):
+            from tqdm import tqdm
+            desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")
+            tty = sys.stderr.isatty()
+            self.bar = tqdm(total=steps, desc=desc, unit="batch", dynamic_ncols=tty,
+                            ncols=None if tty else 100, leave=True,
+                            mininterval=BAR_REFRESH if tty else LOG_REFRESH,
+                            file=sys.stderr if tty else Lines(sys.stderr))
+        self.figures_at = time.perf_counter()
+
+    def update(self, meter: EpochMeter, step: int) -> None:
+        """One step on the bar."""
+        bar = self.bar
+        if bar is None:
+            return
+        now = time.perf_counter()
+        if now - self.figures_at >= bar.mininterval or step + 1 == self.steps:
+            self.figures_at = now
+            text = (meter.running_text(step, self.batch_images) if self.s.is_trainer
+                    else self.s.server_progress(step))
+            bar.set_postfix_str(text, refresh=False)
+        bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
