@@ -86,9 +86,12 @@ def test_continue_records_a_complete_result_file_as_complete(experiment, tmp_pat
     assert all("error" not in e for e in status["methods"].values())
     assert (run / "report" / "report.html").stat().st_size > 0
     assert status["report"].endswith("report.html")
-    # a second --continue: the run is complete, as labkit says of any complete run
-    # (docs/lab-notebook.md: exit 2 and one line, nothing created)
+    # a second --continue: the run is complete, so it is done (exit 0) and says so, with the
+    # run's summary, and writes nothing (docs/lab-notebook.md)
+    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
     again = labkit(["experiment", "--continue", str(run)], tmp_path)
-    assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
-    assert "the experiment is complete, nothing to continue" in again.stderr
-    assert len(again.stderr.strip().splitlines()) == 1
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "the experiment is complete, nothing to continue" in again.stdout
+    assert "continuing" not in again.stdout and again.stderr.strip() == ""
+    assert re.search(rf"^\s+{rerun}\s+{Status.COMPLETED}$", again.stdout, re.M), again.stdout
+    assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before

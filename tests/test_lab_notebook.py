@@ -228,7 +228,7 @@ def test_continue_finishes_a_killed_experiment(killed, tmp_path, capsys, monkeyp
         want = torch.load(tmp_path / m / "final_model.pt", weights_only=True)
         assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), m
     again = in_process(["experiment", "--continue", run], tmp_path, capsys, monkeypatch)
-    assert again.returncode == 2 and "complete, nothing to continue" in again.stderr
+    assert again.returncode == 0 and "complete, nothing to continue" in again.stdout
 
 
 def test_runs_and_diff_show_the_emulated_link_as_set_and_measured(experiment, tmp_path, capsys,

@@ -32,7 +32,8 @@ from labkit.runs.runs_dir import write_index
 
 
 def _recorded(run: Path) -> tuple[RunFolder, dict]:
-    """The run's record and its experiment.json; ConfigError when there is nothing to continue."""
+    """The run's record and its experiment.json; ConfigError when there is no run to continue
+    or it is still running."""
     if not run.exists():
         raise ConfigError(f"--continue {str(run)!r}: no such folder")
     rec = RunFolder.experiment(run)
@@ -41,11 +42,7 @@ def _recorded(run: Path) -> tuple[RunFolder, dict]:
     except (OSError, ValueError):
         raise ConfigError(f"--continue {str(run)!r}: no readable experiment.json, so what ran "
                           f"is unknown") from None
-    st = experiment_status(status)
-    if st == Status.COMPLETED:
-        raise ConfigError(f"--continue {str(run)!r}: the experiment is complete, nothing to "
-                          f"continue (labkit reproduce runs it again)")
-    if st == Status.RUNNING:
+    if experiment_status(status) == Status.RUNNING:
         alive = "its process is alive" if status.get("heartbeat") else "no heartbeat tells"
         raise ConfigError(f"--continue {str(run)!r}: the experiment is still running ({alive}; "
                           f"stop it first)")
@@ -97,10 +94,15 @@ def _forget(folder: ExperimentFolder, m: str, i: int) -> None:
 
 def continue_experiment(run_dir: str, allow_changed_env: bool = False,
                         stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
-    """Continue ``run_dir``; return (run folder, status) as run_experiment does."""
+    """Continue ``run_dir``; return (run folder, status) as run_experiment does. A complete run
+    is left as it is (nothing written): continuing it again is done, as `make` of a made target."""
     stream = stream or transcript(__name__)
     run = Path(run_dir).resolve()
     rec, status = _recorded(run)
+    if experiment_status(status) == Status.COMPLETED:
+        stream.write(f"{run}: the experiment is complete, nothing to continue (labkit reproduce "
+                     f"runs it again)\n")
+        return run, status
     p = _prepared(rec)
     changes = _environment_changes(rec, p)
     if changes and not allow_changed_env:
