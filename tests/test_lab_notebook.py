@@ -191,7 +191,9 @@ def test_diff_names_the_one_changed_parameter(runs_dir, tmp_path, capsys, monkey
 
 def test_bad_input_is_one_line_and_creates_nothing(runs_dir, tmp_path, capsys, monkeypatch):
     for i, args in enumerate((["diff", str(tmp_path), str(run_tagged(runs_dir, "a"))],
-                              ["experiment", "--continue", str(run_tagged(runs_dir, "a"))],
+                              # the runs folder for a run in it (a complete run continued
+                              # is done, exit 0: test_continue_record)
+                              ["experiment", "--continue", str(runs_dir)],
                               ["experiment", "--continue", str(tmp_path / "nope")],
                               ["runs", str(runs_dir), "--status", "complet"])):
         # the first as a user runs it, the others in this process
