@@ -67,6 +67,31 @@ def test_the_built_ins_are_registered_as_a_users_method_is():
         assert issubclass(cls, Strategy) and (cls.__module__, cls.__name__) == (module, name)
 
 
+# what a method of one's own declares on its class, and the spec field each becomes
+DECLARED = {"title": "guide_name", "exact": "exact", "phases": "phases", "serves": "serves"}
+
+
+def test_a_built_ins_metadata_is_its_spec_alone():
+    """Issue 58: DDP's class inherited Strategy's phases ("comm",) while its spec said (): two
+    places that disagreed. A built-in's class and its own bases declare none of the spec's
+    fields; a strategy's running phases are its spec's."""
+    from labkit.core.config import TrainConfig
+    from labkit.training.dist import DistContext
+
+    declared = {}
+    for key in methods.METHOD_ORDER:
+        s = methods.spec(key)
+        if not s.builtin:
+            continue
+        cls = load_method(key)
+        own = [c for c in cls.__mro__ if issubclass(c, Strategy) and c is not Strategy]
+        declared[key] = sorted(a for c in own for a in DECLARED if a in vars(c))
+        ctx = DistContext(0, 1, 0, 1, "gloo", torch.device("cpu"))
+        assert cls(TrainConfig(method=key), ctx).phases == s.phases, key
+    assert {"ddp", "allreduce", "ps", "nosync", "localsgd"} <= set(declared)
+    assert declared == dict.fromkeys(declared, [])
+
+
 def test_a_users_key_and_result_file_come_from_its_class_name():
     assert methods.key_of("x/ring.py:RingAllReduce") == "ring_all_reduce"
     assert methods.result_file_of("pkg.mod:HTTPRing") == "results_http_ring.json"

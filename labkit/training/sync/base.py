@@ -116,7 +116,10 @@ class Collectives:
 
 
 class Strategy(Collectives):
-    # --- what a method declares (a user's; the built-ins' specs are in labkit.core.methods) ---
+    # --- what a method of one's own declares (labkit.training.sync.registry.spec_of reads it
+    # into its MethodSpec). A built-in declares none of it: its MethodSpec line in
+    # labkit.core.methods is the one place (tests/test_methods.py holds it), and a running
+    # strategy reads its spec (self.phases), never these class attributes ---
     #: the report's name for it (default: the class name)
     title: str = ""
     #: True: the same parameters as DDP up to summation order (checked); False: approximate

@@ -32,8 +32,6 @@ from .base import Strategy, broadcast_parameters, refuse_compress
 
 
 class LocalSGD(Strategy):
-    exact = False
-
     @classmethod
     def check(cls, cfg: TrainConfig, world: int) -> None:
         refuse_compress(cfg, f"{key_of(cfg.method)} sends parameters, not gradients (drop "

@@ -13,9 +13,6 @@ from .base import Strategy, broadcast_parameters
 
 
 class NoSync(Strategy):
-    exact = False
-    phases = ()
-
     def setup(self, model: nn.Module) -> nn.Module:
         broadcast_parameters(model)  # the same start as every method (once, not a step)
         return model

@@ -34,8 +34,6 @@ from .ddp import DDPStrategy
 
 
 class PowerSGD(DDPStrategy):
-    exact = False
-
     @classmethod
     def check(cls, cfg: TrainConfig, world: int) -> None:
         refuse_compress(cfg, "powersgd compresses the gradients itself (drop --compress)")
