@@ -15,8 +15,8 @@ from .core import params
 from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from .core.log import setup as setup_logging, transcript
-from .orchestrate.check import add_check_parser, checked_launch, cmd_check, method_help
 from .core.status import Status
+from .orchestrate.check import add_check_parser, checked_launch, cmd_check, method_help
 
 log = logging.getLogger(__name__)
 

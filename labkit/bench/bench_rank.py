@@ -42,14 +42,14 @@ from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_path, atomic_write_json
 from labkit.core.methods import spec
-
 from labkit.training import lifecycle
 from labkit.training.dist import env_world, is_distributed
+from labkit.training.instruments.timers import PARTS, Stopwatch, busy_figures
 from labkit.training.preflight import add_resolved, rank_config
+
+from .plain_loop import rounds
 from .pricing import (AS_RUN, instrument_loops, instrument_pairs, loops_agree, per_step_work,
                       slowest, trial_stats)
-from .plain_loop import rounds
-from labkit.training.instruments.timers import PARTS, Stopwatch, busy_figures
 
 PROG = "labkit.bench"  # how the rank names itself in its one-line errors
 

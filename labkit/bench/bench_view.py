@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Optional
 
 from labkit.core import breakdown, stats
-from .instrument_cost import instrument_text, paired_line, paired_ratio
 from labkit.core import layout
-from labkit.core.methods import MethodSpec, find, register
 from labkit.core.files import atomic_path
+from labkit.core.methods import MethodSpec, find, register
 from labkit.core.run_folder import read_json
 from labkit.core.texttable import short_number
 from labkit.core.texttable import text_table as _table
+
+from .instrument_cost import instrument_text, paired_line, paired_ratio
 
 KIND = "labkit.bench"
 

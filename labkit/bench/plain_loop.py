@@ -62,10 +62,10 @@ import torch.nn.functional as F
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_write_json
-
 from labkit.training import lifecycle
 from labkit.training.dist import DistContext, sync_device
 from labkit.training.preflight import add_resolved, rank_config
+
 from .pricing import count_differing, repeatable, slowest, trial_stats
 
 PROG = "labkit.plain_loop"  # how the rank names itself in its one-line errors

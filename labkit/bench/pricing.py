@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from labkit.core.config import TrainConfig
-
 from labkit.training import guards
 from labkit.training.dist import is_distributed, sync_device
 from labkit.training.instruments.meter import BAR_REFRESH

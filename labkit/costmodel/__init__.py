@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from labkit.bench.bench_view import BenchError, check
 from labkit.bench.bench_view import load as load_bench
+
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS,
                         ERROR_TARGET_PCT, GB, GPUS_PER_NODE, INTERCONNECTS, MODELLED_METHODS, Link,
                         MiB, allreduce_time, bucket_sizes, exposed_comm, formulas_markdown,

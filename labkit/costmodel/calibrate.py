@@ -8,6 +8,7 @@ import statistics
 from typing import Iterable, Optional
 
 from labkit.bench.bench_view import check, probe_streams
+
 from .alphabeta import DDP_BUCKET_BYTES, ERROR_TARGET_PCT, Link, MiB, predict_step
 
 

@@ -15,6 +15,7 @@ from labkit.bench.bench_view import load as load_bench
 from labkit.core.cliparser import OneLineParser
 from labkit.core.files import atomic_write_json
 from labkit.core.texttable import text_table
+
 from .alphabeta import BACKWARD_FRACTION, ERROR_TARGET_PCT, GPUS_PER_NODE, INTERCONNECTS, MiB
 from .calibrate import median_of, calibrate, compare_with_bench, link_fit
 from .project import plot_projection, project, projection_table, validation_table

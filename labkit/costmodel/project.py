@@ -5,6 +5,7 @@ import math
 from typing import Optional, Sequence, Union
 
 from labkit.core.files import atomic_path
+
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS, GB,
                         GPUS_PER_NODE, MODELLED_METHODS, Link, MiB, get_link, predict_step)
 

@@ -31,9 +31,9 @@ from labkit.core.status import INTERRUPTED_WHY, Status
 from .cluster import RDZV_PORT, ClusterSpec, check_machine, link_record, parse_link, run_cluster
 from .cluster_node import hostname
 from .failures import explain_failure
+from .launch_params import Nodes
 from .torchrun_job import (LaunchResult, Throttle, checked_config, environment, log_dir_of,
                           mark_ended, shown_ranks, torchrun_command)
-from .launch_params import Nodes
 from .torchrun_output import TorchrunOutput
 
 PROBE_S = 2.0  # seconds the probe measures each link, both ways at once, before training

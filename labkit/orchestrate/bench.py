@@ -37,7 +37,6 @@ from typing import IO, Any, Optional
 from labkit.bench.bench_view import (
     KIND, compare_to_ddp, derive, derive_overhead, link_lines, overhead_line, summary_line,
     write_outputs)
-from labkit.costmodel.calibrate import link_fit
 from labkit.bench.instrument_cost import instrument_lines
 from labkit.core import layout
 from labkit.core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
@@ -45,15 +44,16 @@ from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, is_name, key_of, spec
 from labkit.core.run_folder import read_json
 from labkit.core.status import Status
-
+from labkit.costmodel.calibrate import link_fit
 from labkit.launch.cluster import link_record
 from labkit.launch.emulated import cluster_spec
-from .kernels import kernel_name
 from labkit.launch.launch import LaunchResult, launch, validate, write_resolved
 from labkit.launch.launch_params import Nodes, with_absolute_paths
 from labkit.runs.record import snapshot, write_record
-from .render import make_report, report_or_why
 from labkit.runs.runs_dir import new_run_dir, write_index
+
+from .kernels import kernel_name
+from .render import make_report, report_or_why
 
 RANK_MODULE = "labkit.bench.bench_rank"  # what torchrun runs on every rank of a bench job
 OVERHEAD_MODULE = "labkit.bench.plain_loop"  # the overhead job's ranks

@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 from typing import IO, Optional
 
-from labkit.runs import compare
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import now_str
@@ -22,13 +21,14 @@ from labkit.core.log import transcript
 from labkit.core.methods import result_file_of
 from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.status import Status, as_seen, experiment_status, stamp, status_of
+from labkit.launch.launch_params import Nodes
+from labkit.runs import compare
+from labkit.runs.record import environment_now
+from labkit.runs.runs_dir import write_index
 from labkit.training import checkpoint
 
 from .experiment import Experiment, ExperimentFolder, prepare
 from .kernels import kernel_name
-from labkit.launch.launch_params import Nodes
-from labkit.runs.record import environment_now
-from labkit.runs.runs_dir import write_index
 
 
 def _recorded(run: Path) -> tuple[RunFolder, dict]:

@@ -14,25 +14,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Optional
 
-from labkit.core.stats import rotated_order
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.log import transcript
 from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name, key_of
 from labkit.core.run_folder import RunFolder, read_json
+from labkit.core.stats import rotated_order
 from labkit.core.status import INTERRUPTED_WHY, Status, stamp
-
-from .kernels import kernel_name
-from labkit.training import budget
-
-from .check import check_before_measuring
 from labkit.launch.emulated import cluster_spec
 from labkit.launch.launch import check_out, mark_ended, validate, warn, write_resolved
 from labkit.launch.launch_params import Nodes, nproc_or_default, plan_lines, with_absolute_paths
 from labkit.runs.record import snapshot, write_record
-from .render import execute, make_report, report_or_why
 from labkit.runs.runs_dir import new_run_dir, write_index
+from labkit.training import budget
+
+from .check import check_before_measuring
+from .kernels import kernel_name
+from .render import execute, make_report, report_or_why
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ import os
 from pathlib import Path
 from typing import IO, Any, Iterable, Optional
 
-from labkit.runs import compare
-from labkit.runs.compare import ReproduceError
 from labkit.core import layout
 from labkit.core.config import TrainConfig
 from labkit.core.log import transcript
 from labkit.core.run_folder import RunFolder
 from labkit.launch.launch_params import Nodes
+from labkit.runs import compare
+from labkit.runs.compare import ReproduceError
 
 TAG = "repro"
 

@@ -37,9 +37,9 @@ from labkit.core.files import atomic_write_json
 from labkit.core.log import transcript
 from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status, experiment_status
+from labkit.launch.launch_params import Nodes
 
 from .experiment import Experiment, prepare, run_experiment
-from labkit.launch.launch_params import Nodes
 from .sweep import finish, new_sweep, prepare_points, sweep
 
 log = logging.getLogger(__name__)

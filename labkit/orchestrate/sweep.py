@@ -27,12 +27,12 @@ from labkit.core.files import atomic_write_json, now_str
 from labkit.core.log import transcript
 from labkit.core.params import FieldType
 from labkit.core.status import Status
-
 from labkit.launch.cluster import parse_link
-from .experiment import Prepared, prepare, run_experiment
 from labkit.launch.launch_params import Nodes
-from .render import make_sweep_report, report_or_why
 from labkit.runs.runs_dir import write_index
+
+from .experiment import Prepared, prepare, run_experiment
+from .render import make_sweep_report, report_or_why
 
 # what a grid may vary: the process count, an emulated cluster's nodes and link, and the
 # training config; the method is --methods, and the output folder, resuming and real nodes

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Optional
 
 from labkit.core import stats
-from labkit.core.texttable import text_table
 from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SPECS, label
 from labkit.core.status import Status, status_of
+from labkit.core.texttable import text_table
 
 from .figures import COLORS, save_figure
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Optional
 
 from labkit.core import breakdown
+from labkit.core.config import VARIANTS
+from labkit.core.methods import SPECS, label
+from labkit.core.run_folder import goodputs
 from labkit.costmodel import INTERCONNECTS, get_link
 from labkit.costmodel.alphabeta import Link
 from labkit.costmodel.measured import (
     break_even, measured_inputs, project_methods, project_one, where_it_wins)
-from labkit.core.config import VARIANTS
-from labkit.core.methods import SPECS, label
-from labkit.core.run_folder import goodputs
 
 from .blocks import Block, Html, Markdown
 from .captions import caption

@@ -7,12 +7,12 @@ from typing import Optional
 
 from labkit.core import stats
 from labkit.core import layout
+from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.run_folder import RunFolder
 from labkit.core.status import status_of
+
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from labkit.core.methods import METHOD_ORDER, label
-
 from .load import RunResults
 from .tables import html_table
 

@@ -6,17 +6,17 @@ import html
 from pathlib import Path
 from typing import Optional
 
-from labkit.bench import bench_view
 from labkit import costmodel
+from labkit.bench import bench_view
+from labkit.core import layout
 from labkit.core.config import VARIANTS
 from labkit.core.files import atomic_path
-from labkit.core import layout
+from labkit.core.methods import label
 from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status
+
 from .blocks import Block, Html, Markdown
 from .captions import caption, figure_caption
-from labkit.core.methods import label
-
 from .figures import figure_html
 from .load import RunResults, epochs_of, load_reproduction, load_variants
 from .tables import html_table, reproduction_rows, variant_rows

@@ -23,8 +23,8 @@ from typing import Optional
 import numpy as np
 
 from labkit.core import breakdown, stats
-from labkit.core.health import diverged_where
 from labkit.core.config import VARIANTS
+from labkit.core.health import diverged_where
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
 from labkit.core.status import Status, status_of
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Optional
 
 from labkit.core import breakdown
-from labkit.core.texttable import two_decimals
 from labkit.core.methods import METHOD_ORDER, SPECS, label
+from labkit.core.texttable import two_decimals
 
 from . import projection
 from .load import RunResults

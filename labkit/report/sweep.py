@@ -20,13 +20,13 @@ from typing import Optional
 from labkit.core import stats
 from labkit.core import layout
 from labkit.core.files import atomic_path
-from labkit.core.status import Status, status_of
-from labkit.core.texttable import text_table
 from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.run_folder import RunFolder
+from labkit.core.status import Status, status_of
+from labkit.core.texttable import text_table
 
-from .load import RunResults, load_env, load_run
 from .figures import COLORS, save_figure
+from .load import RunResults, load_env, load_run
 
 
 class SweepError(ValueError):

@@ -4,11 +4,11 @@ from __future__ import annotations
 import html
 from typing import Optional
 
-from labkit.core.texttable import text_table as _text_table
-from labkit.core.texttable import two_decimals
 from labkit.core import breakdown, stats
 from labkit.core import efficiency
 from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SPECS, comm_key, find, label
+from labkit.core.texttable import text_table as _text_table
+from labkit.core.texttable import two_decimals
 
 from .load import RunResults, epochs_of, summary_value
 

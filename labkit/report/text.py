@@ -10,10 +10,10 @@ from typing import Optional
 from labkit.bench import bench_view
 from labkit.core import breakdown
 from labkit.core import stats
-from .captions import heading
 from labkit.core.methods import METHOD_ORDER, SPECS, label
 from labkit.core.run_folder import goodputs
 
+from .captions import heading
 from .findings import health_lines
 from .load import RunResults, summary_value
 from .seeds import seeds_text

@@ -15,6 +15,7 @@ from labkit.core.methods import label
 
 from . import outline, reading
 from .captions import heading
+from .discuss import discussion
 from .implementation import QUOTES
 from .load import RunResults, load_reproduction, load_variants
 from .plots import write_plots
@@ -24,7 +25,6 @@ from .seeds import seeds_text
 from .summary import summary_lines
 from .tables import (communication_rows, comparison_rows, efficiency_rows, epoch_rows, target,
                      text_table, variant_rows)
-from .discuss import discussion
 from .text import load_bench, ran_on_gpu, reproduction_summary
 
 

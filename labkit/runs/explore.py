@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from labkit.core import breakdown
 from labkit import report
+from labkit.core import breakdown
 from labkit.core import layout
 from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_NAMES, label

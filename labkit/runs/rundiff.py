@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from labkit.core import stats
 from labkit.core.files import atomic_path
 from labkit.core.methods import label
 from labkit.core.run_folder import RunFolder
 
-from labkit.core import stats
 from .compare import DIFFERENT, IDENTICAL, ReproduceError, compare_runs
 
 

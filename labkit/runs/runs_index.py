@@ -19,9 +19,8 @@ from labkit.core import layout
 from labkit.core.files import finite
 from labkit.core.methods import METHOD_ORDER, RESULT_FILES, label
 from labkit.core.run_folder import NOT_PARAMETERS, RunFolder, parameters
-from labkit.core.status import Status, as_seen, experiment_status, status_of
-
 from labkit.core.stats import interval_text
+from labkit.core.status import Status, as_seen, experiment_status, status_of
 from labkit.core.texttable import text_table
 
 UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read

@@ -24,16 +24,16 @@ from labkit.core.health import DIVERGED, REPLICAS, REPLICAS_DIFFER
 from labkit.core.methods import comm_key
 
 from . import extensions, guards
-from .data import Datasets, ShardSampler, default_workers, train_sampler
-from .dist import DistContext, all_reduce_sum
-from .instruments.flops import Efficiency
-from .gpu_data import make_loaders
-from .instruments.meter import Bar, EpochMeter
-from .result_file import ResultFile
-from .sync import make_strategy
 from . import checkpoint
 from .checkpoint import atomic_torch_save
+from .data import Datasets, ShardSampler, default_workers, train_sampler
+from .dist import DistContext, all_reduce_sum
+from .gpu_data import make_loaders
+from .instruments.flops import Efficiency
+from .instruments.meter import Bar, EpochMeter
 from .instruments.timers import PARTS, StepParts, label
+from .result_file import ResultFile
+from .sync import make_strategy
 from .workers import LoaderWatch, batches
 
 

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from labkit.core.config import TrainConfig
-
 from labkit.training.data import build_datasets, train_sampler
 from labkit.training.models import build_model
 

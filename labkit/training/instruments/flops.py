@@ -10,7 +10,6 @@ import torch
 
 from labkit.core.config import TrainConfig
 from labkit.core.efficiency import data_wait_share, mfu, peak_flops, precision
-
 from labkit.training.dist import DistContext, all_reduce_sum
 from labkit.training.models import build_model
 

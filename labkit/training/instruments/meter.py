@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 
 from labkit.core.methods import comm_key, comm_times_key
-
 from labkit.training.dist import all_reduce_sum, sync_device
+
 from .timers import PARTS, Lines, MachineLoad, StepClock, StepParts, busy_figures
 
 #: the progress bar's refresh interval in seconds on a terminal, and in a log (one line each)

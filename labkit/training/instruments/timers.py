@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from labkit.core.procs import EMULATED_NODES
-
 from labkit.training.dist import sync_device
 
 

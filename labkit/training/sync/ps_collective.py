@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from labkit.core.config import ConfigError
-
 from labkit.training.instruments.timers import label
+
 from .base import Strategy
 from .buckets import InOrder, backward_order, group_params
 
