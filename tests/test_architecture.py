@@ -1,9 +1,9 @@
 """The house: folders by capability whose imports run one way (the graph of
 docs/architecture.md), no import circles (imports inside functions included), no private name
-imported from another module, small functions, and the run statuses spelled in one module. A long
-module is a warning, not a failure: a line cap split files into circles (issue 58). Each rule is
-checked on labkit/ and on a small tree made to
-break it, so the check is seen to fail when it should."""
+imported from another module, small functions, and the run statuses spelled in one module. A
+long module is a warning, not a failure: a line cap split files into circles (issue 58). Each
+rule is checked on labkit/ and on a small tree made to break it, so the check is seen to fail
+when it should."""
 from __future__ import annotations
 
 import ast
