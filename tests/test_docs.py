@@ -74,7 +74,7 @@ def test_the_checker_finds_a_broken_command(capsys):
 OTHER_COMMANDS = ("torchrun", "python", "pip", "make", "pytest", "sbatch", "srun", "salloc",
                   "jupyter", "papermill", "chromium", "git", "conda", "nvidia-smi", "apt-get",
                   "sudo", "bash", "time", "TORCH_", "NCCL_", "OMP_", "PYTHONPATH", "squeue",
-                  "dvc", "docker", "unshare", "ARGS=")
+                  "dvc", "docker", "unshare", "setpriv", "ARGS=")
 # other programs' flags the docs name on their own: Slurm's (sbatch), Jupyter's, torchrun's
 OTHER_FLAGS = {"--cpus-per-task", "--exclusive", "--nodes", "--time", "--account", "--dependency",
                "--allow-root", "--log-line-prefix-template"}
