@@ -148,10 +148,40 @@ def status_word_modules(root: Path) -> set[str]:
             if STATUS_WORDS.search(p.read_text())}
 
 
-# the modules that parse JSON: labkit.core.run_folder, every document of a run folder (and a
-# loose result file), and labkit.core.lockfile, pip's report read from a pipe; any other
-# reader of a run folder goes through RunFolder or its read_json
-JSON_PARSERS = {"labkit/core/run_folder.py", "labkit/core/lockfile.py"}
+# the keys only a result file has (its guide's keys and the lab's; "epochs", "summary",
+# "world_size", "trainers", "efficiency", "step_parts", "method_spec" also name other documents'
+# entries: the bench's rows, config.json): read by key nowhere but the result model
+RESULT_MODEL = "labkit/core/results.py"
+RESULT_KEYS = (
+    "train_loss", "train_accuracy", "train_time", "train_throughput", "avg_batch_time", "val_loss",
+    "val_accuracy", "val_samples", "val_time", "all_losses", "avg_train_throughput",
+    "avg_train_time_per_epoch", "best_val_accuracy", "final_train_accuracy", "final_val_accuracy",
+    "step_times", "throughput_warmup_steps", "avg_data_time", "data_wait_share", "comm_busy_times",
+    "server_update_times", "sync_held", "machine_load", "optimizer_state_bytes", "method_key",
+    "num_workers", "calibration", "diverged", "replicas_differ", r"avg_comm_time\w*", r"comm_times\w*")
+_KEY = "[\"']({})[\"']".format("|".join(RESULT_KEYS))
+# d["val_accuracy"], d.get("val_accuracy"), "val_accuracy" in d, d.setdefault("val_accuracy", ...)
+KEY_READ = re.compile(rf"\[\s*{_KEY}\s*\]|\.(?:get|setdefault|pop)\(\s*{_KEY}|{_KEY}\s+(?:not\s+)?in\b")
+
+
+def result_key_readers(root: Path) -> list[str]:
+    """Where a module other than the result model reads a result file's key by its name."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = str(path.relative_to(root.parent))
+        if name == RESULT_MODEL:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if m := KEY_READ.search(line):
+                found.append(f"{name}:{i} {m.group(0)}")
+    return found
+
+
+# the modules that parse JSON: labkit.core.run_folder, every document of a run folder,
+# labkit.core.results, the result files (the model reads its own), and labkit.core.lockfile,
+# pip's report read from a pipe; any other reader of a run folder goes through RunFolder,
+# its read_json or read_result
+JSON_PARSERS = {"labkit/core/run_folder.py", "labkit/core/results.py", "labkit/core/lockfile.py"}
 
 
 def json_parsers(root: Path) -> set[str]:
@@ -214,6 +244,11 @@ def test_the_status_words_are_spelled_in_one_module():
     assert status_word_modules(ROOT / "labkit") == {"labkit/core/status.py"}
 
 
+def test_the_result_files_keys_are_read_in_one_module():
+    assert (ROOT / RESULT_MODEL).is_file()
+    assert result_key_readers(ROOT / "labkit") == []
+
+
 def test_one_module_reads_run_folders():
     assert json_parsers(ROOT / "labkit") == JSON_PARSERS
 
@@ -267,6 +302,9 @@ def broken_tree(tmp_path) -> Path:
         "import json\nfrom labkit.core import layout\n\ndef env(run):\n"
         "    path = run / layout.ENVIRONMENT\n    with open(path) as f:\n"
         "        return json.load(f)\n\ndef other(p):\n    return json.loads(p.read_text())\n")
+    (root / "report" / "by_key.py").write_text(
+        "def best(doc, e):\n    return doc['summary'].get('best_val_accuracy'), e.val_loss\n\n"
+        "def has(e):\n    return 'avg_comm_time_pull' in e\n")
     (root / "orchestrate" / "results.py").write_text(
         "from json import loads\n\nclass R:\n    def doc(self, out):\n"
         "        return loads((out / 'results_ddp.json').read_text())\n")
@@ -286,6 +324,8 @@ def test_the_checks_fail_when_a_rule_is_broken(broken_tree):
     assert private_imports(broken_tree) == ["labkit/orchestrate/peek.py:1 labkit.runs.ring_a._helper"]
     assert status_word_modules(broken_tree) == {"labkit/orchestrate/words.py"}
     assert twice_named(broken_tree) == ["ok.py: labkit/core/ok.py, labkit/orchestrate/ok.py"]
+    assert result_key_readers(broken_tree) == ["labkit/report/by_key.py:2 .get('best_val_accuracy'",
+                                               "labkit/report/by_key.py:5 'avg_comm_time_pull' in"]
     assert json_parsers(broken_tree) - JSON_PARSERS == {
         "labkit/runs/second_reader.py", "labkit/orchestrate/results.py"}
 

@@ -11,6 +11,7 @@ from scipy import stats as sps
 
 from helpers import check_ok, load_json, tiny_flags, torchrun
 from labkit.core import breakdown
+from labkit.core.results import Result
 from labkit import report
 from labkit.report import load_files
 from labkit.core.methods import SHORT
@@ -26,6 +27,14 @@ STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=None)
 
 
 # ------------------------------------------------------------------ the definitions, by hand
+def result(epochs: list[dict], **top) -> Result:
+    """A result of ``epochs`` (each given the guide's figures, which these tests do not read,
+    and its number where it has none) and the top-level entries ``top``."""
+    guide = {"train_loss": 1.0, "train_accuracy": 50.0, "train_time": 1.0, "train_throughput": 100.0}
+    return Result.from_dict({"method": "x", "epochs": [{"epoch": i + 1, **guide, **e}
+                                                       for i, e in enumerate(epochs)], **top})
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA events)")
 def test_a_gpus_marks_reuse_their_events_and_still_tile_the_step():
     """On a GPU the marks are CUDA events from one pool: an epoch's events are recorded again in
@@ -94,7 +103,7 @@ def test_a_step_reported_later_and_one_without_a_figure():
     epoch = {"step_parts": {"data": zeros, "pull": zeros, "compute": [1.0] * 3, "sync": zeros,
                             "optimizer": zeros, "other": zeros},
              "comm_busy_times": [0.25, 0.5, None], "avg_batch_time": 1.0}
-    b = breakdown.of_result({"epochs": [epoch], "calibration": {"parts": {"compute": [1.0]}}})
+    b = breakdown.of_result(result([epoch], calibration={"parts": {"compute": [1.0]}}))
     assert b.hidden == pytest.approx(0.375) and b.parts["exposed"] == 0.0
 
 
@@ -185,16 +194,16 @@ def test_overlap_interval_and_who_arrived_last():
     assert none.value == 0.0 and none.low == 0.0
 
     # held in compute + pull + sync per step, against each rank's own compute-only time
-    doc = {"epochs": [{"sync_held": {"ranks": [0, 1, 2], "times": [[15, 15, 16, 15], [10, 11, 10, 10],
-                                                                  [14, 10.5, 13, 14]]}}],
-           "calibration": {"rank_compute": [10.0, 10.0, 10.0]}}
+    doc = result([{"sync_held": {"ranks": [0, 1, 2], "times": [[15, 15, 16, 15], [10, 11, 10, 10],
+                                                               [14, 10.5, 13, 14]]}}],
+                 calibration={"rank_compute": [10.0, 10.0, 10.0]})
     w = breakdown.waits(doc)
     assert w.last == 1 and w.last_share == [0.0, 0.75, 0.25] and w.mean_wait[0] == 5.25
 
 
 def test_time_to_accuracy_and_not_reached():
-    doc = {"epochs": [{"epoch": i + 1, "val_accuracy": a, "train_time": 2.0, "val_time": 0.5,
-                       "steps": 10} for i, a in enumerate([50.0, 80.0, 90.0])]}
+    doc = result([{"epoch": i + 1, "val_accuracy": a, "train_time": 2.0, "val_time": 0.5,
+                   "steps": 10} for i, a in enumerate([50.0, 80.0, 90.0])])
     r = breakdown.time_to_accuracy(doc, 85.0)
     assert (r.seconds, r.steps, r.epoch) == (7.5, 30, 3)
     assert not breakdown.time_to_accuracy(doc, 95.0).reached
@@ -225,7 +234,7 @@ def test_no_overlap_hides_nothing_and_overlap_hides_some(tmp_path):
         check_ok(torchrun(2, STEPS + ["--epochs", "2", "--method", "allreduce", "--bucket-mb", "1",
                                       *extra, "--out", str(out)], cwd=tmp_path))
         doc = load_json(out / "results_all_reduce.json")
-        got[name], epochs[name] = breakdown.of_result(doc), doc["epochs"]
+        got[name], epochs[name] = breakdown.of_result(Result.from_dict(doc)), doc["epochs"]
         assert len(epochs[name]) == 2
     busy = {n: np.concatenate([np.asarray(e["comm_busy_times"], dtype=float) for e in es])
             for n, es in epochs.items()}
@@ -271,7 +280,7 @@ def ddp_timed(tmp_path_factory) -> dict:
 def test_a_late_rank_is_named_as_the_one_the_others_waited_for(ddp_timed):
     out = ddp_timed["off"]  # rank 1 slept 0.1 s before every step
     doc = load_json(out / "results_baseline_ddp.json")
-    w = breakdown.waits(doc)
+    w = breakdown.waits(Result.from_dict(doc))
     assert w.last == 1 and w.last_share[1] > 0.8, w
     # rank 0 waited for rank 1, step by step: the per-step differences of the two ranks' waits
     # (each held time less that rank's own compute-only forward + backward, measured in this

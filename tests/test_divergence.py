@@ -230,7 +230,7 @@ def test_old_nan_files_and_new_null_files_load_in_the_report_and_explorer(tmp_pa
     doc = strict(new / old.name)
     assert doc["epochs"][1]["all_losses"] == [None, None]
     res = report.load_files([new / old.name])
-    assert math.isnan(res.docs["ddp"]["epochs"][1]["val_loss"])  # read back as NaN
+    assert math.isnan(res.docs["ddp"].epochs[1].val_loss)  # read back as NaN
     assert "diverged at epoch 1 step 2" in report.text_report(res)
     report.write_report(res, tmp_path / "rep_new")
     runs = explore.load_runs(explore.find_runs(tmp_path / "runs"))

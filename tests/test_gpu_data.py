@@ -184,7 +184,9 @@ def _doc(data_share: float) -> dict:
 def test_the_report_flags_a_run_that_measured_the_data_loader(share, flagged):
     from labkit import report
 
-    res = report.RunResults(docs={"ddp": _doc(share)}, problems={})
+    from labkit.core.results import Result
+
+    res = report.RunResults(docs={"ddp": Result.from_dict(_doc(share))}, problems={})
     lines = report.discussion(res)
     assert any(efficiency.LOADER_FLAG_TEXT in l for l in lines) == flagged
     row = report.efficiency_rows(res)[0]

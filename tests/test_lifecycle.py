@@ -139,7 +139,7 @@ def test_running_file_whose_writer_is_gone_reads_as_stopped(tmp_path):
     dead.wait()
     path = running_doc(tmp_path, pid=dead.pid)
     doc = report.load_result(path)
-    assert doc["status"] == "stopped" and "stopped without finishing" in doc["error"]
+    assert doc.status == "stopped" and "stopped without finishing" in doc.error
     assert json.loads(open(path).read())["status"] == "running"  # readers never modify the file
     rep = subprocess.run([sys.executable, "-m", "labkit", "report", path, "--out", str(tmp_path / "r")],
                          capture_output=True, text=True, timeout=120)
@@ -147,15 +147,15 @@ def test_running_file_whose_writer_is_gone_reads_as_stopped(tmp_path):
 
 
 def test_running_file_whose_writer_lives_reads_as_running(tmp_path):
-    assert report.load_result(running_doc(tmp_path))["status"] == "running"  # this process
+    assert report.load_result(running_doc(tmp_path)).status == "running"  # this process
 
 
 def test_other_host_by_heartbeat_age(tmp_path):
     now = time.time()
     fresh = running_doc(tmp_path, host="elsewhere", unix_time=now - 60)
-    assert report.load_result(fresh)["status"] == "running"
+    assert report.load_result(fresh).status == "running"
     old = running_doc(tmp_path, host="elsewhere", unix_time=now - 2 * status.STALE_S)
-    assert "no heartbeat for" in report.load_result(old)["error"]
+    assert "no heartbeat for" in report.load_result(old).error
 
 
 @pytest.mark.parametrize("children,exit_code", [("none", 0), ("server", 0), ("worker", 0),

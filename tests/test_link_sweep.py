@@ -276,13 +276,14 @@ def test_a_sweep_over_emulated_nodes_is_a_scaling_study(tmp_path):
 def test_one_run_beside_other_work_is_not_judged():
     """labkit's load rule (stats.compare_speed): one run of each, other work took 40% of the CPU
     while the method ran: twice DDP's throughput, yet no verdict, and no crossover from it."""
+    from labkit.core.results import Result
     from labkit.report.linkaxis import judge_throughput
 
-    ddp = _doc("ddp", 100 * MBIT, 0.6, ACCS["ddp"], 0, 1.0)
-    fast = _doc("powersgd", 100 * MBIT, 0.3, ACCS["powersgd"], 0, 1.0)
+    ddp = Result.from_dict(_doc("ddp", 100 * MBIT, 0.6, ACCS["ddp"], 0, 1.0))
+    fast = Result.from_dict(_doc("powersgd", 100 * MBIT, 0.3, ACCS["powersgd"], 0, 1.0))
     assert judge_throughput([fast], [ddp], 100 * MBIT).label == "faster"
-    for e in fast["epochs"]:
-        e["machine_load"] = {"background": 0.4, "steal": 0.0}
+    for e in fast.epochs:
+        e.machine_load = {"background": 0.4, "steal": 0.0}
     j = judge_throughput([fast], [ddp], 100 * MBIT)
     assert j.label == "not judged" and j.text.startswith("2.00x DDP's throughput (busy machine: "
                                                          "other work took the CPU 40% while it ran")

@@ -97,10 +97,14 @@ def test_on_a_real_one_gpu_machine_every_method_is_planned():
 
 
 def _res(device: str, ranks: int, gpus: int):
+    from labkit.core.results import Result
     from labkit.report import RunResults
 
     world = {"device": device, "local_world_size": str(ranks), "gpus": gpus, "backend": "gloo"}
-    return RunResults(docs={"ddp": {"epochs": [{}], "world": world}})
+    epoch = {"epoch": 1, "train_loss": 1.0, "train_accuracy": 50.0, "train_time": 1.0,
+             "train_throughput": 100.0}  # the guide's keys, which every epoch has
+    return RunResults(docs={"ddp": Result.from_dict({"method": "Baseline DDP", "epochs": [epoch],
+                                                     "world": world})})
 
 
 def test_the_report_says_when_ranks_shared_a_device_and_shows_table_9_only_for_gpu_runs():

@@ -11,6 +11,7 @@ import pytest
 from labkit.costmodel import INTERCONNECTS
 from labkit.costmodel.measured import (break_even, project_one, project_methods,
                                                 round_bytes, trainers_wire, where_it_wins)
+from labkit.core.results import Result
 
 MB = 1e6
 
@@ -21,8 +22,11 @@ def test_the_round_is_read_back_from_the_ring_arithmetic():
     # ... and every 8th step only: 7.5 MB per step on average, 40 MB per round
     assert round_bytes(7.5 * MB, 1 / 8, 4) == pytest.approx(40 * MB)
     assert round_bytes(0.0, 1.0, 4) == 0.0 and round_bytes(5 * MB, 1.0, 1) == 0.0
-    doc = {"epochs": [{"wire": {"sent_per_step": [0.0, 6.0, 8.0], "trainer": [False, True, True],
-                                "sending_steps": [0.0, 0.5, 0.25]}}]}
+    guide = {"epoch": 1, "train_loss": 1.0, "train_accuracy": 50.0, "train_time": 1.0,
+             "train_throughput": 100.0}  # the keys every epoch of a result file has
+    doc = Result.from_dict({"method": "Baseline DDP", "epochs": [{**guide, "wire": {
+        "sent_per_step": [0.0, 6.0, 8.0], "trainer": [False, True, True],
+        "sending_steps": [0.0, 0.5, 0.25]}}]})
     assert trainers_wire(doc) == (7.0, 0.375, 2)  # the trainers' mean; the server left out
 
 
@@ -112,7 +116,7 @@ def test_table_12_sets_the_models_step_on_the_runs_link_beside_the_measured_one(
     link = {"nodes": 2, "ranks_per_node": 1, "link": "100mbit", "rate_bit": 100_000_000,
             "delay_us": 0, "goodput_mbit": [{"up": 90.0, "down": 94.0}, {"up": 92.0, "down": 93.0}]}
     for d in res.ok.values():
-        d["link"] = link
+        d.link = link
     inputs = inputs_of(res)
     got = on_link(res)
     assert got is not None

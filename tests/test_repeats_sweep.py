@@ -129,9 +129,10 @@ def test_loss_and_accuracy_figures_draw_every_repeat():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from labkit.core.results import Result
     from labkit.report import RunResults, plot_accuracy, plot_losses
 
-    docs = [_doc("ddp", 2, [[0.5] * 9], seed=s) for s in (0, 1, 2)]
+    docs = [Result.from_dict(_doc("ddp", 2, [[0.5] * 9], seed=s)) for s in (0, 1, 2)]
     res = RunResults(docs={"ddp": docs[0]}, repeats={"ddp": docs})
     fig, ax = plt.subplots()
     plot_losses(res.ok, ax, res.repeats)

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from labkit import report
+from labkit.core.results import Result
 
 PLOTS = ["throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
          "communication_overhead"]
@@ -307,7 +308,7 @@ def test_synthetic_data_compares_speed_and_says_why_not_accuracy(tmp_path):
 def test_repeats_judge_without_the_one_launch_caveat():
     """Three repeats of a clear win: the interval is over the repeats (launches), so the
     caveat of a single run (report.text.ONE_LAUNCH) is not added."""
-    runs = [constructed(s, win=0.8) for s in (1, 2, 3)]
+    runs = [{m: Result.from_dict(d) for m, d in constructed(s, win=0.8).items()} for s in (1, 2, 3)]
     res = report.RunResults(docs=runs[0], repeats={m: [r[m] for r in runs] for m in runs[0]})
     lines = report.discussion(res)
     assert any(l.startswith("Manual All-Reduce:") and "faster than DDP" in l for l in lines), lines
@@ -484,10 +485,10 @@ def test_the_bounds_replicas_are_not_called_identical():
     from types import SimpleNamespace
 
     from labkit.report.findings import health_lines
-    from labkit.core.health import REPLICAS
 
-    epochs = [{"epoch": e, REPLICAS: {"identical": True}} for e in (1, 2, 3)]
-    lines = health_lines(SimpleNamespace(docs={"ddp": {"epochs": epochs}, "nosync": {"epochs": epochs}}))
+    epochs = [{**guide_epoch(e, 100.0), "replicas": {"identical": True}} for e in (1, 2, 3)]
+    doc = Result.from_dict({"method": "x", "epochs": epochs})
+    lines = health_lines(SimpleNamespace(docs={"ddp": doc, "nosync": doc}))
     assert lines == ["Baseline DDP: replicas identical after each of 3 epochs."]
 
 

@@ -73,12 +73,12 @@ def test_an_experiments_config_and_environment(tmp_path):
     _write(tmp_path / layout.CONFIG, {"experiment": {"target_accuracy": 0.9, "lr": 0.2, "tag": "t"},
                                       "train": {"lr": 0.1, "epochs": 2, "out": "x"},
                                       "resolved": {"ddp": {"method": "ddp"}}})
-    _write(tmp_path / "ddp" / RESULT_FILES["ddp"], {"method": "DDP"})
+    _write(tmp_path / "ddp" / RESULT_FILES["ddp"], {"method": "DDP", "epochs": []})
     for run in (RunFolder(tmp_path), RunFolder.experiment(tmp_path)):
         assert run.methods == {"ddp": {"method": "ddp"}} and run.target_accuracy == 0.9
         assert run.env["host"] == "h" and run.package_versions() == {"torch": "2.5.0"}
         assert run.lock_file() == tmp_path / "env.lock" and run.lock_file({}) is None
-        assert run.result("ddp") == {"method": "DDP"}
+        assert run.result("ddp").method == "DDP" and run.result("ddp").epochs == []
         # the experiment's value wins; where it went (out) and its tag are no parameters
         assert run.parameters == {"lr": 0.2, "epochs": 2, "target_accuracy": 0.9}
     with pytest.raises(RunFolderError, match="is not a run folder"):

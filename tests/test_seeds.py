@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from labkit.core.results import Result
 from labkit.report import seeds
 from labkit.report.load import RunResults
 
@@ -28,8 +29,9 @@ def doc(seed: int, accs: list[float], epoch_s: float = 10.0, sent: float = 4e6,
 
 
 def results(**methods: list[dict]) -> RunResults:
-    return RunResults(docs={m: runs[0] for m, runs in methods.items()}, repeats=dict(methods),
-                      target_accuracy=GOAL)
+    """The runs of each method (result documents, as doc() builds them), read as results."""
+    runs = {m: [Result.from_dict(d) for d in docs] for m, docs in methods.items()}
+    return RunResults(docs={m: r[0] for m, r in runs.items()}, repeats=runs, target_accuracy=GOAL)
 
 
 def test_mlperf_scoring_drops_the_fastest_and_slowest_and_counts_a_miss_as_slowest():
@@ -176,9 +178,9 @@ def test_a_variants_runs_are_read_from_its_folder_or_from_every_repeat(tmp_path)
     write(tmp_path / "one" / "ddp-bf16", 0)
     for i in (2, 1, 10):  # numeric order, not the folder listing's
         write(tmp_path / "reps" / f"repeat-{i}" / "ddp-bf16", i - 1)
-    assert [d["config"]["seed"] for d in variant_runs(tmp_path / "one", "ddp-bf16")] == [0]
-    assert [d["config"]["seed"] for d in variant_runs(tmp_path / "reps", "ddp-bf16")] == [0, 1, 9]
+    assert [d.config["seed"] for d in variant_runs(tmp_path / "one", "ddp-bf16")] == [0]
+    assert [d.config["seed"] for d in variant_runs(tmp_path / "reps", "ddp-bf16")] == [0, 1, 9]
     assert variant_runs(tmp_path / "reps", "ddp") == []  # a method, not a variant
-    assert load_variants(tmp_path / "reps")["ddp-bf16"]["config"]["seed"] == 0
+    assert load_variants(tmp_path / "reps")["ddp-bf16"].config["seed"] == 0
     res = RunResults(docs={}, repeats={}, run_dir=tmp_path / "reps", target_accuracy=GOAL)
     assert "ddp-bf16" in seeds.judged(res) and seeds.score(res, "ddp-bf16", GOAL).n == 3

@@ -10,25 +10,32 @@ import pytest
 from scipy import stats as sps
 
 from labkit.core import stats as S
+from labkit.core.results import Result
 
 Z = sps.norm.ppf(0.975)
 
 
-def doc(times, batch=32, trainers=4, epochs=3, acc=90.0, seed=0) -> dict:
-    """A result document holding ``times`` as steady-state step times over ``epochs`` epochs."""
+#: the figures every epoch of a result file has (the guide's); these tests do not read them
+GUIDE_EPOCH = {"train_loss": 1.0, "train_accuracy": 50.0, "train_time": 1.0, "train_throughput": 100.0}
+
+
+def doc(times, batch=32, trainers=4, epochs=3, acc=90.0, seed=0) -> Result:
+    """A result holding ``times`` as steady-state step times over ``epochs`` epochs."""
     per = np.array_split(np.asarray(times, dtype=float), epochs)
-    return {"method": "x", "batch_size": batch, "world_size": trainers, "trainers": trainers,
-            "epochs": [{"epoch": i + 1, "step_times": p.tolist(), "val_accuracy": acc}
-                       for i, p in enumerate(per)],
-            "summary": {"avg_train_throughput": 123.0, "best_val_accuracy": acc},
-            "config": {"seed": seed}}
+    return Result.from_dict(
+        {"method": "x", "batch_size": batch, "world_size": trainers, "trainers": trainers,
+         "epochs": [{**GUIDE_EPOCH, "epoch": i + 1, "step_times": p.tolist(), "val_accuracy": acc}
+                    for i, p in enumerate(per)],
+         "summary": {"avg_train_throughput": 123.0, "best_val_accuracy": acc},
+         "config": {"seed": seed}})
 
 
-def guide_doc(throughput=90.0) -> dict:
+def guide_doc(throughput=90.0) -> Result:
     """A result file as the original guide's scripts write it: no step_times."""
-    return {"method": "Baseline DDP (PyTorch)", "world_size": 4, "batch_size": 32,
-            "epochs": [{"epoch": 1, "train_throughput": throughput, "val_accuracy": 97.0}],
-            "summary": {"avg_train_throughput": throughput, "best_val_accuracy": 97.0}}
+    return Result.from_dict(
+        {"method": "Baseline DDP (PyTorch)", "world_size": 4, "batch_size": 32,
+         "epochs": [{**GUIDE_EPOCH, "epoch": 1, "train_throughput": throughput, "val_accuracy": 97.0}],
+         "summary": {"avg_train_throughput": throughput, "best_val_accuracy": 97.0}})
 
 
 # ------------------------------------------------------------------ against independent computations
@@ -95,19 +102,19 @@ def test_repeats_give_a_t_interval_over_repeats():
     g = np.random.default_rng(4)
     meth = [doc(g.normal(m, 0.02, 30)) for m in (0.30, 0.31, 0.29, 0.30)]
     base = [doc(g.normal(m, 0.02, 30)) for m in (0.32, 0.33, 0.31, 0.33)]
-    thr = np.array([128 * 30 / sum(sum(e["step_times"]) for e in d["epochs"]) for d in meth])
+    thr = np.array([128 * 30 / sum(sum(e.step_times) for e in d.epochs) for d in meth])
     iv = S.throughput(meth)
     lt = np.log(thr)  # on log throughput: the geometric mean and bounds that stay positive
     h = sps.t.ppf(0.975, 3) * lt.std(ddof=1) / 2
     assert iv.basis == "repeats" and iv.n == 4
     assert (iv.value, iv.low, iv.high) == pytest.approx(tuple(np.exp([lt.mean(), lt.mean() - h, lt.mean() + h])))
-    thb = np.array([128 * 30 / sum(sum(e["step_times"]) for e in d["epochs"]) for d in base])
+    thb = np.array([128 * 30 / sum(sum(e.step_times) for e in d.epochs) for d in base])
     lr = np.log(thr / thb)
     h = sps.t.ppf(0.975, 3) * lr.std(ddof=1) / 2
     sp = S.speedup(meth, base)
     assert (sp.value, sp.low, sp.high) == pytest.approx(tuple(np.exp([lr.mean(), lr.mean() - h, lr.mean() + h])))
     agg = S.aggregate(meth)
-    assert agg["repeats"] == 4 and agg["throughput_per_repeat"] == pytest.approx(thr.tolist())
+    assert agg.repeats == 4 and agg.throughput_per_repeat == pytest.approx(thr.tolist())
     assert "CI" in S.speedup_verdict("M", S.speedup(meth[:2], base[:2])).sentence
 
 
@@ -122,12 +129,12 @@ def test_two_wildly_different_repeats_keep_a_positive_interval():
 def test_aggregate_tolerates_a_repeat_without_validation():
     g = np.random.default_rng(6)
     reps = [doc(g.normal(0.3, 0.01, 30)) for _ in range(2)]
-    reps[1]["summary"].pop("best_val_accuracy")
-    for e in reps[1]["epochs"]:
-        e.pop("val_accuracy")
+    reps[1].summary.best_val_accuracy = None
+    for e in reps[1].epochs:
+        e.val_accuracy = None
     agg = S.aggregate(reps)
-    assert agg["repeats"] == 2 and agg["throughput"].available
-    assert agg["best_val_accuracy"] is None and agg["final_val_accuracy"] is None
+    assert agg.repeats == 2 and agg.throughput.available
+    assert agg.best_accuracy is None and agg.final_accuracy is None
 
 
 def test_percentile_bootstrap_agrees_for_independent_steps():
@@ -216,10 +223,10 @@ def test_missing_step_times_is_not_available():
     assert v.label == "not available" and "1.12x DDP" in v.sentence and "no confidence interval" in v.sentence
     assert S.compare_speed("M", new, old).label == "not available"
     half = doc(np.full(30, 0.3))
-    del half["epochs"][1]["step_times"]  # one epoch without: no interval rather than a partial one
+    half.epochs[1].step_times = None  # one epoch without: no interval rather than a partial one
     assert not S.throughput(half).available
     agg = S.aggregate([old])
-    assert agg["throughput"].value == 90.0 and not agg["throughput"].available
+    assert agg.throughput.value == 90.0 and not agg.throughput.available
 
 
 def test_too_few_steps_is_not_available():
@@ -312,9 +319,9 @@ def test_drift_between_epochs_is_in_the_interval():
 
 
 # ------------------------------------------------------------------ a busy machine
-def loaded(d: dict, background: float, steal: float = 0.0) -> dict:
-    for e in d["epochs"]:
-        e["machine_load"] = {"run": 0.5, "background": background, "steal": steal, "cpus": 2}
+def loaded(d: Result, background: float, steal: float = 0.0) -> Result:
+    for e in d.epochs:
+        e.machine_load = {"run": 0.5, "background": background, "steal": steal, "cpus": 2}
     return d
 
 
@@ -335,7 +342,7 @@ def test_one_run_on_a_busy_machine_is_not_judged():
     assert S.machine_load(guide_doc()) is None
     # a hand-edited entry that is not numbers: not recorded, not a traceback
     odd = doc(fast)
-    odd["epochs"][0]["machine_load"] = {"background": "busy"}
+    odd.epochs[0].machine_load = {"background": "busy"}
     assert S.machine_load(odd) is None
     assert S.compare_speed("M", odd, doc(slow)).label == "faster"
     # repeats in rotated order carry the load in their interval: judged

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.core.config import TrainConfig
+from labkit.core.results import Epoch
 from labkit.training import guards
 from labkit.training.dist import is_distributed, sync_device
 from labkit.training.instruments.meter import BAR_REFRESH
@@ -177,7 +178,8 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
 def _epoch_checks(tr, epoch: int, per_call: _PerCall) -> list[tuple]:
     """(work, "epoch", seconds per call, ``epoch``) of the checks made once an epoch."""
     cfg = tr.cfg
-    m = {"all_losses": [1.0] * epoch, "val_loss": 1.0}
+    m = Epoch(epoch=epoch, train_loss=1.0, train_accuracy=0.0, train_time=0.0, train_throughput=0.0,
+              val_loss=1.0, all_losses=[1.0] * epoch)  # an epoch as the check sees it
     tensors = [t for _, t in guards.tensors(tr.model)]
     out = [("divergence check", "epoch", per_call(lambda: guards.divergence(cfg, 1, epoch, 0, m), 20), epoch),
            ("replica fingerprint (one rank's tensors)", "epoch",

@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import stats
+from .results import Result
 
 #: the stacked parts, in the order a step runs them
 ORDER = ("data", "compute", "exposed", "optimizer", "rest")
@@ -97,23 +98,23 @@ def ratio_interval(num: Sequence[np.ndarray], den: Sequence[np.ndarray],
                           confidence=confidence)
 
 
-def of_result(doc: dict) -> Optional[Breakdown]:
-    """A method's breakdown from its result file (None: written before labkit recorded the
-    parts of a step, or without its compute-only calibration)."""
-    cal = (doc.get("calibration") or {}).get("parts", {}).get("compute")
-    epochs = [e for e in doc.get("epochs") or [] if e.get("step_parts")]
-    if not cal or not epochs or len(epochs) != len(doc["epochs"]):
+def of_result(doc: Result) -> Optional[Breakdown]:
+    """A method's breakdown from its result (None: written before labkit recorded the parts
+    of a step, or without its compute-only calibration)."""
+    cal = (doc.calibration or {}).get("parts", {}).get("compute")
+    epochs = [e for e in doc.epochs if e.step_parts]
+    if not cal or not epochs or len(epochs) != len(doc.epochs):
         return None
     compute_only = float(np.mean(cal))
-    per_epoch = [split(e["step_parts"], compute_only, e.get("comm_busy_times"),
-                       e.get("server_update_times")) for e in epochs]
+    per_epoch = [split(e.step_parts, compute_only, e.comm_busy_times,
+                       e.server_update_times) for e in epochs]
     steps = sum(len(s["compute"]) for s in per_epoch)
     if not steps:
         return None
     mean = {k: float(sum(s[k].sum() for s in per_epoch) / steps) for k in ORDER}
-    timed = all("comm_busy_times" in e for e in epochs)
+    timed = all(e.comm_busy_times is not None for e in epochs)
     hidden, overlap = _hidden(per_epoch) if timed else (None, stats.Interval(None, note=UNTIMED))
-    measured = [e["avg_batch_time"] for e in epochs if "avg_batch_time" in e]
+    measured = [e.avg_batch_time for e in epochs if e.avg_batch_time is not None]
     return Breakdown(mean, hidden, float(np.mean(measured)) if measured else None, overlap)
 
 
@@ -164,14 +165,13 @@ class Waits:
         return share > 0.5 and share >= 2 / len(self.ranks)
 
 
-def waits(doc: dict) -> Optional[Waits]:
+def waits(doc: Result) -> Optional[Waits]:
     """Each trainer's wait at the synchronisation point, over every steady-state step: the
     time it was held in forward + backward, pull and sync, less its own compute-only forward
     + backward (the calibration's), at least 0. The rank that waits least arrived last. None
     without per-rank times, or with a single trainer."""
-    epochs = doc.get("epochs") or []
-    got = [e.get("sync_held") for e in epochs]
-    alone = (doc.get("calibration") or {}).get("rank_compute")
+    got = [e.sync_held for e in doc.epochs]
+    alone = (doc.calibration or {}).get("rank_compute")
     if not got or any(g is None for g in got) or not alone or len(got[0]["ranks"]) < 2:
         return None
     ranks = got[0]["ranks"]
@@ -196,26 +196,26 @@ class TimeToAccuracy:
         return self.epoch is not None
 
 
-def target_accuracy(docs: dict[str, dict], given: Optional[float] = None) -> Optional[float]:
+def target_accuracy(docs: dict[str, Result], given: Optional[float] = None) -> Optional[float]:
     """The target: ``given``, else TARGET_SHARE of the best validation accuracy any method
     reached (None without any epoch)."""
     if given is not None:
         return float(given)
-    best = [e["val_accuracy"] for d in docs.values() for e in d.get("epochs") or []
-            if e.get("val_accuracy") is not None and math.isfinite(e["val_accuracy"])]
+    best = [e.val_accuracy for d in docs.values() for e in d.epochs
+            if e.val_accuracy is not None and math.isfinite(e.val_accuracy)]
     return round(TARGET_SHARE * max(best), 2) if best else None
 
 
-def time_to_accuracy(doc: dict, target: float) -> TimeToAccuracy:
+def time_to_accuracy(doc: Result, target: float) -> TimeToAccuracy:
     """When a method's validation accuracy first reached ``target``: the wall time of its
     epochs up to then (training and validation) and the steps they trained."""
     seconds, steps = 0.0, 0
-    for e in doc.get("epochs") or []:
-        seconds += e.get("train_time", 0.0) + e.get("val_time", 0.0)
-        steps = None if steps is None or "steps" not in e else steps + e["steps"]  # guide's: none
-        acc = e.get("val_accuracy")
+    for e in doc.epochs:
+        seconds += e.train_time + (e.val_time if e.val_time is not None else 0.0)
+        steps = None if steps is None or e.steps is None else steps + e.steps  # guide's: none
+        acc = e.val_accuracy
         if acc is not None and acc >= target:
-            return TimeToAccuracy(target, seconds, steps, e["epoch"])
+            return TimeToAccuracy(target, seconds, steps, e.epoch)
     return TimeToAccuracy(target, None, None, None)
 
 

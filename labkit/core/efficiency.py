@@ -54,16 +54,3 @@ def mfu(flops_per_image: Optional[float], images_per_s: Optional[float],
         return None
     return flops_per_image * images_per_s / (peak * gpus)
 
-
-def data_wait_share(epoch: dict) -> Optional[float]:
-    """The time a trainer waited for its next batch as a share of the step, from one epoch of
-    a result file: the recorded share, else its steady-state parts (data over the step), else
-    avg_data_time over avg_batch_time (files of the original scripts: None)."""
-    if epoch.get("data_wait_share") is not None:
-        return epoch["data_wait_share"]
-    data, times = (epoch.get("step_parts") or {}).get("data"), epoch.get("step_times")
-    if data and times:
-        return (sum(data) / len(data)) / (sum(times) / len(times))
-    if epoch.get("avg_data_time") is not None and epoch.get("avg_batch_time"):
-        return epoch["avg_data_time"] / epoch["avg_batch_time"]
-    return None

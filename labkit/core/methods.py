@@ -224,15 +224,3 @@ def result_file_of(method: str) -> str:
 def server_ranks(method: str, ps_servers: int) -> int:
     """How many ranks serve: ``ps_servers`` for a parameter server, none otherwise."""
     return ps_servers if spec(method).serves else 0
-
-
-def comm_key(phase: str) -> str:
-    """Result key of a communication phase: the guide's ``avg_comm_time`` for the all-reduce,
-    ``avg_comm_time_pull`` / ``avg_comm_time_push`` for the parameter server."""
-    return "avg_comm_time" if phase == "comm" else f"avg_comm_time_{phase}"
-
-
-def comm_times_key(phase: str) -> str:
-    """Per-epoch key of a phase's per-step times (steady-state steps, mean over trainers):
-    ``comm_times`` for the all-reduce, ``comm_times_pull`` / ``comm_times_push`` for the PS."""
-    return "comm_times" if phase == "comm" else f"comm_times_{phase}"

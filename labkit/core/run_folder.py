@@ -23,6 +23,7 @@ from typing import Any, Optional
 from . import layout
 from .errors import ConfigError
 from .lockfile import parse_lock
+from .results import Result, ResultError, read_result
 from .methods import METHOD_ORDER, RESULT_FILES, MethodSpec, is_name, register, result_file_of
 
 KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
@@ -67,13 +68,13 @@ def describe_link(link: Optional[dict]) -> str:
             + (f", measured {min(got):.0f}-{max(got):.0f} Mbit/s" if got else ""))
 
 
-def recorded(doc: dict) -> Optional[MethodSpec]:
+def recorded(result: Result) -> Optional[MethodSpec]:
     """Register the method spec a result file records (labkit.training.result_file); None for
     a file without one, or one that names a key another method holds."""
-    d = doc.get("method_spec")
+    d = result.method_spec
     if not isinstance(d, dict) or d.get("builtin"):
         return None
-    ref = (doc.get("config") or {}).get("method") if isinstance(doc.get("config"), dict) else None
+    ref = result.config.get("method") if isinstance(result.config, dict) else None
     try:  # known by its key, and by the reference its run was given
         return register(MethodSpec.from_dict(d), *([ref] if isinstance(ref, str) else []))
     except (ConfigError, TypeError, ValueError):
@@ -197,8 +198,8 @@ class RunFolder:
                  *run.glob(layout.REPEAT_PREFIX + "*/*/results_*.json")]
         for path in sorted(found):
             try:
-                recorded(read_json(path))
-            except (OSError, ValueError, AttributeError):
+                recorded(read_result(path))
+            except ResultError:
                 continue
 
     def found_methods(self) -> list[str]:
@@ -260,11 +261,11 @@ class RunFolder:
         """The result file of one of the experiment's methods (or variants)."""
         return self.method_dir(method) / result_file_of(self.methods[method]["method"])
 
-    def result(self, method: str) -> Optional[dict]:
+    def result(self, method: str) -> Optional[Result]:
         """The method's result file, or None when it is missing or unreadable."""
         try:
-            return read_json(self.result_path(method))
-        except (OSError, ValueError):
+            return read_result(self.result_path(method))
+        except ResultError:
             return None
 
     def link(self) -> str:
@@ -273,8 +274,8 @@ class RunFolder:
         links = []
         for path in sorted(self.path.rglob("results_*.json")):  # every method, every repeat
             try:
-                link = read_json(path).get("link")
-            except (OSError, ValueError, AttributeError):
+                link = read_result(path).link
+            except ResultError:
                 continue
             if isinstance(link, dict):
                 links.append(link)

@@ -1,7 +1,7 @@
 """Uncertainty for every number labkit compares: throughput, speedup vs DDP, accuracy.
 
-Base layer: numpy and scipy only, working on result *documents* (the dicts of the result
-files), so the report, the terminal summary and bench can all call it. The choices, and why,
+Base layer: numpy and scipy only, working on results (labkit.core.results.Result, the model
+of a result file), so the report, the terminal summary and bench can all call it. The choices, and why,
 are docs/report-and-statistics.md (after Hoefler and Belli, SC'15: a mean with its confidence interval,
 and a difference claimed only when it is larger than the noise). In short:
 
@@ -32,13 +32,15 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from .results import Result
+
 CONFIDENCE = 0.95
 MIN_BLOCKS = 3  # fewer blocks than this (under 2 degrees of freedom): no interval
 # one run is not judged when other work took more of the machine's CPU time than this while a
 # compared method ran (labkit.training.instruments.timers.MachineLoad; see compare_speed)
 LOAD_LIMIT = 0.10
 
-Runs = Union[dict, Sequence[dict]]  # one result document, or one per repeat
+Runs = Union[Result, Sequence[Result]]  # one result, or one per repeat
 
 
 @dataclass(frozen=True)
@@ -84,24 +86,23 @@ class Verdict:
     interval: Interval = field(repr=False, default=None)
 
 
-# ------------------------------------------------------------------ reading result documents
-def step_times(doc: dict) -> Optional[list[np.ndarray]]:
+# ------------------------------------------------------------------ reading results
+def step_times(doc: Result) -> Optional[list[np.ndarray]]:
     """Per epoch, the steady-state step durations (s); None if any epoch lacks them."""
-    epochs = doc.get("epochs") or []
-    out = [np.asarray(e.get("step_times") or [], dtype=float) for e in epochs]
+    out = [np.asarray(e.step_times or [], dtype=float) for e in doc.epochs]
     if not out or any(len(x) == 0 for x in out):
         return None
     return out
 
 
-def images_per_step(doc: dict) -> int:
+def images_per_step(doc: Result) -> int:
     """Images one step trains over all trainers (PS: rank 0 serves and trains none)."""
-    trainers = doc.get("trainers") or doc.get("num_workers") or doc["world_size"]
-    return int(doc["batch_size"]) * int(trainers)
+    trainers = doc.trainers or doc.num_workers or doc.world_size
+    return int(doc.batch_size) * int(trainers)
 
 
-def _listed(runs: Runs) -> list[dict]:
-    return [runs] if isinstance(runs, dict) else list(runs)
+def _listed(runs: Runs) -> list[Result]:
+    return [runs] if isinstance(runs, Result) else list(runs)
 
 
 def interval_text(low: float, high: float, digits: int = 2, ref: Optional[float] = None,
@@ -170,11 +171,11 @@ NO_STEPS = "no per-step times in the result file (written before labkit recorded
 
 
 # ------------------------------------------------------------------ (a) throughput
-def _point(doc: dict) -> Optional[float]:
+def _point(doc: Result) -> Optional[float]:
     """Steady-state throughput of one run: from its step times, else the guide's summary."""
     epochs = step_times(doc)
     if epochs is None:
-        return doc.get("summary", {}).get("avg_train_throughput")
+        return doc.summary.avg_train_throughput
     return images_per_step(doc) * sum(len(x) for x in epochs) / sum(float(x.sum()) for x in epochs)
 
 
@@ -308,13 +309,13 @@ def speedup_verdict(name: str, iv: Interval, baseline_name: str = "DDP") -> Verd
     return Verdict("within noise", f"{head}, within {noise} ({pct} {ci}); {fix}", iv)
 
 
-def machine_load(doc: dict) -> Optional[float]:
+def machine_load(doc: Result) -> Optional[float]:
     """The largest share of the machine's CPU time that went to other work (other processes,
     and the hypervisor's steal) in any timed epoch of this run; None when not recorded (files
     from before labkit recorded ``machine_load``, or the original guide's)."""
     shares = []
-    for e in doc.get("epochs") or []:
-        x = e.get("machine_load")
+    for e in doc.epochs:
+        x = e.machine_load
         parts = [x.get(k, 0.0) for k in ("background", "steal")] if isinstance(x, dict) else None
         # a hand-edited or foreign entry that is not numbers counts as not recorded
         if parts and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in parts):
@@ -349,30 +350,32 @@ def compare_speed(name: str, runs: Runs, baseline: Runs, baseline_name: str = "D
 
 
 # ------------------------------------------------------------------ (d) accuracy
-def _acc(doc: dict, key: str) -> Optional[float]:
-    """``key`` of the summary; the guide's DDP summary has no final_val_accuracy: the epochs do."""
-    v = doc.get("summary", {}).get(key)
-    accs = [e["val_accuracy"] for e in doc.get("epochs") or [] if "val_accuracy" in e]
+def _acc(doc: Result, final: bool = False) -> Optional[float]:
+    """The summary's best validation accuracy (``final``: its final one); the guide's DDP
+    summary has no final_val_accuracy: the epochs do."""
+    v = doc.summary.final_val_accuracy if final else doc.summary.best_val_accuracy
+    accs = [e.val_accuracy for e in doc.epochs if e.val_accuracy is not None]
     if v is None and accs:
-        v = max(accs) if key == "best_val_accuracy" else accs[-1]
+        v = accs[-1] if final else max(accs)
     return v
 
 
 def accuracy_verdict(name: str, runs: Runs, baseline: Runs, baseline_name: str = "DDP",
-                     key: str = "best_val_accuracy", confidence: float = CONFIDENCE) -> Verdict:
-    """Accuracy difference (percentage points, method - baseline) and what it supports.
+                     final: bool = False, confidence: float = CONFIDENCE) -> Verdict:
+    """Accuracy difference (percentage points, method - baseline) and what it supports: of the
+    best validation accuracy, or with ``final`` of the final one.
 
     One seed: no verdict (seed-to-seed variation is not measured by one run). Repeats with
     different seeds: paired t-interval of the per-repeat differences; 'higher'/'lower' only
     when it excludes 0."""
     a, b = _listed(runs), _listed(baseline)
-    pa, pb = [_acc(d, key) for d in a], [_acc(d, key) for d in b]
+    pa, pb = [_acc(d, final) for d in a], [_acc(d, final) for d in b]
     if None in pa or None in pb or len(a) != len(b):
         return Verdict("not available", f"{name}: accuracy not comparable with {baseline_name}",
                        Interval(None, note="missing accuracy or unequal repeats"))
     diff = np.asarray(pa) - np.asarray(pb)
     what = f"{name}: {np.mean(pa):.2f}% vs {baseline_name} {np.mean(pb):.2f}% ({diff.mean():+.2f} points)"
-    seeds = {d.get("config", {}).get("seed") for d in a + b}
+    seeds = {d.config.get("seed") for d in a + b}
     if len(a) < 2 or len(seeds) < 2:
         why = ("a single seed cannot separate them" if len(a) < 2 else
                f"the {len(a)} repeats share one seed, so they cannot separate them")
@@ -389,18 +392,27 @@ def accuracy_verdict(name: str, runs: Runs, baseline: Runs, baseline_name: str =
 
 
 # ------------------------------------------------------------------ (e) repeats
-def aggregate(runs: Sequence[dict], **kw) -> dict:
-    """One method's repeats in one dict: per-repeat throughputs and accuracies, the throughput
-    with its CI (over repeats if several, over steps if one), mean accuracies."""
+@dataclass
+class Aggregate:
+    """One method's repeats: the throughput with its CI (over repeats if several, over steps
+    if one), each repeat's throughput, the mean best and final accuracies (None when a repeat
+    has none), the seeds."""
+    repeats: int
+    throughput: "Interval"
+    throughput_per_repeat: list[float]
+    best_accuracy: Optional[float]
+    final_accuracy: Optional[float]
+    seeds: list
+
+
+def aggregate(runs: Sequence[Result], **kw) -> Aggregate:
+    """One method's repeats in one :class:`Aggregate`."""
     docs = _listed(runs)
-    return {
-        "repeats": len(docs),
-        "throughput": throughput(docs, **kw),
-        "throughput_per_repeat": [_point(d) for d in docs],
-        "best_val_accuracy": _mean_of(_acc(d, "best_val_accuracy") for d in docs),
-        "final_val_accuracy": _mean_of(_acc(d, "final_val_accuracy") for d in docs),
-        "seeds": [d.get("config", {}).get("seed") for d in docs],
-    }
+    return Aggregate(repeats=len(docs), throughput=throughput(docs, **kw),
+                     throughput_per_repeat=[_point(d) for d in docs],
+                     best_accuracy=_mean_of(_acc(d) for d in docs),
+                     final_accuracy=_mean_of(_acc(d, final=True) for d in docs),
+                     seeds=[d.config.get("seed") for d in docs])
 
 
 def _mean_of(values) -> Optional[float]:

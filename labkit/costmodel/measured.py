@@ -31,19 +31,20 @@ from typing import Optional, Sequence
 import numpy as np
 
 from labkit.core import breakdown
+from labkit.core.results import Result
 
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS,
                         INTERCONNECTS, allreduce_time, bucket_sizes, exposed_comm, get_link,
                         predict_step)
 
 
-def trainers_wire(doc: dict) -> Optional[tuple[float, float, int]]:
+def trainers_wire(doc: Result) -> Optional[tuple[float, float, int]]:
     """(bytes a trainer sent per step, the share of steps it sent in, trainers) from the last
     epoch's wire figures; None without them."""
-    ep = [e for e in doc.get("epochs") or [] if isinstance(e.get("wire"), dict)]
+    ep = [e for e in doc.epochs if isinstance(e.wire, dict)]
     if not ep:
         return None
-    w = ep[-1]["wire"]
+    w = ep[-1].wire
     ranks = [i for i, t in enumerate(w.get("trainer") or []) if t]
     if not ranks or not w.get("sent_per_step"):
         return None
@@ -60,7 +61,7 @@ def round_bytes(sent: float, share: float, n: int) -> float:
     return sent * n / (2 * (n - 1)) / share
 
 
-def measured_inputs(doc: dict) -> Optional[dict]:
+def measured_inputs(doc: Result) -> Optional[dict]:
     """{"compute", "round", "period", "serves_bytes"} for one result file, or None where it
     lacks a breakdown or wire figures."""
     b = breakdown.of_result(doc)

@@ -25,6 +25,7 @@ from labkit.core.files import atomic_write_json
 from labkit.core.methods import key_of
 from labkit.core.procs import EMULATED_NODES
 from labkit.core.resources import oom_kills
+from labkit.core.results import Result
 from labkit.core.run_folder import read_json
 from labkit.core.status import INTERRUPTED_WHY, Status
 
@@ -117,9 +118,9 @@ def _record(out: LaunchResult, cfg: TrainConfig, nproc: int, spec: ClusterSpec, 
                 f.write(" ".join(cmd) + "\n\n" + text)
         path = os.path.join(out.out_dir, cfg.result_file)
         if os.path.exists(path):
-            doc = read_json(path)
-            doc["link"] = link
-            atomic_write_json(path, doc)
+            result = Result.from_dict(read_json(path), path)  # as written: no reader's verdict
+            result.link = link
+            atomic_write_json(path, result.to_dict())
         if not out.ok:
             mark_ended(out.out_dir, cfg.result_file, Status.FAILED, out.message.splitlines()[0])
         atomic_write_json(os.path.join(out.out_dir, layout.launch_file(0)), layout.portable({

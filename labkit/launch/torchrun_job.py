@@ -19,6 +19,7 @@ from labkit.core import resolved as resolved_file
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, server_ranks
+from labkit.core.results import Result
 from labkit.core.run_folder import read_json
 from labkit.core.status import Status
 from labkit.training import budget
@@ -209,16 +210,17 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
     Where rank 0 recorded only a consequence (it lost its peer, or torchrun stopped it), the
     cause ``why`` replaces it; what rank 0 saw is kept as ``rank0_error``."""
     path = os.path.join(out_dir, result_file)
-    try:
-        doc = read_json(path)
-    except (OSError, ValueError):
+    try:  # as written (not as a reader sees it: a running file whose writer is gone is ours to end)
+        result = Result.from_dict(read_json(path), path)
+    except (OSError, ValueError):  # a ResultError is a ValueError
         return
-    was = doc.get("status")
-    if was == Status.FAILED and status == Status.FAILED and is_consequence(doc.get("error") or ""):
-        doc["rank0_error"], doc["error"] = doc["error"], why
-        atomic_write_json(path, doc)
+    was = result.status
+    if was == Status.FAILED and status == Status.FAILED and is_consequence(result.error or ""):
+        result.extra["rank0_error"], result.error = result.error, why
+        atomic_write_json(path, result.to_dict())
     elif was == Status.RUNNING or (status == Status.INTERRUPTED and was == Status.FAILED):
-        doc["status"] = status
-        doc.setdefault("error", why)
-        doc["end_time"] = doc.get("end_time") or now_str()
-        atomic_write_json(path, doc)
+        result.status = status
+        if result.error is None:
+            result.error = why
+        result.end_time = result.end_time or now_str()
+        atomic_write_json(path, result.to_dict())

@@ -19,8 +19,9 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import now_str
 from labkit.core.log import transcript
 from labkit.core.methods import result_file_of
-from labkit.core.run_folder import RunFolder, read_json
-from labkit.core.status import Status, as_seen, experiment_status, stamp, status_of
+from labkit.core.results import ResultError, read_result
+from labkit.core.run_folder import RunFolder
+from labkit.core.status import Status, as_seen, experiment_status, stamp
 from labkit.launch.launch_params import Nodes
 from labkit.runs import compare
 from labkit.runs.record import environment_now
@@ -66,10 +67,12 @@ def _environment_changes(rec: RunFolder, p) -> list[str]:
 
 def _complete(mdir: Path, method_key: str) -> bool:
     try:
-        doc = read_json(mdir / result_file_of(method_key))
-    except (OSError, ValueError):
+        result = read_result(mdir / result_file_of(method_key))  # as seen: a dead writer's is stopped
+    except ResultError:
         return False
-    return status_of(as_seen(doc), Status.RUNNING) == Status.COMPLETED
+    # a file without a status (the guide's, the one kind without a schema) was not completed
+    # by this experiment: run it again
+    return result.status == Status.COMPLETED and result.schema is not None
 
 
 def _set_aside(mdir: Path) -> bool:

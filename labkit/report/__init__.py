@@ -23,8 +23,7 @@ from .blocks import Block, Html, Markdown
 from .captions import CAPTIONS, caption, figure_caption, heading
 from .implementation import QuoteError, implementation_markdown, quote
 from .load import (NAN, ResultError, RunResults, load_env, load_files,
-                   load_reproduction, load_result, load_run, load_variants, method_key,
-                   summary_value)
+                   load_reproduction, load_result, load_run, load_variants, method_key)
 from .figures import COLORS, figure_html
 from .plots import (PLOTS, plot_accuracy, plot_communication, plot_losses, plot_throughput,
                     plot_training_time, write_plots)

@@ -14,9 +14,10 @@ from labkit.core import breakdown, stats
 from labkit.core import efficiency
 from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label
+from labkit.core.results import NAN
 
 from .findings import accuracy_apart, exact_range_lines
-from .load import NAN, RunResults, summary_value
+from .load import RunResults
 from .tables import chance_only, target
 from .text import (RULE, accuracy_verdicts, context_lines, link_lines, shared_device_line,
                    speed_sentence, speed_verdicts, target_rule, waits_lines)
@@ -49,7 +50,7 @@ def _speed(res: RunResults, m: str) -> str:
     docs = res.ok
     if m == "ddp" or "ddp" not in docs or len(docs) < 2:
         ref = "the reference for speed and accuracy, " if m == "ddp" and len(docs) > 1 else ""
-        return f"{ref}{summary_value(docs[m], 'avg_train_throughput'):.1f} img/s on average."
+        return f"{ref}{docs[m].overall.avg_train_throughput:.1f} img/s on average."
     others = [k for k in METHOD_ORDER if k in docs and k != "ddp"]
     return speed_sentence(res, m, speed_verdicts(res)[others.index(m)]).split(": ", 1)[1]
 
@@ -58,20 +59,20 @@ def _time(res: RunResults, m: str) -> list[str]:
     """Where the step's time went: the method's own communication, the waits at the
     synchronisation point, the data loader."""
     d = res.ok[m]
-    ep = d.get("epochs") or []
-    step = mean(e["avg_batch_time"] for e in ep if "avg_batch_time" in e) if ep else NAN
+    ep, comm = d.epochs, d.overall.comm
+    step = mean(e.avg_batch_time for e in ep if e.avg_batch_time is not None) if ep else NAN
     out = []
-    a = summary_value(d, "avg_comm_time") if m == "allreduce" else NAN
-    pull, push = ((summary_value(d, "avg_comm_time_pull"), summary_value(d, "avg_comm_time_push"))
-                  if m == "ps" else (NAN, NAN))
+    a = comm.get("comm", NAN) if m == "allreduce" else NAN
+    pull, push = (comm.get("pull", NAN), comm.get("push", NAN)) if m == "ps" else (NAN, NAN)
     if a == a and step == step:
         out.append(f"A trainer waited {1000 * a:.1f} ms per step for gradient all-reduce after "
                    f"backward, {100 * a / step:.0f}% of its {1000 * step:.0f} ms step.")
     if pull == pull and push == push and step == step:
+        workers = d.num_workers if d.num_workers is not None else "?"
         out.append(f"A worker spent {1000 * pull:.1f} ms per step pulling parameters and "
                    f"{1000 * push:.1f} ms pushing gradients, {100 * (pull + push) / step:.0f}% of its "
-                   f"{1000 * step:.0f} ms step, with {d.get('num_workers', '?')} workers on one server.")
-    waits = [w for w in (efficiency.data_wait_share(e) for e in ep) if w is not None]
+                   f"{1000 * step:.0f} ms step, with {workers} workers on one server.")
+    waits = [w for w in (e.waited_share for e in ep) if w is not None]
     if waits and mean(waits) > efficiency.DATA_WAIT_FLAG:
         out.append(f"Its trainers waited for data {100 * mean(waits):.0f}% of the step: "
                    f"{efficiency.LOADER_FLAG_TEXT}, not the method (more --workers; on a GPU, "
@@ -87,7 +88,7 @@ def _accuracy(res: RunResults, m: str, verdicts: dict[str, stats.Verdict]) -> li
     if chance_only(res) is not None:
         return []
     d = res.ok[m]
-    acc = summary_value(d, "best_val_accuracy")
+    acc = d.overall.best_val_accuracy
     apart = accuracy_apart(m, acc) if len(res.ok) > 1 else None
     if apart:
         out = [f"It reached {acc:.2f}% best validation accuracy: {apart}."]
@@ -126,15 +127,15 @@ def common_lines(res: RunResults) -> list[str]:
     """What holds for every method: the exact methods' accuracy range, a shared device, the
     emulated link, a CPU run; the problems of files and of methods without a result."""
     docs = res.ok
-    acc = {m: summary_value(d, "best_val_accuracy") for m, d in docs.items()}
+    acc = {m: d.overall.best_val_accuracy for m, d in docs.items()}
     lines = [] if chance_only(res) else exact_range_lines(acc)
     shared = shared_device_line(res)
     lines += [shared] if shared else []
     lines += link_lines(res)
-    cpu = [d for d in docs.values() if d.get("world", {}).get("device") == "cpu"]
+    cpu = [d for d in docs.values() if d.world.get("device") == "cpu"]
     if cpu:
         bound = (", each rank bound to its share of them (--pin-cpus)"
-                 if all(d.get("config", {}).get("pin_cpus") for d in cpu) else "")
+                 if all(d.config.get("pin_cpus") for d in cpu) else "")
         lines.append(f"These are CPU (gloo) figures: processes share the CPU cores{bound}, so "
                      f"communication and computation compete; GPU/NCCL runs separate them.")
     for k, p in res.problems.items():  # keyed by method, or by the file that is wrong

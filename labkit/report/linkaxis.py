@@ -24,7 +24,8 @@ from typing import Optional
 from labkit.core import stats
 from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SPECS, label
-from labkit.core.status import Status, status_of
+from labkit.core.results import Result
+from labkit.core.status import Status
 from labkit.core.texttable import text_table
 
 from .figures import COLORS, save_figure
@@ -61,10 +62,10 @@ def x_positions(rates_bit) -> dict[int, float]:
     return {r: (r / 1e6 if r > 0 else top) for r in rates_bit}
 
 
-def link_of(docs: list[dict]) -> Optional[dict]:
+def link_of(docs: list[Result]) -> Optional[dict]:
     """The link a point's runs record (labkit.launch.cluster.link_record), the first that has one."""
-    return next((d["link"] for d in docs if isinstance(d.get("link"), dict)
-                 and isinstance(d["link"].get("rate_bit"), int)), None)
+    return next((d.link for d in docs if isinstance(d.link, dict)
+                 and isinstance(d.link.get("rate_bit"), int)), None)
 
 
 # ------------------------------------------------------------------ the points
@@ -73,7 +74,7 @@ class At:
     """One method at one link: its runs (one per repeat) and where they ran."""
     rate_bit: int
     point: object                  # the sweep's Point
-    docs: list[dict]
+    docs: list[Result]
     goodput: Optional[float]       # the least goodput the probe measured, Mbit/s
 
 
@@ -83,9 +84,9 @@ def series(sw) -> dict[tuple[str, str], list[At]]:
     for p in sw.points:
         other = ", ".join(f"{k}={v}" for k, v in p.params.items() if k != "link")
         for m in METHOD_ORDER:
-            docs = [d for d in (p.res.repeats.get(m) or []) if d.get("epochs")]
+            docs = [d for d in (p.res.repeats.get(m) or []) if d.epochs]
             link = link_of(docs)
-            if docs and link and all(status_of(d) == Status.COMPLETED for d in docs):
+            if docs and link and all(d.status == Status.COMPLETED for d in docs):
                 put = [g[k] for g in link.get("goodput_mbit") or [] for k in ("up", "down")
                        if isinstance(g.get(k), (int, float))]
                 out.setdefault((m, other), []).append(
@@ -132,7 +133,7 @@ class Crossover:
                 "no crossover in the swept range" if "no crossover" in self.line else "no data")
 
 
-def judge_throughput(docs: list[dict], base: list[dict], rate_bit: int) -> Judged:
+def judge_throughput(docs: list[Result], base: list[Result], rate_bit: int) -> Judged:
     """Throughput against DDP's at one rate: the CI of the ratio, the machine-load rule."""
     v = stats.compare_speed("m", docs, base)
     iv = v.interval

@@ -7,93 +7,57 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean
 from typing import Optional
 
 from labkit.core import layout
 from labkit.core.config import VARIANTS
 from labkit.core.methods import METHOD_NAMES, METHOD_ORDER, RESULT_FILES, SPECS
-from labkit.core.run_folder import RunFolder, read_json, recorded
-from labkit.core.status import Status, as_seen, status_of
-NAN = float("nan")
+from labkit.core.run_folder import RunFolder, recorded
+from labkit.core.results import NAN, Result, ResultError, read_result
+from labkit.core.status import Status
 
 
-class ResultError(ValueError):
-    """A result file that is missing, unreadable or of another schema."""
-
-
-def method_key(doc: dict, path: str | os.PathLike = "") -> Optional[str]:
+def method_key(doc: Result, path: str | os.PathLike = "") -> Optional[str]:
     """ddp | allreduce | ps, from the lab's own key, the guide's method name or the file name;
     a method of one's own from the spec its file records (registered here, so every table and
     figure lists it)."""
     recorded(doc)
-    if doc.get("method_key") in METHOD_ORDER:
-        return doc["method_key"]
+    if doc.method_key in METHOD_ORDER:
+        return doc.method_key
     by_name = {v: k for k, v in METHOD_NAMES.items()}
-    if doc.get("method") in by_name:
-        return by_name[doc["method"]]
+    if doc.method in by_name:
+        return by_name[doc.method]
     by_file = {v: k for k, v in RESULT_FILES.items()}
     return by_file.get(os.path.basename(str(path)))
 
 
-def load_result(path: str | os.PathLike) -> dict:
-    """Read one result file: the lab's, or one with only the guide's keys."""
-    try:
-        doc = read_json(path)
-    except FileNotFoundError:
-        raise ResultError(f"{path}: missing") from None
-    except ValueError as e:  # a JSONDecodeError or a UnicodeDecodeError
-        raise ResultError(f"{path}: not valid JSON ({e.__class__.__name__}): truncated or corrupt") from None
-    if not isinstance(doc, dict) or "method" not in doc or not isinstance(doc.get("epochs"), list):
-        raise ResultError(f"{path}: not a result file (needs 'method' and a list of 'epochs')")
-    needed = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput")
-    for e in doc["epochs"]:
-        if not isinstance(e, dict) or any(k not in e for k in needed):
-            raise ResultError(f"{path}: an epoch lacks the guide's keys ({', '.join(needed)})")
+def load_result(path: str | os.PathLike) -> Result:
+    """Read one result file: the lab's, or one with only the guide's keys (labkit.core.results)
+    of a method this lab knows; ResultError (one line) otherwise."""
+    doc = read_result(path)
     if method_key(doc, path) is None:
-        raise ResultError(f"{path}: unknown method {doc.get('method')!r}")
-    return as_seen(numbers(doc))  # running with its writer gone: stopped without finishing
-
-
-def numbers(doc: dict) -> dict:
-    """``doc`` with the nulls that stand for values that were not numbers (labkit writes strict
-    JSON: labkit.core.files.finite) read back as NaN, in the epochs, their per-step lists, the
-    losses and the summary, so every figure reads as it did from files written before (whose
-    NaN tokens Python's json reads as NaN). The document itself is not changed."""
-    def fix(v):
-        if v is None:
-            return NAN
-        if isinstance(v, list):
-            return [NAN if x is None else x for x in v]
-        return v
-
-    out = dict(doc)
-    out["epochs"] = [{k: fix(v) for k, v in e.items()} for e in doc["epochs"]]
-    if isinstance(doc.get("all_losses"), list):
-        out["all_losses"] = fix(doc["all_losses"])
-    if isinstance(doc.get("summary"), dict):
-        out["summary"] = {k: fix(v) for k, v in doc["summary"].items()}
-    return out
+        raise ResultError(f"{path}: unknown method {doc.method!r}")
+    return doc
 
 
 @dataclass
 class RunResults:
     """What a report is made of: the loaded results and the problems met on the way.
     (The writer of result files is labkit.training.result_file.ResultFile; this is their reader.)"""
-    docs: dict[str, dict] = field(default_factory=dict)          # method key -> result
+    docs: dict[str, Result] = field(default_factory=dict)        # method key -> result
     problems: dict[str, str] = field(default_factory=dict)       # method key or file -> problem
     run_dir: Optional[Path] = None
     # method key -> one result per repeat (`labkit experiment --repeats N`, repeat 1 first);
     # a run without repeats: a list of one, the same document as in ``docs``, which keeps the
     # first repeat so every single-run table and figure reads as before
-    repeats: dict[str, list[dict]] = field(default_factory=dict)
+    repeats: dict[str, list[Result]] = field(default_factory=dict)
     # `labkit experiment --target-accuracy` (config.json): None, a share of the best accuracy
     target_accuracy: Optional[float] = None
 
     @property
-    def ok(self) -> dict[str, dict]:
+    def ok(self) -> dict[str, Result]:
         """RunResults with at least one finished epoch (a failed run keeps its finished epochs)."""
-        return {m: d for m, d in self.docs.items() if d["epochs"]}
+        return {m: d for m, d in self.docs.items() if d.ok}
 
 
 def load_run(run_dir: str | os.PathLike) -> RunResults:
@@ -147,16 +111,11 @@ def _add(res: RunResults, path: Path, expected: Optional[str], first: bool = Tru
         res.repeats[m] = [doc]
     else:
         res.repeats[m].append(doc)
-    if status_of(doc) != Status.COMPLETED:
-        res.problems.setdefault(m, f"{path}: status {doc['status']}" + (f" ({doc['error']})" if doc.get("error") else ""))
+    if doc.status != Status.COMPLETED:
+        res.problems.setdefault(m, f"{path}: status {doc.status}" + (f" ({doc.error})" if doc.error else ""))
 
 
-def epochs_of(doc: dict) -> list[dict]:
-    """A result document's epochs."""
-    return doc["epochs"]
-
-
-def runs_of(res: RunResults, m: str) -> list[dict]:
+def runs_of(res: RunResults, m: str) -> list[Result]:
     """Every run of ``m`` (a method, or a variant such as ddp-bf16), one per seed, failed ones
     included (they count), interrupted ones not: the user stopped them before their last epoch,
     so their last accuracy is not a final one, nor their miss the method's."""
@@ -164,28 +123,7 @@ def runs_of(res: RunResults, m: str) -> list[dict]:
         docs = list(res.repeats.get(m) or ([res.docs[m]] if m in res.docs else []))
     else:
         docs = variant_runs(res.run_dir, m) if res.run_dir is not None else []
-    return [d for d in docs if status_of(d) != Status.INTERRUPTED]
-
-
-def summary_value(doc: dict, key: str) -> float:
-    """A summary figure; recomputed from the epochs when the file lacks it."""
-    s = doc.get("summary") or {}
-    if key in s:
-        return s[key]
-    ep = epochs_of(doc)
-    if not ep:
-        return NAN
-    if key == "avg_train_throughput":
-        return mean(e["train_throughput"] for e in ep)
-    if key == "avg_train_time_per_epoch":
-        return mean(e["train_time"] for e in ep)
-    if key == "best_val_accuracy":
-        vals = [e["val_accuracy"] for e in ep if "val_accuracy" in e]
-        return max(vals) if vals else NAN
-    if key.startswith("avg_comm_time"):
-        vals = [e[key] for e in ep if key in e]
-        return mean(vals) if vals else NAN
-    return NAN
+    return [d for d in docs if d.status != Status.INTERRUPTED]
 
 
 def load_env(run_dir: Optional[Path]) -> Optional[dict]:
@@ -199,7 +137,7 @@ def load_reproduction(run_dir: Optional[Path]) -> Optional[dict]:
     return doc if isinstance(doc, dict) and isinstance(doc.get("methods"), dict) else None
 
 
-def load_variants(run: Path) -> dict[str, dict]:
+def load_variants(run: Path) -> dict[str, Result]:
     """Results of the variants an experiment ran besides the three methods (``labkit
     experiment --methods ps,ps-async,...``): {variant: result document} (repeat 1's)."""
     out = {}
@@ -210,7 +148,7 @@ def load_variants(run: Path) -> dict[str, dict]:
     return out
 
 
-def variant_runs(run: Path, v: str) -> list[dict]:
+def variant_runs(run: Path, v: str) -> list[Result]:
     """Every readable result of variant ``v`` in run folder ``run``: its one folder, or one per
     repeat (repeat-<i>/<v>/) in order; [] for a name that is a method, not a variant."""
     if v not in VARIANTS or v in METHOD_ORDER:

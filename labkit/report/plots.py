@@ -11,9 +11,10 @@ from labkit.core import breakdown
 from labkit.core import layout
 from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SPECS, label
+from labkit.core.results import Result, Summary
 
 from .figures import COLORS
-from .load import RunResults, epochs_of, method_key, summary_value
+from .load import RunResults, method_key
 from .seeds import SEED_PLOTS, has_seeds, plot_seeds
 from .tables import comm_ms, intervals, wire_mb
 
@@ -21,20 +22,25 @@ PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "ac
          "communication_overhead", "sync_waits", "wire")  # the guide's five, the waits, the bytes
 
 
-def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
-    """Bars with the 95% CI as whiskers (Table 1's interval; time per epoch ~ 1 / throughput,
-    so its whiskers are the throughput's relative interval); none where no CI is available."""
+def _bar(ax, res: RunResults, throughput: bool, ylabel: str, title: str):
+    """Bars of the throughput (``throughput``) or of the time per epoch, with the 95% CI as
+    whiskers (Table 1's interval; time per epoch ~ 1 / throughput, so its whiskers are the
+    throughput's relative interval); none where no CI is available."""
     docs, ivs = res.ok, intervals(res)
     ms = [m for m in METHOD_ORDER if m in docs]
     thr = {m: ivs[m]["throughput"] for m in ms}
-    vals = [thr[m].value if key == "avg_train_throughput" and thr[m].value is not None
-            else summary_value(docs[m], key) for m in ms]
+
+    def figure(s: Summary) -> float:
+        return s.avg_train_throughput if throughput else s.avg_train_time_per_epoch
+
+    vals = [thr[m].value if throughput and thr[m].value is not None
+            else figure(docs[m].overall) for m in ms]
     lo, hi = [], []
     for m, v in zip(ms, vals):
         iv = thr[m]
         if not iv.available:
             lo.append(0.0), hi.append(0.0)
-        elif key == "avg_train_throughput":
+        elif throughput:
             lo.append(v - iv.low), hi.append(iv.high - v)
         else:  # epoch time = steps x step time: the same relative interval, mirrored
             lo.append(v - v * iv.value / iv.high), hi.append(v * iv.value / iv.low - v)
@@ -44,7 +50,7 @@ def _bar(ax, res: RunResults, key: str, ylabel: str, title: str):
     ax.bar_label(bars, labels=[f"{v:,.1f}" for v in vals], label_type="center", color="white",
                  fontweight="bold")
     for m, v in zip(ms, vals):  # the no-communication bound: the ceiling of every method
-        if key == "avg_train_throughput" and SPECS[m].bound:
+        if throughput and SPECS[m].bound:
             ax.axhline(v, ls="--", lw=1, color="#555", label=f"{label(m)}: the ceiling")
             ax.legend(fontsize=8, loc="lower right")
     ax.set_ylabel(ylabel)
@@ -63,20 +69,19 @@ def _note_missing(ax, res: RunResults) -> None:
 
 
 def plot_throughput(res: RunResults, ax):
-    _bar(ax, res, "avg_train_throughput", "images / second (all trainers, steady state)",
-         "Training throughput")
+    _bar(ax, res, True, "images / second (all trainers, steady state)", "Training throughput")
 
 
 def plot_training_time(res: RunResults, ax):
-    _bar(ax, res, "avg_train_time_per_epoch", "seconds per epoch", "Training time per epoch")
+    _bar(ax, res, False, "seconds per epoch", "Training time per epoch")
 
 
-def _later_repeats(repeats: Optional[dict[str, list[dict]]], m: str) -> list[dict]:
+def _later_repeats(repeats: Optional[dict[str, list[Result]]], m: str) -> list[Result]:
     """Repeats 2..N of method ``m`` (repeat 1 is the main document, drawn in full)."""
-    return [d for d in (repeats or {}).get(m, [])[1:] if d.get("epochs")]
+    return [d for d in (repeats or {}).get(m, [])[1:] if d.epochs]
 
 
-def plot_losses(docs: dict[str, dict], ax=None, repeats: Optional[dict[str, list[dict]]] = None):
+def plot_losses(docs: dict[str, Result], ax=None, repeats: Optional[dict[str, list[Result]]] = None):
     """Per-step training loss of each method, on one axis; with ``repeats`` (RunResults.repeats)
     every other repeat's curve is drawn faintly in the method's colour, so the spread shows."""
     import matplotlib.pyplot as plt
@@ -84,12 +89,12 @@ def plot_losses(docs: dict[str, dict], ax=None, repeats: Optional[dict[str, list
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
     for m, d in docs.items():
-        losses = d.get("all_losses") or []
+        losses = d.all_losses
         k = method_key(d) or m
-        ax.plot(range(1, len(losses) + 1), losses, label=d.get("method", m), lw=1.2,
+        ax.plot(range(1, len(losses) + 1), losses, label=d.method, lw=1.2,
                 color=COLORS.get(k))
         for r in _later_repeats(repeats, m):
-            rl = r.get("all_losses") or []
+            rl = r.all_losses
             ax.plot(range(1, len(rl) + 1), rl, lw=0.8, alpha=0.35, color=COLORS.get(k))
     ax.set_xlabel("training step")
     ax.set_ylabel("training loss (cross-entropy)")
@@ -102,18 +107,18 @@ def plot_losses(docs: dict[str, dict], ax=None, repeats: Optional[dict[str, list
 
 def plot_accuracy(res: RunResults, ax):
     for m, d in res.ok.items():
-        ep = epochs_of(d)
-        x = [e["epoch"] for e in ep]
-        ax.plot(x, [e["train_accuracy"] for e in ep], "--o", color=COLORS[m], ms=4,
+        ep = d.epochs
+        x = [e.epoch for e in ep]
+        ax.plot(x, [e.train_accuracy for e in ep], "--o", color=COLORS[m], ms=4,
                 label=f"{label(m)} (train)")
-        if all("val_accuracy" in e for e in ep):
-            ax.plot(x, [e["val_accuracy"] for e in ep], "-s", color=COLORS[m], ms=4,
+        if all(e.val_accuracy is not None for e in ep):
+            ax.plot(x, [e.val_accuracy for e in ep], "-s", color=COLORS[m], ms=4,
                     label=f"{label(m)} (val)")
         for r in _later_repeats(res.repeats, m):  # faint: the other repeats' curves
-            rx = [e["epoch"] for e in r["epochs"]]
-            ax.plot(rx, [e["train_accuracy"] for e in r["epochs"]], "--", color=COLORS[m], lw=0.8, alpha=0.35)
-            if all("val_accuracy" in e for e in r["epochs"]):
-                ax.plot(rx, [e["val_accuracy"] for e in r["epochs"]], "-", color=COLORS[m], lw=0.8, alpha=0.35)
+            rx = [e.epoch for e in r.epochs]
+            ax.plot(rx, [e.train_accuracy for e in r.epochs], "--", color=COLORS[m], lw=0.8, alpha=0.35)
+            if all(e.val_accuracy is not None for e in r.epochs):
+                ax.plot(rx, [e.val_accuracy for e in r.epochs], "-", color=COLORS[m], lw=0.8, alpha=0.35)
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
@@ -142,7 +147,7 @@ def plot_communication(res: RunResults, ax):
     for m in ("allreduce", "ps"):
         if m not in docs:
             continue
-        step = 1000 * mean(e["avg_batch_time"] for e in epochs_of(docs[m]) if "avg_batch_time" in e)
+        step = 1000 * mean(e.avg_batch_time for e in docs[m].epochs if e.avg_batch_time is not None)
         parts = c[m]
         labels.append(label(m))
         comm_parts.append(parts)

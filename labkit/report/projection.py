@@ -35,7 +35,7 @@ def inputs_of(res: RunResults) -> Optional[dict[str, dict]]:
     (DDP among them, and at least one other), every method given DDP's compute; else None."""
     inputs = {}
     for m in judged(res):
-        runs = [d for d in runs_of(res, m) if d.get("epochs")]
+        runs = [d for d in runs_of(res, m) if d.epochs]
         x = measured_inputs(runs[0]) if runs else None
         if x is not None:
             inputs[m] = x
@@ -182,8 +182,8 @@ TCP_ALPHA = INTERCONNECTS["10gbe"].alpha
 
 def emulated(res: RunResults) -> Optional[dict]:
     """The emulated link the run's methods had (their result files' ``link``), or None."""
-    return next((d["link"] for d in res.ok.values() if isinstance(d.get("link"), dict)
-                 and d["link"].get("rate_bit")), None)
+    return next((d.link for d in res.ok.values() if isinstance(d.link, dict)
+                 and d.link.get("rate_bit")), None)
 
 
 def goodput_bit(link: dict) -> Optional[float]:
@@ -211,7 +211,7 @@ def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
         models["goodput"] = _model_link("goodput", goodput_bit(link), delay)
     out = []
     for m, x in inputs.items():
-        b = breakdown.of_result([d for d in runs_of(res, m) if d.get("epochs")][0])
+        b = breakdown.of_result([d for d in runs_of(res, m) if d.epochs][0])
         measured = b.measured or b.total
         row = {"method": m, "measured": measured}
         for k, lk in models.items():

@@ -9,7 +9,6 @@ from labkit.core import stats
 from labkit.core import layout
 from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.run_folder import RunFolder
-from labkit.core.status import status_of
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
@@ -37,11 +36,11 @@ def repeat_rows(res: RunResults) -> list[dict]:
         for i, d in enumerate(res.repeats.get(m, []), 1):
             agg = stats.aggregate([d])
             pos = order[i - 1].index(m) + 1 if i <= len(order) and m in order[i - 1] else None
-            rows.append({"Method": label(m), "Repeat": i, "Seed": d.get("config", {}).get("seed", "-"),
+            rows.append({"Method": label(m), "Repeat": i, "Seed": d.config.get("seed", "-"),
                          "Ran as": f"{pos} of {len(order[i - 1])}" if pos else "-",
-                         "Throughput (img/s)": agg["throughput_per_repeat"][0],
-                         "Best accuracy (%)": agg["best_val_accuracy"],
-                         "Status": status_of(d)})
+                         "Throughput (img/s)": agg.throughput_per_repeat[0],
+                         "Best accuracy (%)": agg.best_accuracy,
+                         "Status": d.status})
     return rows
 
 
@@ -49,16 +48,16 @@ def aggregate_rows(res: RunResults) -> list[dict]:
     """One row per method: mean over its repeats, with the 95% CI over repeats."""
     rows = []
     for m in METHOD_ORDER:
-        docs = [d for d in res.repeats.get(m, []) if d.get("epochs")]
+        docs = [d for d in res.repeats.get(m, []) if d.epochs]
         if not docs:
             continue
         agg = stats.aggregate(docs)
-        iv = agg["throughput"]
-        rows.append({"Method": label(m), "Repeats": agg["repeats"],
+        iv = agg.throughput
+        rows.append({"Method": label(m), "Repeats": agg.repeats,
                      "Throughput (img/s)": iv.value if iv.value is not None else float("nan"),
                      "95% CI": iv.ci_text(1) + (f" (over {iv.basis})" if iv.available else ""),
-                     "Best accuracy (%)": agg["best_val_accuracy"],
-                     "Seeds": ", ".join(str(s) for s in agg["seeds"])})
+                     "Best accuracy (%)": agg.best_accuracy,
+                     "Seeds": ", ".join(str(s) for s in agg.seeds)})
     return rows
 
 

@@ -18,7 +18,7 @@ from labkit.core.status import Status
 from .blocks import Block, Html, Markdown
 from .captions import caption, figure_caption
 from .figures import figure_html
-from .load import RunResults, epochs_of, load_reproduction, load_variants
+from .load import RunResults, load_reproduction, load_variants
 from .tables import html_table, reproduction_rows, variant_rows
 from .text import load_bench, reproduction_summary
 
@@ -86,11 +86,11 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
     blocks.append(Html(html_table(variant_rows(base, variants))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     for i, (name, d) in enumerate([*base.items(), *variants.items()]):
-        losses = d.get("all_losses") or []
+        losses = d.all_losses
         style = "-" if name in base else "--"
         a.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=name, color=f"C{i}")
-        ep = epochs_of(d)
-        b.plot([e["epoch"] for e in ep], [e.get("val_accuracy") for e in ep], style + "o", lw=1.2,
+        ep = d.epochs
+        b.plot([e.epoch for e in ep], [e.val_accuracy for e in ep], style + "o", lw=1.2,
                label=name, color=f"C{i}")
     a.set(xlabel="training step", ylabel="training loss", title="Loss per step")
     b.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Validation accuracy")

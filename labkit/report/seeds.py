@@ -26,12 +26,13 @@ from labkit.core import breakdown, stats
 from labkit.core.config import VARIANTS
 from labkit.core.health import diverged_where
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
-from labkit.core.status import Status, status_of
+from labkit.core.results import Result
+from labkit.core.status import Status
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
 from .figures import COLORS, figure_html
-from .load import RunResults, epochs_of, runs_of
+from .load import RunResults, runs_of
 from .tables import html_table, target, target_text, wire_mb
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
@@ -95,17 +96,17 @@ def score(res: RunResults, m: str, goal: float) -> Seeds:
     s = Seeds(m, [], [], [], [])
     mbs = []
     for d in runs_of(res, m):
-        seed = d.get("config", {}).get("seed", "-")
+        seed = d.config.get("seed", "-")
         tta = breakdown.time_to_accuracy(d, goal)
         s.seeds.append(seed)
         s.seconds.append(tta.seconds if tta.reached else math.inf)
         s.steps.append(float(tta.steps) if tta.reached and tta.steps is not None else math.inf)
-        accs = [e.get("val_accuracy") for e in epochs_of(d) if e.get("val_accuracy") is not None]
+        accs = [e.val_accuracy for e in d.epochs if e.val_accuracy is not None]
         s.final.append(accs[-1] if accs else None)
-        why = diverged_where(d) or (d.get("error") if status_of(d) is Status.FAILED else None)
-        if why or status_of(d) is not Status.COMPLETED:
-            s.failed.append(f"seed {seed}: {why or status_of(d).value}")
-        w = wire_mb(d) if d.get("epochs") else None
+        why = diverged_where(d) or (d.error if d.status is Status.FAILED else None)
+        if why or d.status is not Status.COMPLETED:
+            s.failed.append(f"seed {seed}: {why or d.status.value}")
+        w = wire_mb(d) if d.epochs else None
         if w is not None:
             mbs.append(w[0])
     s.mb_per_step = float(np.mean(mbs)) if mbs else None
@@ -121,7 +122,7 @@ def judged(res: RunResults) -> list[str]:
 
 def has_seeds(res: RunResults) -> bool:
     """Whether some method ran from more than one seed."""
-    return any(len({d.get("config", {}).get("seed") for d in runs_of(res, m)}) > 1
+    return any(len({d.config.get("seed") for d in runs_of(res, m)}) > 1
                for m in judged(res))
 
 
@@ -174,8 +175,7 @@ def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
             word = ("faster" if iv.high < 1 else "slower" if iv.low > 1 else "within noise")
             speed = (f"{word}: {iv.value:.2f}x {bname}'s time to target "
                      f"(95% CI {iv.ci_text(ref=1.0)} over {a.n} and {b.n} seeds)")
-    acc = stats.accuracy_verdict(name, runs_of(res, m), runs_of(res, base), bname,
-                                 key="final_val_accuracy")
+    acc = stats.accuracy_verdict(name, runs_of(res, m), runs_of(res, base), bname, final=True)
     word = {"lower": "accuracy lost", "higher": "accuracy gained",
             "within noise": "no accuracy lost beyond the noise"}.get(acc.label, "accuracy: " + acc.label)
     return f"{name} vs {bname}: {speed}; {word}: {acc.sentence.split(': ', 1)[-1]}"
@@ -223,17 +223,17 @@ def seeds_text(res: RunResults) -> list[str]:
 SEED_PLOTS = ("accuracy_vs_time", "accuracy_vs_bytes")
 
 
-def _curve(d: dict, mb_per_step: Optional[float]) -> tuple[list[float], list[float], list[float]]:
+def _curve(d: Result, mb_per_step: Optional[float]) -> tuple[list[float], list[float], list[float]]:
     """(seconds, MB sent per trainer, validation accuracy) at each epoch's end."""
     t, mb, acc, st, sb = [], [], [], 0.0, 0.0
-    for e in epochs_of(d):
-        st += e.get("train_time", 0.0) + e.get("val_time", 0.0)
-        w = e.get("wire") or {}
+    for e in d.epochs:
+        st += e.train_time + (e.val_time if e.val_time is not None else 0.0)
+        w = e.wire or {}
         sent = [x for x, tr in zip(w.get("sent_per_step") or [], w.get("trainer") or []) if tr]
         per_step = float(np.mean(sent)) / 1e6 if sent else (mb_per_step or 0.0)
-        sb += per_step * e.get("steps", 0)
-        if e.get("val_accuracy") is not None:
-            t.append(st), mb.append(sb), acc.append(e["val_accuracy"])
+        sb += per_step * (e.steps if e.steps is not None else 0)
+        if e.val_accuracy is not None:
+            t.append(st), mb.append(sb), acc.append(e.val_accuracy)
     return t, mb, acc
 
 

@@ -100,15 +100,15 @@ def machine_line(res: RunResults, env: Optional[dict]) -> Optional[str]:
     d = next(iter(res.ok.values()), None)
     if d is None:
         return None
-    cfg, w = d.get("config") or {}, d.get("world") or {}
+    cfg, w = d.config, d.world
     where = ""
     if env:
         gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU"
         where = f" on {env.get('host')} ({env.get('cpu')}, {env.get('cpu_count')} cores; {gpus})"
     what = ", ".join(x for x in (f"{cfg['model']} on {cfg['dataset']}" if cfg.get("model") else "",
-                                 f"{d.get('world_size')} processes per method",
+                                 f"{d.world_size} processes per method",
                                  cfg.get("backend") or w.get("backend") or "",
-                                 f"{len(d.get('epochs') or [])} epoch(s)") if x)
+                                 f"{len(d.epochs)} epoch(s)") if x)
     return f"Measured{where}: {what}."
 
 

@@ -22,7 +22,8 @@ from labkit.core import layout
 from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.run_folder import RunFolder
-from labkit.core.status import Status, status_of
+from labkit.core.results import Result
+from labkit.core.status import Status
 from labkit.core.texttable import text_table
 
 from .figures import COLORS, save_figure
@@ -76,20 +77,20 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
 SCALED = ("nproc", "emulate_nodes")
 
 
-def _processes(doc: dict) -> int:
-    return int(doc["world_size"])
+def _processes(doc: Result) -> int:
+    return int(doc.world_size)
 
 
-def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[dict]]]]:
+def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[Result]]]]:
     """(method, the other swept values as text) -> [(processes, its repeats' documents)],
     by process count (emulated nodes x nproc). A grid over nproc and batch_size gives one
     series per method and batch."""
-    out: dict[tuple[str, str], list[tuple[int, list[dict]]]] = {}
+    out: dict[tuple[str, str], list[tuple[int, list[Result]]]] = {}
     for p in sw.points:
         other = ", ".join(f"{k}={v}" for k, v in p.params.items() if k not in SCALED)
         for m in METHOD_ORDER:
-            docs = [d for d in (p.res.repeats.get(m) or []) if d.get("epochs")]
-            if docs and all(status_of(d) == Status.COMPLETED for d in docs):
+            docs = [d for d in (p.res.repeats.get(m) or []) if d.epochs]
+            if docs and all(d.status == Status.COMPLETED for d in docs):
                 out.setdefault((m, other), []).append((_processes(docs[0]), docs))
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 
@@ -108,7 +109,7 @@ def scaling_rows(sw: Sweep) -> list[dict]:
             eff = ratio.value * k if ratio.value else None
             rows.append({
                 "Method": label(*key), "Processes": n,
-                "Trainers": stats.images_per_step(docs[0]) // int(docs[0]["batch_size"]),
+                "Trainers": stats.images_per_step(docs[0]) // int(docs[0].batch_size),
                 "Throughput (img/s)": f"{t.value:,.1f}" if t.value else "-",
                 "95% CI": t.ci_text(1),
                 "Ideal (img/s)": f"{t0.value * n / n0:,.1f}" if t0.value else "-",
@@ -172,7 +173,7 @@ def limits(sw: Sweep) -> list[str]:
     """What bounds the scaling here, from the recorded environment: said, not implied."""
     lines = []
     ns = sorted({n for pts in series(sw).values() for n, _ in pts})
-    devices = {d.get("world", {}).get("device") for p in sw.points for ds in p.res.repeats.values()
+    devices = {d.world.get("device") for p in sw.points for ds in p.res.repeats.values()
                for d in ds}
     env = next((p.env for p in sw.points if p.env), {}) or {}
     cores = env.get("cpu_count")

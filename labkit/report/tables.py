@@ -5,12 +5,12 @@ import html
 from typing import Optional
 
 from labkit.core import breakdown, stats
-from labkit.core import efficiency
-from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SPECS, comm_key, find, label
+from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SPECS, find, label
+from labkit.core.results import NAN, Efficiency, Result
 from labkit.core.texttable import text_table as _text_table
 from labkit.core.texttable import two_decimals
 
-from .load import RunResults, epochs_of, summary_value
+from .load import RunResults
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
@@ -27,7 +27,7 @@ def chance_only(res: RunResults) -> Optional[str]:
     """Why no accuracy is compared, when every method trained on synthetic data: its labels
     are drawn at random (labkit.training.data.SyntheticImages), so no model can beat chance and
     time to accuracy would time noise. None otherwise."""
-    cfgs = [d.get("config") or {} for d in res.ok.values()]
+    cfgs = [d.config for d in res.ok.values()]
     if not cfgs or any(c.get("dataset") != "synthetic" for c in cfgs):
         return None
     classes = cfgs[0].get("num_classes")
@@ -69,10 +69,10 @@ def time_to_target(res: RunResults, m: str) -> tuple[object, object]:
     return tta.seconds, tta.steps if tta.steps is not None else "-"
 
 
-def method_runs(res: RunResults, m: str) -> list[dict]:
-    """Method ``m``'s result documents: one per repeat (``res.repeats``, when the run folder
-    has repeats), else its one result file."""
-    reps = [d for d in res.repeats.get(m) or [] if d.get("epochs")]
+def method_runs(res: RunResults, m: str) -> list[Result]:
+    """Method ``m``'s results: one per repeat (``res.repeats``, when the run folder has
+    repeats), else its one result file."""
+    reps = [d for d in res.repeats.get(m) or [] if d.epochs]
     return reps or [res.ok[m]]
 
 
@@ -117,12 +117,13 @@ def comparison_rows(res: RunResults) -> list[dict]:
             speed, speed_ci = "n/a (no DDP result)", "n/a"
         else:
             speed, speed_ci = f"{sp.value:.2f}x", sp.ci_text(ref=1.0)
+        overall = docs[m].overall
         rows.append({"Method": label(m),
                      "Avg throughput (img/s)": thr.value if thr.value is not None
-                     else summary_value(docs[m], "avg_train_throughput"),
+                     else overall.avg_train_throughput,
                      THR_CI: thr.ci_text(digits=1),
-                     "Avg train time/epoch (s)": summary_value(docs[m], "avg_train_time_per_epoch"),
-                     "Best accuracy (%)": summary_value(docs[m], "best_val_accuracy"),
+                     "Avg train time/epoch (s)": overall.avg_train_time_per_epoch,
+                     "Best accuracy (%)": overall.best_val_accuracy,
                      "Speedup vs DDP": speed, SPEED_CI: speed_ci})
         rows[-1][TTA], rows[-1][STA] = time_to_target(res, m)
     return rows
@@ -135,17 +136,17 @@ def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
     for m, d in res.ok.items():
         phases = SPECS[m].phases if m in SPECS else ()
         if phases:
-            out[m] = {("allreduce" if p == "comm" else p): 1000 * summary_value(d, comm_key(p))
-                      for p in phases}
+            comm = d.overall.comm
+            out[m] = {("allreduce" if p == "comm" else p): 1000 * comm.get(p, NAN) for p in phases}
     return out
 
 
-def wire_mb(doc: dict) -> Optional[tuple[float, float]]:
+def wire_mb(doc: Result) -> Optional[tuple[float, float]]:
     """MB (10^6 bytes) a trainer sent and received per step on the wire, the mean over the
     trainers of the last epoch (counted by the lab from the collectives the method issued:
     labkit.training.sync.collectives); None for a file written before they were counted."""
-    ep = epochs_of(doc)
-    w = ep[-1].get("wire") if ep else None
+    ep = doc.epochs
+    w = ep[-1].wire if ep else None
     if not isinstance(w, dict) or not w.get("sent_per_step"):
         return None
     ranks = [i for i, t in enumerate(w["trainer"]) if t] or list(range(len(w["trainer"])))
@@ -176,7 +177,8 @@ def communication_rows(res: RunResults) -> list[dict]:
         b = breakdown.of_result(res.ok[m])
         total = b.comm * 1000 if b is not None and b.comm is not None else None
         row[WIRE] = wire_text(wire_mb(res.ok[m]))
-        state = (res.ok[m].get("efficiency") or {}).get("optimizer_state_bytes")
+        eff = res.ok[m].efficiency
+        state = eff.optimizer_state_bytes if eff else None
         if state:
             row[STATE] = ", ".join(f"{b / 2**20:.2f}" for b in state)
         if {"pull", "push"} <= set(c.get(m, ())):
@@ -205,17 +207,17 @@ def efficiency_rows(res: RunResults) -> list[dict]:
         if m not in res.ok:
             continue
         d = res.ok[m]
-        e, ep = d.get("efficiency") or {}, epochs_of(d)
-        waits = [w for w in (efficiency.data_wait_share(x) for x in ep) if w is not None]
-        mem = e.get("peak_memory_bytes")
+        e = d.efficiency or Efficiency()
+        waits = [w for w in (x.waited_share for x in d.epochs) if w is not None]
+        mem = e.peak_memory_bytes
         rows.append({
             "Method": label(m),
-            "GFLOP/image (fwd+bwd)": e["flops_per_image"] / 1e9 if e.get("flops_per_image") else "-",
-            "Precision": e.get("precision") or "-",
-            "MFU (%)": 100 * e["mfu"] if e.get("mfu") is not None else "-",
+            "GFLOP/image (fwd+bwd)": e.flops_per_image / 1e9 if e.flops_per_image else "-",
+            "Precision": e.precision or "-",
+            "MFU (%)": 100 * e.mfu if e.mfu is not None else "-",
             "Peak GPU memory per rank (GiB)": ", ".join(f"{b / 2**30:.2f}" for b in mem) if mem else "-",
             "Data wait (% of step)": 100 * sum(waits) / len(waits) if waits else "-",
-            "GPU": e.get("device_name") or d.get("world", {}).get("device", "-"),
+            "GPU": e.device_name or d.world.get("device", "-"),
         })
     return rows
 
@@ -232,16 +234,26 @@ def html_table(rows: list[dict], columns: Optional[list[str]] = None) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def epoch_rows(doc: dict) -> list[dict]:
-    keys = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "train_time",
-            "train_throughput", "avg_batch_time", "avg_comm_time", "avg_comm_time_pull",
-            "avg_comm_time_push")
+#: the per-epoch table's columns: (heading, the epoch's figure; None: the column is left out)
+EPOCH_COLUMNS = (
+    ("epoch", lambda e: e.epoch), ("train_loss", lambda e: e.train_loss),
+    ("train_accuracy", lambda e: e.train_accuracy), ("val_loss", lambda e: e.val_loss),
+    ("val_accuracy", lambda e: e.val_accuracy), ("train_time", lambda e: e.train_time),
+    ("train_throughput", lambda e: e.train_throughput),
+    ("avg_batch_time", lambda e: e.avg_batch_time),
+    ("avg_comm_time", lambda e: e.comm.get("comm")),
+    ("avg_comm_time_pull", lambda e: e.comm.get("pull")),
+    ("avg_comm_time_push", lambda e: e.comm.get("push")),
+)
+
+
+def epoch_rows(doc: Result) -> list[dict]:
     rows = []
-    for e in doc["epochs"]:
-        r = {k: e[k] for k in keys if k in e}
-        if e.get("avg_data_time") is not None and e.get("avg_batch_time"):
+    for e in doc.epochs:
+        r = {k: v for k, v in ((k, of(e)) for k, of in EPOCH_COLUMNS) if v is not None}
+        if e.avg_data_time is not None and e.avg_batch_time:
             # time a trainer waited for its next batch, as a share of the step (target: <= 5%)
-            r["data_wait_pct"] = 100 * e["avg_data_time"] / e["avg_batch_time"]
+            r["data_wait_pct"] = 100 * e.avg_data_time / e.avg_batch_time
         rows.append(r)
     return rows
 
@@ -321,26 +333,27 @@ def config_rows(res: RunResults) -> list[dict]:
     for k in keys:
         row = {"setting": k}
         for m, d in res.ok.items():
-            cfg = d.get("config", {})
-            v = cfg[k] if k in cfg else len(d["epochs"]) if k == "epochs" else d.get(k, "-")
+            # a file without a config (the guide's): its world and batch size, its epochs
+            got = {"world_size": d.world_size, "batch_size": d.batch_size, "epochs": len(d.epochs)}
+            v = d.config[k] if k in d.config else got.get(k, "-")
             row[label(m)] = "-" if v is None else v
         rows.append(row)
     return rows
 
 
-def variant_rows(base: dict[str, dict], variants: dict[str, dict]) -> list[dict]:
+def variant_rows(base: dict[str, Result], variants: dict[str, Result]) -> list[dict]:
     rows = []
     for name, d in [*base.items(), *variants.items()]:
-        c, ep = d.get("config", {}), epochs_of(d)
-        stale = [e["max_staleness_observed"] for e in ep if "max_staleness_observed" in e]
+        c, ep, overall = d.config, d.epochs, d.overall
+        stale = [e.extra["max_staleness_observed"] for e in ep if "max_staleness_observed" in e.extra]
         rows.append({
             "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", "ddp")) else None,
             "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
-            "img/s": summary_value(d, "avg_train_throughput"),
-            "final train loss": ep[-1]["train_loss"] if ep else None,
-            "best val acc %": summary_value(d, "best_val_accuracy"),
+            "img/s": overall.avg_train_throughput,
+            "final train loss": ep[-1].train_loss if ep else None,
+            "best val acc %": overall.best_val_accuracy,
             "max staleness seen": max(stale) if stale else None,
             WIRE: wire_text(wire_mb(d)),
-            "status": d.get("status"),
+            "status": d.status,
         })
     return rows

@@ -11,11 +11,12 @@ from labkit.bench import bench_view
 from labkit.core import breakdown
 from labkit.core import stats
 from labkit.core.methods import METHOD_ORDER, SPECS, label
+from labkit.core.results import Result
 from labkit.core.run_folder import goodputs
 
 from .captions import heading
 from .findings import health_lines
-from .load import RunResults, summary_value
+from .load import RunResults
 from .seeds import seeds_text
 from .tables import comparison_rows, method_runs, chance_only, target, text_table
 
@@ -159,7 +160,7 @@ def context_lines(res: RunResults, speed: list[stats.Verdict]) -> list[str]:
     load = load_line(res)
     lines += [load] if load else []
     if speed and all(v.label == "not available" for v in speed):
-        thr = {m: summary_value(d, "avg_train_throughput") for m, d in res.ok.items()}
+        thr = {m: d.overall.avg_train_throughput for m, d in res.ok.items()}
         top = max(thr, key=thr.get)
         lines.append(f"{label(top)} had the highest measured throughput ({thr[top]:.1f} img/s), "
                      f"but without confidence intervals these files cannot say whether the "
@@ -167,7 +168,7 @@ def context_lines(res: RunResults, speed: list[stats.Verdict]) -> list[str]:
     return lines + bound_lines(res) + kind_lines(res)
 
 
-def phase_text(doc: dict, ddp: dict) -> str:
+def phase_text(doc: Result, ddp: Result) -> str:
     """Which part of the step (labkit.core.breakdown) differs most from DDP's, as a
     sentence to follow a speed verdict ("" without both breakdowns)."""
     b, base = breakdown.of_result(doc), breakdown.of_result(ddp)
@@ -222,14 +223,14 @@ def waits_lines(res: RunResults) -> list[str]:
 
 def ran_on_gpu(res: RunResults) -> bool:
     """Whether any method's ranks computed on a GPU (Table 9, GPU use, is shown only then)."""
-    return any(str(d.get("world", {}).get("device", "")).startswith("cuda") for d in res.ok.values())
+    return any(str(d.world.get("device", "")).startswith("cuda") for d in res.ok.values())
 
 
 def shared_device_line(res: RunResults) -> Optional[str]:
     """A sentence when a method's ranks shared GPUs (more local ranks than GPUs on cuda: one
     GPU's default, labkit.launch.launch_params.machine_defaults), else None."""
     for d in res.ok.values():
-        w = d.get("world", {})
+        w = d.world
         ranks, gpus = int(w.get("local_world_size") or 1), int(w.get("gpus") or 0)
         if str(w.get("device", "")).startswith("cuda") and gpus and ranks > gpus:
             return (f"The ranks shared one device: {ranks} processes on {gpus} GPU(s), over "
@@ -246,7 +247,7 @@ def link_lines(res: RunResults) -> list[str]:
     links: dict[str, list[float]] = {}
     cc: dict[str, str] = {}
     for d in res.ok.values():
-        link = d.get("link")
+        link = d.link
         if not isinstance(link, dict):
             continue
         text = (f"an emulated cluster of {link.get('nodes')} nodes x {link.get('ranks_per_node')} "

@@ -74,13 +74,13 @@ def _environment(res: RunResults, run: Optional[Path], env: Optional[dict]) -> l
                      f"CUDA {env.get('cuda')}, NCCL {env.get('nccl')} | git {str(env.get('git', {}).get('commit'))[:10]}"
                      f"{' (dirty)' if env.get('git', {}).get('dirty') else ''}")
     for m, d in res.ok.items():
-        cfg = d.get("config", {})
-        parts.append(f"{label(m)}: world size {d.get('world_size')}, batch {d.get('batch_size')}/trainer"
+        cfg = d.config
+        parts.append(f"{label(m)}: world size {d.world_size}, batch {d.batch_size}/trainer"
                      + (f", {cfg.get('model')} on {cfg.get('dataset')}, backend {cfg.get('backend')}" if cfg else "")
-                     + f", {len(d['epochs'])} epoch(s), {d.get('start_time')} -> {d.get('end_time')}")
+                     + f", {len(d.epochs)} epoch(s), {d.start_time} -> {d.end_time}")
     parts.append("")
     for m, d in res.ok.items():
-        parts += [f"{d['method']}: per epoch", "", text_table(epoch_rows(d)), ""]
+        parts += [f"{d.method}: per epoch", "", text_table(epoch_rows(d)), ""]
     return parts
 
 

@@ -23,9 +23,10 @@ from typing import Any, Iterable, Optional
 from labkit.core import layout
 from labkit.core.files import atomic_write_json
 from labkit.core.layout import portable
+from labkit.core.results import Result
 from labkit.core.run_folder import RunFolder
 from labkit.core.run_folder import RunFolderError as ReproduceError
-from labkit.core.status import Status, status_of
+from labkit.core.status import Status
 
 from .environments import environment_diff, fingerprint_reason, load_environment
 
@@ -33,9 +34,9 @@ __all__ = ["ReproduceError", "select_methods", "compare_runs", "environment_diff
            "load_environment"]
 
 SCHEMA = "labkit.reproduction/1"
-# per-epoch metrics that must reproduce (timings are compared apart, never for equality)
+# per-epoch metrics that must reproduce (labkit.core.results.Epoch's fields, named so in
+# reproduction.json; timings are compared apart, never for equality)
 EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
-STEP_LOSSES = "all_losses"  # the guide's per-epoch list of per-step losses (mean over trainers)
 IDENTICAL, WITHIN, DIFFERENT = "identical", "equal within tolerance", "different"
 
 
@@ -80,22 +81,24 @@ class _Diff:
         self.value(0.0, d, {"metric": f"final parameter {name}"})  # records d as the difference
 
 
-def _steps(doc: dict) -> list[tuple[int, int, float]]:
-    """[(epoch, step within the epoch, loss)] over the run, from each epoch's all_losses."""
-    return [(e["epoch"], i + 1, v) for e in doc.get("epochs", []) for i, v in enumerate(e.get(STEP_LOSSES, []))]
+def _steps(doc: Result) -> list[tuple[int, int, float]]:
+    """[(epoch, step within the epoch, loss)] over the run, from each epoch's per-step losses
+    (the guide's all_losses: the mean over the trainers)."""
+    return [(e.epoch, i + 1, v) for e in doc.epochs for i, v in enumerate(e.all_losses)]
 
 
-def _compare_results(a: dict, b: dict, diff: _Diff, reasons: list[str]) -> dict:
+def _compare_results(a: Result, b: Result, diff: _Diff, reasons: list[str]) -> dict:
     sa, sb = _steps(a), _steps(b)
     for n, ((ep, st, va), (_, _, vb)) in enumerate(zip(sa, sb), 1):
         diff.value(va, vb, {"step": n, "epoch": ep, "step_in_epoch": st, "metric": "loss"})
     if len(sa) != len(sb):
         reasons.append(f"{len(sa)} recorded steps, {len(sb)} reproduced")
-    ea, eb = a.get("epochs", []), b.get("epochs", [])
+    ea, eb = a.epochs, b.epochs
     for x, y in zip(ea, eb):
         for k in EPOCH_METRICS:
-            if k in x and k in y:
-                diff.value(x[k], y[k], {"epoch": x["epoch"], "metric": k})
+            vx, vy = getattr(x, k), getattr(y, k)
+            if vx is not None and vy is not None:
+                diff.value(vx, vy, {"epoch": x.epoch, "metric": k})
     if len(ea) != len(eb):
         reasons.append(f"{len(ea)} recorded epochs, {len(eb)} reproduced")
     return {"steps": min(len(sa), len(sb)), "epochs": min(len(ea), len(eb))}
@@ -141,8 +144,8 @@ def compare_method(a: RunFolder, b: RunFolder, method: str,
         reasons.append("no readable result file in the reproduction")
     if da is not None and db is not None:
         for doc, who in ((da, "recorded run"), (db, "reproduction")):
-            if status_of(doc) != Status.COMPLETED:
-                reasons.append(f"the {who} has status {doc['status']}")
+            if doc.status != Status.COMPLETED:
+                reasons.append(f"the {who} has status {doc.status}")
         compared = _compare_results(da, db, diff, reasons)
         if not compared["steps"]:
             notes.append("no per-step losses recorded")
@@ -169,7 +172,7 @@ def compare_method(a: RunFolder, b: RunFolder, method: str,
             "first_divergence": diff.first, "reasons": reasons, "notes": notes,
             "data": {"recorded": fa, "reproduced": fb} if data_why else None,
             "compared": compared,
-            "timing": compare_timings(da, db) if da and db else None}
+            "timing": compare_timings(da, db) if da is not None and db is not None else None}
 
 
 def describe_divergence(first: dict) -> str:
@@ -188,7 +191,7 @@ def describe_divergence(first: dict) -> str:
 
 
 # ------------------------------------------------------------------ timings
-def compare_timings(a: dict, b: dict) -> dict:
+def compare_timings(a: Result, b: Result) -> dict:
     """Speed of the reproduction relative to the recording, never a pass/fail: labkit.core.stats'
     speedup (throughput of ``b`` / throughput of ``a``, > 1: the reproduction was faster) with
     its 95% interval (batch means over each run's steady-state step times, Welch degrees of

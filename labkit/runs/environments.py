@@ -15,8 +15,8 @@ def load_environment(rec: RunFolder) -> dict:
     packages of its requirements.lock, and each method's rank-0 determinism facts."""
     env = dict(rec.env)
     env["package_versions"] = rec.package_versions()
-    env["rank_determinism"] = {m: d.get("determinism") for m in rec.methods
-                               if (d := rec.result(m)) and d.get("determinism")}
+    env["rank_determinism"] = {m: d.determinism for m in rec.methods
+                               if (d := rec.result(m)) is not None and d.determinism}
     return env
 
 

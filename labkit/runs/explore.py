@@ -15,8 +15,8 @@ from labkit.core import breakdown
 from labkit.core import layout
 from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_NAMES, label
+from labkit.core.results import Epoch, Result
 from labkit.core.run_folder import RunFolder
-from labkit.core.status import status_of
 
 # What can be overlaid: (key, axis label with its unit).  Per-epoch keys come first; "all_losses"
 # is the per-step loss over the whole run.  A tuple, not a dict: modules are re-imported in live
@@ -34,14 +34,16 @@ METRICS = (
     ("avg_comm_time_pull", "PS pull time per step (s)"),
     ("avg_comm_time_push", "PS push time per step (s)"),
 )
+# the metrics above that are a communication phase's time per step: metric -> its phase
+PHASE_METRICS = (("avg_comm_time", "comm"), ("avg_comm_time_pull", "pull"), ("avg_comm_time_push", "push"))
 
 @dataclass(frozen=True)
 class Run:
     """One run folder, loaded: results by method key, and problems (failed/corrupt) by method."""
     name: str
     path: Path
-    docs: dict
-    problems: dict
+    docs: dict[str, Result]
+    problems: dict[str, str]
 
 
 def metric_label(metric: str) -> str:
@@ -80,7 +82,7 @@ def _method_keys(methods: Optional[Iterable[str]]) -> list[str]:
 
 
 def _select(runs: list[Run], run_names: Optional[Iterable[str]],
-            methods: Optional[Iterable[str]]) -> list[tuple[Run, str, dict]]:
+            methods: Optional[Iterable[str]]) -> list[tuple[Run, str, Result]]:
     """(run, method key, result) for the chosen runs x methods that have a result file."""
     names = None if run_names is None else set(run_names)
     keys = _method_keys(methods)
@@ -88,16 +90,25 @@ def _select(runs: list[Run], run_names: Optional[Iterable[str]],
             for m in keys if m in r.docs]
 
 
-def series(doc: dict, metric: str) -> tuple[list, list]:
+def _figure(e: Epoch, metric: str):
+    """One epoch's figure of ``metric``: a phase's communication time, one of the epoch's
+    figures, or one of the method's own (None where the epoch has none)."""
+    phase = dict(PHASE_METRICS).get(metric)
+    if phase is not None:
+        return e.comm.get(phase)
+    return getattr(e, metric) if metric in Epoch.__dataclass_fields__ else e.extra.get(metric)
+
+
+def series(doc: Result, metric: str) -> tuple[list, list]:
     """(x, y) of one metric in one result: per step for "all_losses", else per epoch.
 
-    Epochs lacking the metric are left out (e.g. no ``avg_comm_time`` in a DDP result).
+    Epochs lacking the metric are left out (e.g. no all-reduce time in a DDP result).
     """
     if metric == "all_losses":
-        ys = doc.get("all_losses") or []
+        ys = doc.all_losses
         return list(range(1, len(ys) + 1)), list(ys)
-    pts = [(e.get("epoch", i + 1), e[metric]) for i, e in enumerate(doc.get("epochs", []))
-           if isinstance(e.get(metric), (int, float))]
+    pts = [(e.epoch, v) for e in doc.epochs
+           if isinstance(v := _figure(e, metric), (int, float))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -123,7 +134,7 @@ def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]
         if not y:
             continue
         epochs.update(x)
-        ax.plot(x, y, label=f"{run.name} / {doc.get('method', METHOD_NAMES.get(m, m))}",
+        ax.plot(x, y, label=f"{run.name} / {doc.method}",
                 color=report.COLORS.get(m),  # the report's colours, so figures read alike
                 linestyle=styles[run_index[run.name] % len(styles)],
                 lw=1.0 if per_step else 1.5, marker=None if per_step else "o", ms=4)
@@ -148,14 +159,8 @@ def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]
 
 def available_metrics(runs: list[Run]) -> list[str]:
     """The METRICS keys that at least one loaded result has, in METRICS order."""
-    found = set()
-    for run in runs:
-        for doc in run.docs.values():
-            if doc.get("all_losses"):
-                found.add("all_losses")
-            for e in doc.get("epochs", []):
-                found.update(e)
-    return [k for k, _ in METRICS if k in found]
+    docs = [doc for run in runs for doc in run.docs.values()]
+    return [k for k, _ in METRICS if any(series(doc, k)[1] for doc in docs)]
 
 
 def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
@@ -171,19 +176,19 @@ def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
             row = {"run": run.name, "method": METHOD_NAMES.get(m, m)}
             doc = run.docs.get(m)
             if doc is not None:
-                row["method"] = doc.get("method", row["method"])
-                row["status"] = status_of(doc)
-                epochs = doc["epochs"]
+                row["method"] = doc.method
+                row["status"] = doc.status
+                epochs = doc.epochs
                 row["epochs"] = len(epochs)
-                # summary_value falls back to the epochs when the summary lacks a figure; a
+                # the overall figures fall back to the epochs when the summary lacks one; a
                 # value not recorded at all (NaN) is left as an empty cell rather than "nan"
-                for col, key in (("avg throughput (img/s)", "avg_train_throughput"),
-                                 ("best val accuracy (%)", "best_val_accuracy")):
-                    v = report.summary_value(doc, key)
+                overall = doc.overall
+                for col, v in (("avg throughput (img/s)", overall.avg_train_throughput),
+                               ("best val accuracy (%)", overall.best_val_accuracy)):
                     if v == v:
                         row[col] = float(v)
                 if epochs:
-                    row["final train loss"] = float(epochs[-1]["train_loss"])
+                    row["final train loss"] = float(epochs[-1].train_loss)
                 said = [t for t in (diverged_where(doc), replicas_verdict(doc)) if t]
                 if said:
                     row["health"] = "; ".join(said)
@@ -253,7 +258,7 @@ def plot_view(runs: list[Run], view: str, run_names: Optional[Iterable[str]] = N
     else:
         items = [(label, breakdown.waits(doc)) for label, doc in picked]
         items = [(label, w) for label, w in items if w is not None]
-        for i, (label, w) in enumerate(items):
+        for i, (_, w) in enumerate(items):  # not ``label``: a local would hide labkit's label()
             width = 0.8 / len(w.ranks)
             for j, (r, t) in enumerate(zip(w.ranks, w.mean_wait)):
                 red = r == w.last and w.consistent
@@ -291,7 +296,7 @@ def explorer(runs: list[Run], newest: int = 3):
     views = dict(VIEWS)
     metric_pick = w.Dropdown(options=[(metric_label(k), k) for k in metrics]
                              + [(views[k], k) for k in available_views(runs)],
-                             value="all_losses" if "all_losses" in metrics else metrics[0],
+                             value=metrics[0],  # METRICS order: the per-step loss first
                              description="metric", style=wide)
     out = w.Output()
 

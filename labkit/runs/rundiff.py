@@ -10,6 +10,7 @@ Only what differs is shown unless everything is asked for.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +18,7 @@ from typing import Any, Optional
 from labkit.core import stats
 from labkit.core.files import atomic_path
 from labkit.core.methods import label
+from labkit.core.results import Result
 from labkit.core.run_folder import RunFolder
 
 from .compare import DIFFERENT, IDENTICAL, ReproduceError, compare_runs
@@ -39,13 +41,21 @@ def diff_runs(a_dir: str | os.PathLike, b_dir: str | os.PathLike) -> dict:
                       "b": [m for m in b.methods if m not in a.methods]}
     for m, v in doc["methods"].items():
         ra, rb = a.result(m), b.result(m)
-        v["accuracy"] = [(r or {}).get("summary", {}).get("best_val_accuracy") for r in (ra, rb)]
-        iv = stats.speedup(rb, ra) if ra and rb else stats.Interval(None, note="no result")
+        v["accuracy"] = [_best_accuracy(r) for r in (ra, rb)]
+        iv = (stats.speedup(rb, ra) if ra is not None and rb is not None
+              else stats.Interval(None, note="no result"))
         # "throughput 1.02x A, within the noise ...": the verdict without its leading name
         v["speed_verdict"] = "throughput " + stats.speedup_verdict("B", iv, "A").sentence.split(": ", 1)[1]
     doc["identical"] = (not doc["changed"] and not doc["environment"]
                         and all(v["verdict"] == IDENTICAL for v in doc["methods"].values()))
     return doc
+
+
+def _best_accuracy(r: Optional[Result]) -> Optional[float]:
+    """The best validation accuracy a result's summary records; None where it has none (or
+    recorded one that was not a number)."""
+    best = r.summary.best_val_accuracy if r is not None else None
+    return None if best is None or math.isnan(best) else best
 
 
 def _value(v: Any) -> str:
@@ -95,7 +105,8 @@ def plot_losses(doc: dict, path: str | os.PathLike) -> Optional[Path]:
     drawn = 0
     for m in doc["methods"]:
         for rec, style, side in ((a, "-", "A"), (b, "--", "B")):
-            losses = (rec.result(m) or {}).get("all_losses") or []
+            r = rec.result(m)
+            losses = r.all_losses if r is not None else []
             if losses:
                 ax.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=f"{side}: {label(m)}",
                         color=COLORS.get(rec.methods[m].get("method", m)))

@@ -18,9 +18,10 @@ from typing import Any, Optional
 from labkit.core import layout
 from labkit.core.files import finite
 from labkit.core.methods import METHOD_ORDER, RESULT_FILES, label
+from labkit.core.results import read_result
 from labkit.core.run_folder import NOT_PARAMETERS, RunFolder, parameters
 from labkit.core.stats import interval_text
-from labkit.core.status import Status, as_seen, experiment_status, status_of
+from labkit.core.status import Status, experiment_status, status_of
 from labkit.core.texttable import text_table
 
 UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read
@@ -111,8 +112,8 @@ def _experiment(folder: RunFolder, row: Row) -> None:
     elif config:
         row.status = Status.STOPPED.value  # config written, nothing ran to the end
     else:
-        row.status = experiment_status({"methods": {m: {"status": status_of(
-            as_seen(_json(folder, f"{m}/{RESULT_FILES[m]}"))).value} for m in found}}).value
+        row.status = experiment_status({"methods": {m: {"status": read_result(
+            folder.path / m / RESULT_FILES[m]).status.value} for m in found}}).value
     html_report = folder.path / layout.REPORT_DIR / "report.html"
     row.report = str(html_report) if html_report.exists() else rep
     _results(folder, row)

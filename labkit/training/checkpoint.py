@@ -20,6 +20,7 @@ from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_path
 from labkit.core.methods import key_of
+from labkit.core.results import Result
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
@@ -79,10 +80,19 @@ def find(cfg: TrainConfig) -> Optional[dict]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - one line for any unreadable checkpoint
         raise ConfigError(f"checkpoint {path!r} is unreadable ({type(e).__name__})") from None
-    if ckpt["results"]["config"]["method"] != cfg.method or ckpt["results"]["config"]["model"] != cfg.model:
+    try:
+        got = results(ckpt).config
+    except (KeyError, ValueError):
+        raise ConfigError(f"checkpoint {path!r} is not a labkit checkpoint (no result file in it)") from None
+    if got.get("method") != cfg.method or got.get("model") != cfg.model:
         raise ConfigError(f"checkpoint {path!r} is from another run "
-                          f"({ckpt['results']['config']['method']}, {ckpt['results']['config']['model']})")
+                          f"({got.get('method')}, {got.get('model')})")
     return ckpt
+
+
+def results(ckpt: dict) -> Result:
+    """The result file as it stood when the checkpoint was saved (its finished epochs)."""
+    return Result.from_dict(ckpt["results"], "the checkpoint's result file")
 
 
 def restore(ckpt: dict, model, optimizer, scaler) -> int:
@@ -95,12 +105,13 @@ def restore(ckpt: dict, model, optimizer, scaler) -> int:
     return ckpt["epoch"] + 1
 
 
-def save(out: str, epoch: int, model, optimizer, scaler, results: dict) -> None:
-    """Rank 0, after every epoch: everything needed to continue."""
+def save(out: str, epoch: int, model, optimizer, scaler, result: Result) -> None:
+    """Rank 0, after every epoch: everything needed to continue (the result file as plain
+    values: the checkpoint loads with weights_only)."""
     atomic_torch_save({"epoch": epoch, "model": model.state_dict(),
                        "optimizer": optimizer.state_dict(),
                        "scaler": scaler.state_dict() if scaler else None,
-                       "results": results},
+                       "results": result.to_dict()},
                       os.path.join(out, layout.CHECKPOINT))
 
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.core.config import TrainConfig
+from labkit.core.results import Epoch
 
 from .dist import is_distributed
 
@@ -37,20 +38,21 @@ _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 
 
 # ------------------------------------------------------------------ a loss that diverged
-def divergence(cfg: TrainConfig, epoch: int, steps: int, before: int, m: dict) -> Optional[dict]:
-    """Where this epoch's loss stopped being a number, from its figures ``m`` (the same on
-    every rank: reduced over the ranks), or None. ``before``: steps of the earlier epochs."""
-    losses = m["all_losses"]
+def divergence(cfg: TrainConfig, epoch: int, steps: int, before: int, e: Epoch) -> Optional[dict]:
+    """Where this epoch's loss stopped being a number, from its figures ``e`` (the same on
+    every rank: reduced over the ranks), or None. ``before``: steps of the earlier epochs.
+    The record is the result file's "diverged" entry (labkit.core.health reads it)."""
+    losses = e.all_losses
     bad = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
     if bad is not None:
         step, of, value = bad + 1, "train_loss", losses[bad]
-    elif not math.isfinite(m["val_loss"]):  # the last step left weights that are not finite
-        step, of, value = steps, "val_loss", m["val_loss"]
+    elif not math.isfinite(e.val_loss):  # the last step left weights that are not finite
+        step, of, value = steps, "val_loss", e.val_loss
     else:
         return None
     return {"epoch": epoch, "step": step, "steps": steps,
             "global_step": before + step, "of": of, "value": str(value),
-            "lr": cfg.lr, "train_losses": losses, "val_loss": m["val_loss"]}
+            "lr": cfg.lr, "train_losses": losses, "val_loss": e.val_loss}
 
 
 def divergence_text(d: dict, cfg: TrainConfig, trainers: int) -> str:

@@ -62,7 +62,7 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
                  if ckpt else 1)
         if ctx.is_main:
             results = ResultFile(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
-                                 previous=ckpt["results"] if ckpt else None)
+                                 previous=checkpoint.results(ckpt) if ckpt else None)
             results.write()
             # torchrun stops this rank with SIGTERM when another one dies: say so in the file
             lifecycle.on_sigterm(lambda: results.stop(

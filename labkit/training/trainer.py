@@ -20,8 +20,7 @@ from labkit import __version__
 from labkit.core import layout
 from labkit.core.config import TrainConfig
 from labkit.core.errors import RunFailed
-from labkit.core.health import DIVERGED, REPLICAS, REPLICAS_DIFFER
-from labkit.core.methods import comm_key
+from labkit.core.results import Epoch
 
 from . import extensions, guards
 from . import checkpoint
@@ -181,7 +180,7 @@ class Trainer:
         return self._local_opt
 
     # -------------------------------------------------------------- one epoch of training
-    def train_epoch(self, epoch: int) -> dict:
+    def train_epoch(self, epoch: int) -> Epoch:
         cfg, s = self.cfg, self.strategy
         self.model.train()
         warmup = cfg.warmup_steps if self.steps > cfg.warmup_steps else 0
@@ -205,12 +204,12 @@ class Trainer:
             bar.update(meter, step)
         meter.stop()
         bar.close()
-        m = meter.metrics(cfg.batch_size * s.trainers)
-        m.update(self.efficiency.epoch(m))
-        m.update(s.epoch_metrics())  # e.g. async PS: max_staleness_observed
-        m["optimizer_state_bytes"] = self.efficiency.state_bytes(s.optimizer_state(self.optimizer))
-        m.update(s.wire_metrics(self.steps))  # bytes per rank per step (every rank gathers)
-        return m
+        e = meter.metrics(epoch, cfg.batch_size * s.trainers)
+        self.efficiency.epoch(e)
+        e.extra.update(s.epoch_metrics())  # a method's own figures, e.g. async PS: max_staleness_observed
+        e.optimizer_state_bytes = self.efficiency.state_bytes(s.optimizer_state(self.optimizer))
+        e.wire = s.wire_metrics(self.steps)  # bytes per rank per step (every rank gathers)
+        return e
 
     def _batches(self, epoch: int) -> Optional[Iterator]:
         """This epoch's batches for a trainer (None for a server)."""
@@ -272,7 +271,7 @@ class Trainer:
 
     # -------------------------------------------------------------- validation
     @torch.no_grad()
-    def validate(self) -> dict:
+    def validate(self, e: Epoch) -> None:
         s, dev = self.strategy, self.ctx.device
         self.doing = "validation"
         s.finish_epoch(self.model)
@@ -290,29 +289,30 @@ class Trainer:
                 tot[2] += y.numel()
         all_reduce_sum(tot)
         n = max(1.0, tot[2].item())
-        return {"val_loss": tot[0].item() / n, "val_accuracy": 100.0 * tot[1].item() / n,
-                "val_samples": int(tot[2].item())}
+        e.val_loss, e.val_accuracy = tot[0].item() / n, 100.0 * tot[1].item() / n
+        e.val_samples = int(tot[2].item())
 
     # -------------------------------------------------------------- the run
     # -------------------------------------------------------------- training gone wrong
-    def check_epoch(self, epoch: int, m: dict, results: Optional[ResultFile]) -> None:
+    def check_epoch(self, e: Epoch, results: Optional[ResultFile]) -> None:
         """After validation (``finish_epoch`` done): stop the run, on every rank alike, if this
         epoch's loss diverged or the replicas drifted apart (labkit.training.guards); else
-        note the replica check in the epoch's figures ``m``."""
+        note the replica check in the epoch's figures ``e``."""
         cfg = self.cfg
-        d = guards.divergence(cfg, epoch, self.steps, (epoch - 1) * self.steps, m)
+        d = guards.divergence(cfg, e.epoch, self.steps, (e.epoch - 1) * self.steps, e)
         if d is not None:
-            self._stop(results, DIVERGED, d, guards.divergence_text(d, cfg, self.strategy.trainers))
+            self._stop(results, guards.divergence_text(d, cfg, self.strategy.trainers), diverged=d)
         if cfg.check_replicas and self.ctx.distributed:  # one process: nothing to compare
-            m[REPLICAS], bad = guards.check_replicas(self.model, epoch)
+            e.replicas, bad = guards.check_replicas(self.model, e.epoch)
             if bad is not None:
-                self._stop(results, REPLICAS_DIFFER, bad, guards.mismatch_text(bad))
+                self._stop(results, guards.mismatch_text(bad), replicas_differ=bad)
 
-    def _stop(self, results: Optional[ResultFile], key: str, record: dict, text: str) -> None:
-        """Record why in the result file (the epoch itself is not added) and raise RunFailed:
-        rank 0 prints its one line (labkit.training.lifecycle.run_rank), the log keeps it."""
+    def _stop(self, results: Optional[ResultFile], text: str, **record: dict) -> None:
+        """Record why in the result file (``diverged=`` or ``replicas_differ=``; the epoch
+        itself is not added) and raise RunFailed: rank 0 prints its one line
+        (labkit.training.lifecycle.run_rank), the log keeps it."""
         if results is not None:
-            results.set(key, record)
+            results.update(**record)
         self.log(f"{self.cfg.method} failed: {text}", echo=False)
         raise RunFailed(self.cfg.method, text)
 
@@ -326,29 +326,29 @@ class Trainer:
             self.log(f"resuming at epoch {start_epoch} from "
                      f"{os.path.join(self.out or cfg.out, layout.CHECKPOINT)}")
         for epoch in range(start_epoch, cfg.epochs + 1):
-            m = self.train_epoch(epoch)
+            e = self.train_epoch(epoch)
             t0 = time.perf_counter()
-            m.update(self.validate())
-            m["val_time"] = time.perf_counter() - t0
-            self.check_epoch(epoch, m, results)
-            line = (f"epoch {epoch}/{cfg.epochs}: train loss {m['train_loss']:.4f} acc "
-                    f"{m['train_accuracy']:.2f}% | val loss {m['val_loss']:.4f} acc "
-                    f"{m['val_accuracy']:.2f}% | {m['train_throughput']:.1f} img/s, "
-                    f"{m['train_time']:.1f}s")
+            self.validate(e)
+            e.val_time = time.perf_counter() - t0
+            self.check_epoch(e, results)
+            line = (f"epoch {epoch}/{cfg.epochs}: train loss {e.train_loss:.4f} acc "
+                    f"{e.train_accuracy:.2f}% | val loss {e.val_loss:.4f} acc "
+                    f"{e.val_accuracy:.2f}% | {e.train_throughput:.1f} img/s, "
+                    f"{e.train_time:.1f}s")
             for p in s.phases:
-                line += f" | {p} {1000 * m[comm_key(p)]:.1f} ms/step"
+                line += f" | {p} {1000 * e.comm[p]:.1f} ms/step"
             self.log(line)
             if results is not None:
                 self.doing = "checkpoint"
-                results.add_epoch(epoch, m)
-                results.set("efficiency", self.efficiency.summary(results.doc["epochs"]))
+                results.add_epoch(e)
+                results.update(efficiency=self.efficiency.summary(results.result.epochs))
                 if cfg.checkpoint:
-                    checkpoint.save(self.out, epoch, self.model, self.optimizer, self.scaler, results.doc)
+                    checkpoint.save(self.out, epoch, self.model, self.optimizer, self.scaler, results.result)
         self.doing = "calibration"
         if cfg.calibrate_steps and start_epoch <= cfg.epochs:
             calibration = self.calibrate(cfg.calibrate_steps)
             if results is not None:
-                results.set("calibration", calibration)
+                results.update(calibration=calibration)
         self.doing = "final"
         # the validation loader's workers (kept between epochs) end now, not at the rank's exit
         self.train_loader = self.val_loader = None

@@ -9,7 +9,9 @@ from typing import Optional
 import torch
 
 from labkit.core.config import TrainConfig
-from labkit.core.efficiency import data_wait_share, mfu, peak_flops, precision
+from labkit.core import results
+from labkit.core.efficiency import mfu, peak_flops, precision
+from labkit.core.results import Epoch
 from labkit.training.dist import DistContext, all_reduce_sum
 from labkit.training.models import build_model
 
@@ -45,16 +47,15 @@ class Efficiency:
             except Exception:  # noqa: BLE001 - a figure of the report, never a reason to stop
                 self.forward = None
 
-    def epoch(self, m: dict) -> dict:
-        """One epoch's new result-file keys, from its figures ``m`` (every rank calls it)."""
-        out = {"data_wait_share": data_wait_share(m)}
+    def epoch(self, e: Epoch) -> None:
+        """One epoch's efficiency figures, into its ``e`` (every rank calls it)."""
+        e.data_wait_share = e.waited_share
         if self.cuda:
             v = torch.zeros(max(1, self.ctx.world_size), dtype=torch.float64, device=self.ctx.device)
             v[self.ctx.rank] = torch.cuda.max_memory_allocated(self.ctx.device)
-            out["peak_memory_bytes"] = [int(b) for b in all_reduce_sum(v).tolist()]
+            e.peak_memory_bytes = [int(b) for b in all_reduce_sum(v).tolist()]
         if self.forward:
-            out["mfu"] = mfu(3 * self.forward, m.get("train_throughput"), self.peak, self.gpus)
-        return out
+            e.mfu = mfu(3 * self.forward, e.train_throughput, self.peak, self.gpus)
 
     def state_bytes(self, tensors: list[torch.Tensor]) -> list[int]:
         """Every rank's bytes of ``tensors`` (its optimizer state), in rank order (every rank
@@ -63,19 +64,18 @@ class Efficiency:
         v[self.ctx.rank] = sum(t.numel() * t.element_size() for t in tensors)
         return [int(b) for b in all_reduce_sum(v).tolist()]
 
-    def summary(self, epochs: list[dict]) -> dict:
+    def summary(self, epochs: list[Epoch]) -> results.Efficiency:
         """The run's "efficiency" entry (rank 0), over its epochs so far."""
-        waits = [e["data_wait_share"] for e in epochs if e.get("data_wait_share") is not None]
-        thr = [e["train_throughput"] for e in epochs if e.get("train_throughput")]
-        mem = [e["peak_memory_bytes"] for e in epochs if e.get("peak_memory_bytes")]
-        state = [e["optimizer_state_bytes"] for e in epochs if e.get("optimizer_state_bytes")]
+        waits = [e.data_wait_share for e in epochs if e.data_wait_share is not None]
+        thr = [e.train_throughput for e in epochs if e.train_throughput]
+        mem = [e.peak_memory_bytes for e in epochs if e.peak_memory_bytes]
+        state = [e.optimizer_state_bytes for e in epochs if e.optimizer_state_bytes]
         flops = 3 * self.forward if self.forward else None
-        return {
-            "forward_flops_per_image": self.forward, "flops_per_image": flops,
-            "device_name": self.device_name, "precision": self.precision,
-            "peak_flops_per_gpu": self.peak, "gpus": self.gpus,
-            "mfu": mfu(flops, mean(thr), self.peak, self.gpus) if thr else None,
-            "peak_memory_bytes": [max(col) for col in zip(*mem)] if mem else None,
-            "optimizer_state_bytes": [max(col) for col in zip(*state)] if state else None,
-            "data_wait_share": mean(waits) if waits else None,
-        }
+        return results.Efficiency(
+            forward_flops_per_image=self.forward, flops_per_image=flops,
+            device_name=self.device_name, precision=self.precision,
+            peak_flops_per_gpu=self.peak, gpus=self.gpus,
+            mfu=mfu(flops, mean(thr), self.peak, self.gpus) if thr else None,
+            peak_memory_bytes=[max(col) for col in zip(*mem)] if mem else None,
+            optimizer_state_bytes=[max(col) for col in zip(*state)] if state else None,
+            data_wait_share=mean(waits) if waits else None)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from labkit.core.methods import comm_key, comm_times_key
+from labkit.core.results import Epoch
 from labkit.training.dist import all_reduce_sum, sync_device
 
 from .timers import PARTS, Lines, MachineLoad, StepClock, StepParts, busy_figures
@@ -111,8 +111,8 @@ class EpochMeter:
         acc = 100.0 * self.correct.item() / max(1, self.images)
         return f"loss={self.losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
 
-    def metrics(self, batch_images: int) -> dict:
-        """The epoch's figures, reduced over the ranks. A PS server contributes zeros (its own
+    def metrics(self, epoch: int, batch_images: int) -> Epoch:
+        """Epoch ``epoch``'s figures, reduced over the ranks. A PS server contributes zeros (its own
         pull and push would count the same transfer twice), so sums are over trainers."""
         s, n = self.s, len(self.s.phases)
         self.fold()
@@ -126,33 +126,31 @@ class EpochMeter:
         all_reduce_sum(vec)
         losses = (self.losses / s.trainers).tolist()
         window_steps, window_time = self.steps - self.warmup, self.t_end - self.t_window
-        m = {
-            "train_loss": sum(losses) / len(losses),
-            "train_accuracy": 100.0 * counts[0].item() / max(1.0, counts[1].item()),
-            "train_time": self.t_end - self.t_start,
-            "train_throughput": batch_images * window_steps / window_time,
-            "avg_batch_time": window_time / window_steps,
-            "all_losses": losses,
-            "steps": self.steps,
-            "throughput_warmup_steps": self.warmup,
-            "avg_data_time": vec[0].item() / s.trainers / self.steps,
-            "step_times": self.clock.durations(),
-        }
-        if self.machine is not None:
-            m["machine_load"] = self.machine
         comm_steps = (vec[1 + n:] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
-        for i, p in enumerate(s.phases):
-            m[comm_key(p)] = vec[1 + i].item() / s.trainers / self.steps
-            m[comm_times_key(p)] = [row[i] for row in comm_steps]
-        m.update(self.parts_metrics())
-        return m
+        e = Epoch(
+            epoch=epoch,
+            train_loss=sum(losses) / len(losses),
+            train_accuracy=100.0 * counts[0].item() / max(1.0, counts[1].item()),
+            train_time=self.t_end - self.t_start,
+            train_throughput=batch_images * window_steps / window_time,
+            avg_batch_time=window_time / window_steps,
+            comm={p: vec[1 + i].item() / s.trainers / self.steps for i, p in enumerate(s.phases)},
+            comm_times={p: [row[i] for row in comm_steps] for i, p in enumerate(s.phases)},
+            all_losses=losses,
+            steps=self.steps,
+            throughput_warmup_steps=self.warmup,
+            avg_data_time=vec[0].item() / s.trainers / self.steps,
+            step_times=self.clock.durations(),
+            machine_load=self.machine)
+        self.parts_metrics(e)
+        return e
 
-    def parts_metrics(self) -> dict:
+    def parts_metrics(self, e: Epoch) -> None:
         """Where the steady-state steps went (new keys of the result file, per step): each part
         and the time collectives ran, as the mean over the trainers; a parameter server's
         update time (mean over the servers); and, per trainer, the time it was held in
         synchronisation (compute, pull and sync: its wait once its own compute-only time is
-        taken off, labkit.core.breakdown.waits)."""
+        taken off, labkit.core.breakdown.waits), into ``e``."""
         s = self.s
         got = self.parts.take(self.warmup)
         n, world = self.steps - self.warmup, max(1, s.ctx.world_size)
@@ -167,19 +165,18 @@ class EpochMeter:
         all_reduce_sum(vec)
         k = len(PARTS)
         per = vec[:k + 1] / s.trainers
-        out = {"step_parts": {name: per[i].tolist() for i, name in enumerate(PARTS)}}
+        e.step_parts = {name: per[i].tolist() for i, name in enumerate(PARTS)}
         busy = busy_figures(per[k]) if s.cfg.times_comm else []
         if busy:  # None: a step without a figure (DDP's reducer: an epoch's last step)
-            out["comm_busy_times"] = busy
+            e.comm_busy_times = busy
         for channel, xs in got["also"].items():  # DDP's reducer's, beside its hook's
             v = torch.tensor(xs, dtype=torch.float64, device=self.dev)
             all_reduce_sum(v)
-            out[f"comm_{channel}_times"] = busy_figures(v / s.trainers)
+            e.extra[f"comm_{channel}_times"] = busy_figures(v / s.trainers)
         if servers:
-            out["server_update_times"] = (vec[k + 1] / servers).tolist()
+            e.server_update_times = (vec[k + 1] / servers).tolist()
         ranks = list(range(servers, world))  # a parameter server's servers are ranks 0..K-1
-        out["sync_held"] = {"ranks": ranks, "times": [vec[k + 2 + r].tolist() for r in ranks]}
-        return out
+        e.sync_held = {"ranks": ranks, "times": [vec[k + 2 + r].tolist() for r in ranks]}
 
 
 class Bar:

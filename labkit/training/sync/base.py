@@ -43,14 +43,15 @@ class Collectives:
     count_phase: str = "comm"
 
     def wire_metrics(self, steps: int) -> dict:
-        """{"wire": bytes per step sent and received by every rank, by phase} over the ``steps``
-        steps since the last call; every rank calls it (the figures are gathered)."""
+        """Bytes per step sent and received by every rank, by phase (the epoch's ``wire``),
+        over the ``steps`` steps since the last call; every rank calls it (the figures are
+        gathered)."""
         mine = {"steps": self.wire.take(), "trainer": self.is_trainer}
         every = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:
             every = [None] * dist.get_world_size()
             dist.all_gather_object(every, mine)
-        return {"wire": wire_figures(every, steps)}
+        return wire_figures(every, steps)
 
     def count_bytes(self, phase: str, sent: float, received: float) -> None:
         """Count bytes this rank moved in the current step (the helpers below do; a method

@@ -1,0 +1,399 @@
+"""The result file's one model: what a method's ``results_*.json`` holds, typed, read and written
+here and nowhere else (the only module that spells its keys; tests/test_architecture.py holds
+that).
+
+    result = read_result(path)                     # a Result, or ResultError: one line
+    result.epochs[-1].val_accuracy, result.overall.avg_train_throughput, result.status
+    result.to_dict()                               # the document the writer writes
+
+Three shapes read the same: the guide's scripts' files (its keys only, no schema), the lab's
+files of schema ``labkit.results/1`` (the guide's keys first, then the lab's), and files of a
+newer minor version of that schema (unknown keys kept in ``extra``). A file of another major
+version is refused in one line. A figure written as null (labkit writes strict JSON:
+labkit.core.files.finite) reads as NaN, as files written before the nulls read. A field the
+file does not have is None (a list: empty), so "not recorded" and "not a number" stay apart.
+
+Records written whole by one instrument (a replica check, the wire's bytes, the calibration's
+parts, the machine's load, the heartbeat) stay plain dicts: their shape is their writer's.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from statistics import mean
+from typing import Any, Optional
+
+from .status import Status, writer_gone
+
+SCHEMA = "labkit.results/1"
+NAN = float("nan")
+
+
+class ResultError(ValueError):
+    """A result file that is missing, unreadable or of another schema: one line."""
+
+
+def major(schema: Any) -> Optional[str]:
+    """"labkit.results/1" of "labkit.results/1" and "labkit.results/1.2" (a newer minor version
+    adds keys, which read into ``extra``); None for anything else."""
+    if not isinstance(schema, str) or "/" not in schema:
+        return None
+    name, _, version = schema.partition("/")
+    return f"{name}/{version.split('.')[0]}"
+
+
+def _num(v: Any) -> Any:
+    """A figure as the readers see it: null is NaN (in a list too); anything else as written."""
+    if v is None:
+        return NAN
+    if isinstance(v, list):
+        return [NAN if x is None else x for x in v]
+    return v
+
+
+def _phase(key: str, prefix: str) -> Optional[str]:
+    """The communication phase a key names: "comm" for the guide's all-reduce key, else the
+    suffix (``avg_comm_time_pull`` -> "pull"); None for a key of anything else."""
+    if key == prefix:
+        return "comm"
+    return key[len(prefix) + 1:] if key.startswith(prefix + "_") else None
+
+
+def _phase_key(prefix: str, phase: str) -> str:
+    return prefix if phase == "comm" else f"{prefix}_{phase}"
+
+
+def comm_key(phase: str) -> str:
+    """The result key of a communication phase's mean time per step: the guide's
+    ``avg_comm_time`` for the all-reduce, ``avg_comm_time_pull`` / ``_push`` for the PS."""
+    return _phase_key("avg_comm_time", phase)
+
+
+def comm_times_key(phase: str) -> str:
+    """The per-epoch key of a phase's per-step times: ``comm_times``, ``comm_times_pull``..."""
+    return _phase_key("comm_times", phase)
+
+
+# ---------------------------------------------------------------------------- an epoch
+@dataclass
+class Epoch:
+    """One epoch of a result file: the guide's eight figures, each phase's communication time,
+    and the lab's measurements of the step. Absent figures are None (files of the guide)."""
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    train_time: float
+    train_throughput: float
+    avg_batch_time: Optional[float] = None
+    val_loss: Optional[float] = None
+    val_accuracy: Optional[float] = None
+    # phase ("comm" for the all-reduce, "pull", "push") -> mean seconds per step, and the
+    # per-step times of the steady-state steps (mean over the trainers)
+    comm: dict[str, float] = field(default_factory=dict)
+    comm_times: dict[str, list[float]] = field(default_factory=dict)
+    # --- the lab's
+    all_losses: list[float] = field(default_factory=list)
+    steps: Optional[int] = None
+    throughput_warmup_steps: Optional[int] = None
+    avg_data_time: Optional[float] = None
+    step_times: Optional[list[float]] = None
+    machine_load: Optional[dict] = None
+    step_parts: Optional[dict[str, list[float]]] = None
+    comm_busy_times: Optional[list[float]] = None
+    server_update_times: Optional[list[float]] = None
+    sync_held: Optional[dict] = None
+    data_wait_share: Optional[float] = None
+    mfu: Optional[float] = None
+    peak_memory_bytes: Optional[list[int]] = None
+    optimizer_state_bytes: Optional[list[int]] = None
+    wire: Optional[dict] = None
+    val_samples: Optional[int] = None
+    val_time: Optional[float] = None
+    replicas: Optional[dict] = None
+    # a method's own figures (its epoch_metrics) and any key this version does not know
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # figures a lab epoch writes even when they are not known (null)
+    _NULLABLE = ("avg_data_time", "data_wait_share", "mfu", "optimizer_state_bytes")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Epoch":
+        known = {f.name for f in fields(cls)} - {"comm", "comm_times", "extra"}
+        kw: dict[str, Any] = {"comm": {}, "comm_times": {}, "extra": {}}
+        for k, v in d.items():
+            if (p := _phase(k, "avg_comm_time")) is not None:
+                kw["comm"][p] = _num(v)
+            elif (p := _phase(k, "comm_times")) is not None:
+                kw["comm_times"][p] = _num(v)
+            elif k in known:
+                kw[k] = _num(v) if not isinstance(v, dict) else v
+            else:
+                kw["extra"][k] = v
+        if not isinstance(kw.get("all_losses"), list):
+            kw["all_losses"] = []
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"epoch": self.epoch}
+        for k in ("train_loss", "train_accuracy", "train_time", "train_throughput",
+                  "avg_batch_time", "val_loss", "val_accuracy"):
+            out[k] = getattr(self, k)
+        for p, v in self.comm.items():
+            out[comm_key(p)] = v
+        lab = self.steps is not None
+        if lab or self.all_losses:
+            out["all_losses"] = self.all_losses
+        for f in fields(self):
+            if f.name == "step_parts":  # the per-step times, before their parts (as written since)
+                out.update({comm_times_key(p): v for p, v in self.comm_times.items()})
+            if f.name in out or f.name in ("comm", "comm_times", "extra", "all_losses"):
+                continue
+            v = getattr(self, f.name)
+            if v is not None or (lab and f.name in self._NULLABLE):
+                out[f.name] = v
+        out.update(self.extra)
+        return out
+
+    @property
+    def waited_share(self) -> Optional[float]:
+        """The time a trainer waited for its next batch as a share of the step: the recorded
+        share, else its steady-state parts (data over the step), else avg_data_time over
+        avg_batch_time (the guide's files: None)."""
+        if self.data_wait_share is not None and not math.isnan(self.data_wait_share):
+            return self.data_wait_share
+        data = (self.step_parts or {}).get("data")
+        if data and self.step_times:
+            return (sum(data) / len(data)) / (sum(self.step_times) / len(self.step_times))
+        if self.avg_data_time is not None and self.avg_batch_time:
+            return self.avg_data_time / self.avg_batch_time
+        return None
+
+
+# ---------------------------------------------------------------------------- the summary
+@dataclass
+class Summary:
+    """The run's summary: the guide's five figures and each phase's mean communication time
+    (None where a file lacks one)."""
+    avg_train_throughput: Optional[float] = None
+    avg_train_time_per_epoch: Optional[float] = None
+    best_val_accuracy: Optional[float] = None
+    final_train_accuracy: Optional[float] = None
+    final_val_accuracy: Optional[float] = None
+    comm: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, epochs: list[Epoch], phases: tuple[str, ...]) -> "Summary":
+        """What the writer records after each epoch, over the epochs so far."""
+        return cls(avg_train_throughput=mean(e.train_throughput for e in epochs),
+                   avg_train_time_per_epoch=mean(e.train_time for e in epochs),
+                   best_val_accuracy=max(e.val_accuracy for e in epochs),
+                   final_train_accuracy=epochs[-1].train_accuracy,
+                   final_val_accuracy=epochs[-1].val_accuracy,
+                   comm={p: mean(e.comm[p] for e in epochs) for p in phases})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Summary":
+        known = {f.name for f in fields(cls)} - {"comm", "extra"}
+        kw: dict[str, Any] = {"comm": {}, "extra": {}}
+        for k, v in d.items():
+            if (p := _phase(k, "avg_comm_time")) is not None:
+                kw["comm"][p] = _num(v)
+            elif k in known:
+                kw[k] = _num(v)
+            else:
+                kw["extra"][k] = v
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("comm", "extra") and getattr(self, f.name) is not None}
+        out.update({comm_key(p): v for p, v in self.comm.items()})
+        out.update(self.extra)
+        return out
+
+
+# ---------------------------------------------------------------------------- efficiency
+@dataclass
+class Efficiency:
+    """The run's "efficiency" entry (labkit.training.instruments.flops): FLOPs, MFU, memory."""
+    forward_flops_per_image: Optional[int] = None
+    flops_per_image: Optional[int] = None
+    device_name: Optional[str] = None
+    precision: Optional[str] = None
+    peak_flops_per_gpu: Optional[float] = None
+    gpus: Optional[int] = None
+    mfu: Optional[float] = None
+    peak_memory_bytes: Optional[list[int]] = None
+    optimizer_state_bytes: Optional[list[int]] = None
+    data_wait_share: Optional[float] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Efficiency":
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in d.items() if k in known},
+                   extra={k: v for k, v in d.items() if k not in known})
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out.update(self.extra)
+        return out
+
+
+# ---------------------------------------------------------------------------- the file
+@dataclass
+class Result:
+    """One method's result file. The guide's fields first, then the lab's (None or empty in
+    the guide's own files)."""
+    method: str                        # the guide's name ("Baseline DDP", "All-Reduce", ...)
+    epochs: list[Epoch] = field(default_factory=list)
+    world_size: Optional[int] = None
+    batch_size: Optional[int] = None
+    start_time: Optional[str] = None
+    end_time: Optional[str] = None
+    summary: Summary = field(default_factory=Summary)
+    all_losses: list[float] = field(default_factory=list)
+    # --- the lab's
+    schema: Optional[str] = None
+    status: Status = Status.COMPLETED   # the guide's files have none: they are complete
+    method_key: Optional[str] = None
+    method_spec: Optional[dict] = None  # labkit.core.methods.MethodSpec.to_dict()
+    trainers: Optional[int] = None
+    config: dict = field(default_factory=dict)   # the resolved TrainConfig (config.to_dict())
+    world: dict = field(default_factory=dict)
+    determinism: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    num_workers: Optional[int] = None   # the guide's parameter server: its workers
+    error: Optional[str] = None
+    resumed: Optional[list[dict]] = None
+    heartbeat: Optional[dict] = None
+    efficiency: Optional[Efficiency] = None
+    calibration: Optional[dict] = None  # labkit.training.trainer.Trainer.calibrate
+    diverged: Optional[dict] = None     # labkit.training.guards.divergence
+    replicas_differ: Optional[dict] = None
+    link: Optional[dict] = None         # an emulated cluster's link (labkit.launch.emulated)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _OBJECTS = {"epochs", "summary", "efficiency", "status", "all_losses", "extra"}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "result file") -> "Result":
+        """A result document as JSON gives it; ResultError (one line) when it is not one."""
+        if not isinstance(d, dict) or "method" not in d or not isinstance(d.get("epochs"), list):
+            raise ResultError(f"{where}: not a result file (needs 'method' and a list of 'epochs')")
+        schema = d.get("schema")
+        if schema is not None and major(schema) != major(SCHEMA):
+            raise ResultError(f"{where}: written in schema {schema!r}, which this labkit cannot "
+                              f"read (it reads {SCHEMA!r} and the guide's files): update labkit")
+        needed = ("epoch", "train_loss", "train_accuracy", "train_time", "train_throughput")
+        for e in d["epochs"]:
+            if not isinstance(e, dict) or any(k not in e for k in needed):
+                raise ResultError(f"{where}: an epoch lacks the guide's keys ({', '.join(needed)})")
+        known = {f.name for f in fields(cls)} - cls._OBJECTS
+        kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+        kw["extra"] = {k: v for k, v in d.items() if k not in known and k not in cls._OBJECTS}
+        for name in ("config", "world", "determinism", "versions"):  # a record: {} when it is not one
+            if not isinstance(kw.get(name), dict):
+                kw.pop(name, None)
+        try:
+            kw["status"] = Status(d.get("status", Status.COMPLETED))
+        except ValueError:
+            kw["status"] = Status.FAILED  # a hand-edited word: not a result to trust
+        kw["epochs"] = [Epoch.from_dict(e) for e in d["epochs"]]
+        kw["summary"] = Summary.from_dict(d["summary"]) if isinstance(d.get("summary"), dict) else Summary()
+        kw["all_losses"] = _num(d["all_losses"]) if isinstance(d.get("all_losses"), list) else []
+        if isinstance(d.get("efficiency"), dict):
+            kw["efficiency"] = Efficiency.from_dict(d["efficiency"])
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        """The file's JSON document: the guide's keys first, then the lab's (absent ones left
+        out, end_time written while it is null)."""
+        out: dict[str, Any] = {"method": self.method, "world_size": self.world_size,
+                               "batch_size": self.batch_size, "start_time": self.start_time,
+                               "end_time": self.end_time,
+                               "epochs": [e.to_dict() for e in self.epochs],
+                               "summary": self.summary.to_dict(), "all_losses": self.all_losses}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "status":
+                out["status"] = Status(v).value
+            elif f.name == "efficiency":
+                if v is not None:
+                    out["efficiency"] = v.to_dict()
+            elif f.name not in out and f.name not in self._OBJECTS and v is not None:
+                out[f.name] = v
+        out.update(self.extra)
+        return out
+
+    # ------------------------------------------------------------------ what readers ask
+    @property
+    def ok(self) -> bool:
+        """At least one finished epoch (a failed run keeps its finished epochs)."""
+        return bool(self.epochs)
+
+    @property
+    def phases(self) -> list[str]:
+        """The communication phases the file times, in the order its epochs record them."""
+        seen: dict[str, None] = {}
+        for e in self.epochs:
+            seen.update(dict.fromkeys(e.comm))
+        return list(seen or self.summary.comm)
+
+    @property
+    def overall(self) -> Summary:
+        """The summary, with each figure the file lacks recomputed from its epochs: the mean
+        throughput and time per epoch, the best validation accuracy, each phase's mean time
+        (NaN where the epochs cannot give one; the final accuracies are not recomputed)."""
+        s, ep = self.summary, self.epochs
+
+        def have(x):
+            return x if x is not None else NAN
+
+        if not ep:
+            return Summary(*(have(getattr(s, n)) for n in ("avg_train_throughput", "avg_train_time_per_epoch",
+                           "best_val_accuracy", "final_train_accuracy", "final_val_accuracy")), comm=dict(s.comm))
+        vals = [e.val_accuracy for e in ep if e.val_accuracy is not None]
+        comm = {p: mean(e.comm[p] for e in ep if p in e.comm) for p in self.phases}
+        return Summary(
+            avg_train_throughput=have(s.avg_train_throughput) if s.avg_train_throughput is not None
+            else mean(e.train_throughput for e in ep),
+            avg_train_time_per_epoch=s.avg_train_time_per_epoch if s.avg_train_time_per_epoch is not None
+            else mean(e.train_time for e in ep),
+            best_val_accuracy=s.best_val_accuracy if s.best_val_accuracy is not None
+            else (max(vals) if vals else NAN),
+            final_train_accuracy=have(s.final_train_accuracy),
+            final_val_accuracy=have(s.final_val_accuracy),
+            comm={**comm, **s.comm})
+
+    def as_seen(self) -> "Result":
+        """The result as a reader should show it: running, with its writer gone, is
+        :attr:`Status.STOPPED` with an error saying so (the file itself is not changed)."""
+        why = writer_gone({"status": self.status, "heartbeat": self.heartbeat})
+        if why is None:
+            return self
+        return replace(self, status=Status.STOPPED, error=f"stopped without finishing: {why}")
+
+
+def read_result(path: str | os.PathLike) -> Result:
+    """One result file, as every reader sees it (:meth:`Result.as_seen`); ResultError, one line
+    naming the file and the problem, when it is missing, corrupt or not a result file."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ResultError(f"{path}: missing") from None
+    except IsADirectoryError:
+        raise ResultError(f"{path}: a folder, not a result file") from None
+    except OSError as e:
+        raise ResultError(f"{path}: cannot read it ({e.strerror})") from None
+    except ValueError as e:  # a JSONDecodeError or a UnicodeDecodeError
+        raise ResultError(f"{path}: not valid JSON ({e.__class__.__name__}): truncated or corrupt") from None
+    return Result.from_dict(doc, str(path)).as_seen()
+
+
+__all__ = ["SCHEMA", "ResultError", "Epoch", "Summary", "Efficiency", "Result", "read_result",
+           "comm_key", "comm_times_key"]
