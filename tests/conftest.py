@@ -10,6 +10,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -23,6 +24,13 @@ from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, HTM
                      PAIR_GRID, TINY, Experiment, Reproduced, check_ok, labkit, make_image_tree,
                      process_state, restore_process_state, snapshot_tree)
 from warm import server_cpu_seconds, warm_run
+
+# A shell without job control starts a background command (`make test &` in a script) with
+# SIGINT ignored, and an ignored signal stays ignored in every program started from there:
+# the Ctrl-C tests' SIGINT would reach ranks that ignore it. Python's own handler here (each
+# xdist worker imports this file) makes every process the tests start get SIGINT's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
