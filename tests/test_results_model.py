@@ -59,6 +59,13 @@ def test_the_overall_figures_are_recomputed_from_the_epochs_where_a_summary_lack
     o = Result.from_dict(doc).overall
     assert o.avg_train_throughput == 150.0 and o.avg_train_time_per_epoch == 15.0
     assert o.best_val_accuracy == 50.0 and math.isclose(o.comm["pull"], 0.2)
+    # the summary's own figures win; a phase only the summary times is the summary's
+    doc["summary"] = {"avg_train_throughput": 1.0, "avg_comm_time_push": 0.5}
+    doc["epochs"] = [{k: v for k, v in e.items() if k != "avg_comm_time_pull"} for e in doc["epochs"]]
+    o = Result.from_dict(doc).overall
+    assert o.avg_train_throughput == 1.0 and o.comm == {"push": 0.5}
+    empty = Result.from_dict({**doc, "epochs": []}).overall
+    assert empty.avg_train_throughput == 1.0 and math.isnan(empty.best_val_accuracy)
 
 
 @pytest.mark.parametrize("path", OLD_FILES, ids=[p.parent.name for p in OLD_FILES])

@@ -349,23 +349,18 @@ class Result:
         (NaN where the epochs cannot give one; the final accuracies are not recomputed)."""
         s, ep = self.summary, self.epochs
 
-        def have(x):
-            return x if x is not None else NAN
+        def given(recorded: Optional[float], recompute) -> float:
+            return recorded if recorded is not None else recompute() if ep else NAN
 
-        if not ep:
-            return Summary(*(have(getattr(s, n)) for n in ("avg_train_throughput", "avg_train_time_per_epoch",
-                           "best_val_accuracy", "final_train_accuracy", "final_val_accuracy")), comm=dict(s.comm))
         vals = [e.val_accuracy for e in ep if e.val_accuracy is not None]
-        comm = {p: mean(e.comm[p] for e in ep if p in e.comm) for p in self.phases}
+        phases = dict.fromkeys(p for e in ep for p in e.comm)
+        comm = {p: mean(e.comm[p] for e in ep if p in e.comm) for p in phases}
         return Summary(
-            avg_train_throughput=have(s.avg_train_throughput) if s.avg_train_throughput is not None
-            else mean(e.train_throughput for e in ep),
-            avg_train_time_per_epoch=s.avg_train_time_per_epoch if s.avg_train_time_per_epoch is not None
-            else mean(e.train_time for e in ep),
-            best_val_accuracy=s.best_val_accuracy if s.best_val_accuracy is not None
-            else (max(vals) if vals else NAN),
-            final_train_accuracy=have(s.final_train_accuracy),
-            final_val_accuracy=have(s.final_val_accuracy),
+            avg_train_throughput=given(s.avg_train_throughput, lambda: mean(e.train_throughput for e in ep)),
+            avg_train_time_per_epoch=given(s.avg_train_time_per_epoch, lambda: mean(e.train_time for e in ep)),
+            best_val_accuracy=given(s.best_val_accuracy, lambda: max(vals) if vals else NAN),
+            final_train_accuracy=given(s.final_train_accuracy, lambda: NAN),
+            final_val_accuracy=given(s.final_val_accuracy, lambda: NAN),
             comm={**comm, **s.comm})
 
     def as_seen(self) -> "Result":
