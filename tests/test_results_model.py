@@ -91,6 +91,17 @@ def test_a_null_figure_reads_as_nan_an_absent_one_as_none():
     assert r.config == {}  # a record that is not one reads as empty, never as None
 
 
+def test_only_a_figure_reads_null_as_nan_a_count_or_a_list_of_bytes_stays_none():
+    """A resumed run reads its checkpoint's document back through the model: an epoch that
+    had no optimizer state (None) must not come back as NaN, which the efficiency summary would
+    take for a list of bytes."""
+    e = Epoch(epoch=1, train_loss=1.0, train_accuracy=2.0, train_time=3.0, train_throughput=4.0,
+              steps=5, mfu=None, optimizer_state_bytes=None)
+    back = Epoch.from_dict(e.to_dict())
+    assert back.optimizer_state_bytes is None and math.isnan(back.mfu)
+    assert Epoch.from_dict({**e.to_dict(), "val_samples": None, "steps": None}).steps is None
+
+
 def test_a_newer_minor_version_reads_with_its_new_keys_kept_another_major_is_refused(tmp_path):
     doc = json.loads(OLD_FILES[0].read_text())
     newer = {**doc, "schema": SCHEMA + ".3", "novelty": {"x": 1},

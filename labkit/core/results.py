@@ -10,14 +10,16 @@ Three shapes read the same: the guide's scripts' files (its keys only, no schema
 files of schema ``labkit.results/1`` (the guide's keys first, then the lab's), and files of a
 newer minor version of that schema (unknown keys kept in ``extra``). A file of another major
 version is refused in one line. A figure written as null (labkit writes strict JSON:
-labkit.core.files.finite) reads as NaN, as files written before the nulls read. A field the
-file does not have is None (a list: empty), so "not recorded" and "not a number" stay apart.
+labkit.core.files.finite) reads as NaN, as files written before the nulls read; a count or a
+list of bytes written as null is None. A field the file does not have is None (a list: empty),
+so "not recorded" and "not a number" stay apart.
 
 Records written whole by one instrument (a replica check, the wire's bytes, the calibration's
 parts, the machine's load, the heartbeat) stay plain dicts: their shape is their writer's.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
@@ -50,6 +52,12 @@ def _num(v: Any) -> Any:
     if isinstance(v, list):
         return [NAN if x is None else x for x in v]
     return v
+
+
+def comm_phase(key: str) -> Optional[str]:
+    """The communication phase whose mean time per step a key names ("avg_comm_time" -> "comm",
+    "avg_comm_time_pull" -> "pull"); None for any other key."""
+    return _phase(key, "avg_comm_time")
 
 
 def _phase(key: str, prefix: str) -> Optional[str]:
@@ -120,6 +128,7 @@ class Epoch:
     @classmethod
     def from_dict(cls, d: dict) -> "Epoch":
         known = {f.name for f in fields(cls)} - {"comm", "comm_times", "extra"}
+        figures = {f.name for f in fields(cls) if "float" in str(f.type)}  # null: NaN; else None
         kw: dict[str, Any] = {"comm": {}, "comm_times": {}, "extra": {}}
         for k, v in d.items():
             if (p := _phase(k, "avg_comm_time")) is not None:
@@ -127,7 +136,7 @@ class Epoch:
             elif (p := _phase(k, "comm_times")) is not None:
                 kw["comm_times"][p] = _num(v)
             elif k in known:
-                kw[k] = _num(v) if not isinstance(v, dict) else v
+                kw[k] = _num(v) if k in figures else v
             else:
                 kw["extra"][k] = v
         if not isinstance(kw.get("all_losses"), list):
@@ -372,10 +381,10 @@ class Result:
         return replace(self, status=Status.STOPPED, error=f"stopped without finishing: {why}")
 
 
-def read_result(path: str | os.PathLike) -> Result:
-    """One result file, as every reader sees it (:meth:`Result.as_seen`); ResultError, one line
+def read_result(path: str | os.PathLike, as_seen: bool = True) -> Result:
+    """One result file, as every reader sees it (:meth:`Result.as_seen`; ``as_seen=False``: as
+    written, for the launcher that ends a file its rank 0 left running); ResultError, one line
     naming the file and the problem, when it is missing, corrupt or not a result file."""
-    import json
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -387,8 +396,9 @@ def read_result(path: str | os.PathLike) -> Result:
         raise ResultError(f"{path}: cannot read it ({e.strerror})") from None
     except ValueError as e:  # a JSONDecodeError or a UnicodeDecodeError
         raise ResultError(f"{path}: not valid JSON ({e.__class__.__name__}): truncated or corrupt") from None
-    return Result.from_dict(doc, str(path)).as_seen()
+    result = Result.from_dict(doc, str(path))
+    return result.as_seen() if as_seen else result
 
 
 __all__ = ["SCHEMA", "ResultError", "Epoch", "Summary", "Efficiency", "Result", "read_result",
-           "comm_key", "comm_times_key"]
+           "comm_key", "comm_times_key", "comm_phase"]

@@ -25,8 +25,7 @@ from labkit.core.files import atomic_write_json
 from labkit.core.methods import key_of
 from labkit.core.procs import EMULATED_NODES
 from labkit.core.resources import oom_kills
-from labkit.core.results import Result
-from labkit.core.run_folder import read_json
+from labkit.core.results import read_result
 from labkit.core.status import INTERRUPTED_WHY, Status
 
 from .cluster import RDZV_PORT, ClusterSpec, check_machine, link_record, parse_link, run_cluster
@@ -118,7 +117,7 @@ def _record(out: LaunchResult, cfg: TrainConfig, nproc: int, spec: ClusterSpec, 
                 f.write(" ".join(cmd) + "\n\n" + text)
         path = os.path.join(out.out_dir, cfg.result_file)
         if os.path.exists(path):
-            result = Result.from_dict(read_json(path), path)  # as written: no reader's verdict
+            result = read_result(path, as_seen=False)  # as written: no reader's verdict
             result.link = link
             atomic_write_json(path, result.to_dict())
         if not out.ok:

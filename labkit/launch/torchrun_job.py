@@ -19,8 +19,7 @@ from labkit.core import resolved as resolved_file
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
 from labkit.core.methods import absolute, server_ranks
-from labkit.core.results import Result
-from labkit.core.run_folder import read_json
+from labkit.core.results import ResultError, read_result
 from labkit.core.status import Status
 from labkit.training import budget
 
@@ -211,8 +210,8 @@ def mark_ended(out_dir: str, result_file: str, status: Status, why: str) -> None
     cause ``why`` replaces it; what rank 0 saw is kept as ``rank0_error``."""
     path = os.path.join(out_dir, result_file)
     try:  # as written (not as a reader sees it: a running file whose writer is gone is ours to end)
-        result = Result.from_dict(read_json(path), path)
-    except (OSError, ValueError):  # a ResultError is a ValueError
+        result = read_result(path, as_seen=False)
+    except ResultError:  # missing, or not a result file: nothing to end
         return
     was = result.status
     if was == Status.FAILED and status == Status.FAILED and is_consequence(result.error or ""):

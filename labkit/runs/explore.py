@@ -15,7 +15,7 @@ from labkit.core import breakdown
 from labkit.core import layout
 from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_NAMES, label
-from labkit.core.results import Epoch, Result
+from labkit.core.results import Epoch, Result, comm_phase
 from labkit.core.run_folder import RunFolder
 
 # What can be overlaid: (key, axis label with its unit).  Per-epoch keys come first; "all_losses"
@@ -34,8 +34,6 @@ METRICS = (
     ("avg_comm_time_pull", "PS pull time per step (s)"),
     ("avg_comm_time_push", "PS push time per step (s)"),
 )
-# the metrics above that are a communication phase's time per step: metric -> its phase
-PHASE_METRICS = (("avg_comm_time", "comm"), ("avg_comm_time_pull", "pull"), ("avg_comm_time_push", "push"))
 
 @dataclass(frozen=True)
 class Run:
@@ -93,7 +91,7 @@ def _select(runs: list[Run], run_names: Optional[Iterable[str]],
 def _figure(e: Epoch, metric: str):
     """One epoch's figure of ``metric``: a phase's communication time, one of the epoch's
     figures, or one of the method's own (None where the epoch has none)."""
-    phase = dict(PHASE_METRICS).get(metric)
+    phase = comm_phase(metric)
     if phase is not None:
         return e.comm.get(phase)
     return getattr(e, metric) if metric in Epoch.__dataclass_fields__ else e.extra.get(metric)
