@@ -44,6 +44,11 @@ def test_experiment_makes_a_complete_run_folder(experiment):
     env = load_json(run / "environment.json")
     for k in ("git", "python", "torch", "torchvision", "cuda", "cudnn", "nccl", "gpus", "cpu", "host", "seed"):
         assert k in env
+    # the versions as the packages name their builds (+cu130, +cpu), torchvision's read from its
+    # version.py by the experiment, which does not import it
+    import torch
+    import torchvision
+    assert (env["torch"], env["torchvision"]) == (torch.__version__, torchvision.__version__)
     assert set(env["torchrun_commands"]) == {f"{r}/{m}" for r in REPEATS for m in EXPERIMENT_METHODS}
     assert "torch.distributed.run" in env["torchrun_commands"]["repeat-1/ps"]
     status = load_json(run / "experiment.json")

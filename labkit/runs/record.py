@@ -12,8 +12,10 @@ Paths inside the run folder are stored relative to it (labkit.core.layout.portab
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -137,7 +139,6 @@ def data_fingerprints(configs: dict[str, TrainConfig]) -> dict[str, dict]:
 def machine() -> dict:
     """What ran where: host, CPU, GPUs, Python and the versions that decide the numbers."""
     import torch
-    import torchvision  # its __version__ names the build (+cu130), as torch's does
 
     env: dict[str, Any] = {
         "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -145,7 +146,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0], "executable": sys.executable,
-        "torch": torch.__version__, "torchvision": torchvision.__version__,
+        "torch": torch.__version__, "torchvision": _torchvision_version(),
         "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "nccl": None, "gpus": [], "driver": None,
@@ -169,6 +170,24 @@ def _version(pkg: str) -> Optional[str]:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _torchvision_version() -> Optional[str]:
+    """torchvision.__version__, which names the build (+cu130) as torch's does and the installed
+    metadata does not, read from its version.py: importing torchvision takes a CPU second (its
+    ops import torch._dynamo), and this process trains nothing."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        tree = ast.parse((Path(spec.submodule_search_locations[0]) / "version.py").read_text())
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                return node.value.value
+    except (OSError, SyntaxError, ValueError):
+        pass
+    return _version("torchvision")
 
 
 def _cpu_name() -> str:
