@@ -9,7 +9,8 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from helpers import check_ok, load_json, tiny_flags, torchrun
+from helpers import check_ok, load_json, tiny_flags
+from warm import warm_run
 from labkit.core import breakdown
 from labkit.core.results import Result
 from labkit import report
@@ -231,7 +232,7 @@ def test_no_overlap_hides_nothing_and_overlap_hides_some(tmp_path):
     got, epochs = {}, {}
     for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
         out = tmp_path / name
-        check_ok(torchrun(2, STEPS + ["--epochs", "2", "--method", "allreduce", "--bucket-mb", "1",
+        check_ok(warm_run(2, STEPS + ["--epochs", "2", "--method", "allreduce", "--bucket-mb", "1",
                                       *extra, "--out", str(out)], cwd=tmp_path))
         doc = load_json(out / "results_all_reduce.json")
         got[name], epochs[name] = breakdown.of_result(Result.from_dict(doc)), doc["epochs"]
@@ -269,7 +270,7 @@ def ddp_timed(tmp_path_factory) -> dict:
     for mode in ("stats", "hook", "off"):
         out[mode] = base / mode
         flags = ["--no-time-comm"] if mode == "off" else ["--time-comm", mode]  # the old alias
-        check_ok(torchrun(2, STEPS + ["--method", "ddp", "--no-checkpoint", *flags,
+        check_ok(warm_run(2, STEPS + ["--method", "ddp", "--no-checkpoint", *flags,
                                       "--out", str(out[mode])], cwd=base,
                           env=LATE if mode == "off" else None))
     return out

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TINY, TINY_CFG, check_ok, torchrun
+from helpers import TINY, TINY_CFG, check_ok
+from warm import warm_run
 from labkit.core.config import TrainConfig
 from labkit.training import rank
 from labkit.training.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker.
 # Every test here trains for real (in-process through the rank's entry point, or under
-# torchrun): the torchrun kind, not make test-fast's (fp16 on a CPU: seconds a step)
+# on ranks forked from the warm interpreter): the torchrun kind, not make test-fast's (fp16 on a
+# CPU: seconds a step)
 pytestmark = [pytest.mark.xdist_group("equivalence_runs"), pytest.mark.torchrun]
 
 # Synthetic 8x8 images: on this CPU an fp16 convolution backward has no fast kernel and takes
@@ -112,7 +114,7 @@ def test_compile_keeps_the_synchronisation(tmp_path, equivalence_runs):
     (graph capture with aot_eager; inductor's code generation is the same graph, minutes slower)."""
     eager_dir, _ = equivalence_runs["allreduce"]
     out = tmp_path / "compiled"
-    p = torchrun(2, TINY + ["--method", "allreduce", "--bucket-mb", "1", "--compile",
+    p = warm_run(2, TINY + ["--method", "allreduce", "--bucket-mb", "1", "--compile",
                             "--compile-backend", "aot_eager", "--out", str(out)], cwd=tmp_path)
     check_ok(p)
     a = torch.load(out / "final_model.pt", weights_only=True)

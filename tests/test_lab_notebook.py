@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from helpers import (HTML_ONLY, check_ok, labkit, load_json, Pause, start_labkit as start,
-                     tiny_flags, torchrun)
+                     tiny_flags)
+from warm import warm_run
 from labkit.core.status import Status
 
 pytestmark = pytest.mark.xdist_group("labnotebook")
 
 # labkit experiment with TINY's settings (helpers.TINY is the torchrun form); the killed run's
-# training settings, which its uninterrupted reference trains with under torchrun
+# training settings, which its uninterrupted reference trains with on warm ranks
 SETTINGS = tiny_flags(epochs=None, max_steps_per_epoch=3, max_val_steps=1, timeout=60)
 EXP = ["--nproc", "2", "--methods", "ddp,allreduce,ps", *SETTINGS]
 
@@ -221,10 +222,12 @@ def test_continue_finishes_a_killed_experiment(killed, tmp_path, capsys, monkeyp
     html = (run / "report" / "report.html").read_text()
     assert all(name in html for name in ("Baseline DDP", "Manual All-Reduce", "Parameter Server"))
     # the same parameters as an uninterrupted run of the same settings from the same seed: each
-    # method trained once more, straight through, under torchrun (the training the experiment's
-    # notebook launches, without a kernel around it: issue 40)
+    # method trained once more, straight through, on ranks of its own (the training the
+    # experiment's notebook launches, without a kernel or a launcher around it: issue 40; forked
+    # from the warm interpreter, which computes what torchrun's ranks compute, test_warm_ranks_
+    # compute_what_torchrun_ranks_compute)
     for m in ("allreduce", "ps"):
-        check_ok(torchrun(2, [*SETTINGS, "--epochs", "2", "--method", m, "--out", str(tmp_path / m)],
+        check_ok(warm_run(2, [*SETTINGS, "--epochs", "2", "--method", m, "--out", str(tmp_path / m)],
                           cwd=tmp_path))
         got = torch.load(run / m / "final_model.pt", weights_only=True)
         want = torch.load(tmp_path / m / "final_model.pt", weights_only=True)
