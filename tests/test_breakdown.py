@@ -202,6 +202,26 @@ def test_overlap_interval_and_who_arrived_last():
     assert w.last == 1 and w.last_share == [0.0, 0.75, 0.25] and w.mean_wait[0] == 5.25
 
 
+@pytest.mark.parametrize("ranks, last, steps, held_back", [
+    (2, 40, 41, True),    # two trainers, one step out of line: still the straggler
+    (2, 27, 41, True),    # 27 of 41: p = 0.03 against a fair coin
+    (2, 26, 41, False),   # 26 of 41: p = 0.06, within what chance gives
+    (2, 3, 3, True),      # every step: twice the even share
+    (3, 20, 30, True),    # twice a third
+    (3, 18, 30, True),    # 0.6, under twice a third, but p = 0.002 against a third
+    (3, 7, 12, False),    # 0.58 of 12 steps: p = 0.07
+    (4, 22, 41, True),    # over half, which is twice a quarter
+    (4, 20, 41, False),   # not over half
+])
+def test_a_straggler_is_last_more_often_than_chance(ranks, last, steps, held_back):
+    """Waits.consistent: a rank held the others back when it was last in over half the steps
+    and in at least twice its even share (1/n) or more often than chance (a one-sided binomial
+    test against 1/n)."""
+    rest = (steps - last) / (ranks - 1) / steps
+    w = breakdown.Waits(list(range(ranks)), [0.0] * ranks, [last / steps] + [rest] * (ranks - 1), steps)
+    assert w.last == 0 and w.consistent is held_back
+
+
 def test_time_to_accuracy_and_not_reached():
     doc = result([{"epoch": i + 1, "val_accuracy": a, "train_time": 2.0, "val_time": 0.5,
                    "steps": 10} for i, a in enumerate([50.0, 80.0, 90.0])])
