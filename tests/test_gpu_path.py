@@ -13,9 +13,9 @@ from labkit.training import rank
 from labkit.training.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker.
-# Every test here trains for real (in-process through the rank's entry point, or under
-# on ranks forked from the warm interpreter): the torchrun kind, not make test-fast's (fp16 on a
-# CPU: seconds a step)
+# Every test here trains for real (in-process through the rank's entry point, or on ranks
+# forked from the warm interpreter): the torchrun kind, not make test-fast's (fp16 on a CPU:
+# seconds a step)
 pytestmark = [pytest.mark.xdist_group("equivalence_runs"), pytest.mark.torchrun]
 
 # Synthetic 8x8 images: on this CPU an fp16 convolution backward has no fast kernel and takes
