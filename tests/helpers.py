@@ -416,7 +416,8 @@ ATOL, RTOL = 5e-5, 1e-4
 
 def reference_config(**overrides):
     """The resolved config reference_state trains with: TINY's model and data, lr 0.01."""
-    from labkit.core.config import TrainConfig, resolve
+    from labkit.core.config import TrainConfig
+    from labkit.workloads import resolve
 
     return resolve(TrainConfig(dataset="digits", model="resnet10_small", batch_size=8, lr=0.01,
                                **overrides), False)
@@ -439,9 +440,10 @@ def reference_state(trainers: int, epochs: int = 1, order=None, **overrides) -> 
     import torch
     from torch.utils.data import DataLoader
 
-    from labkit.training.data import build_datasets, train_sampler
+    from labkit.training.data import train_sampler
+    from labkit.workloads.images.image_sets import build_datasets
     from labkit.training.instruments.exactness import exact_step
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
 
     torch.set_num_threads(1)  # as each torchrun rank (OMP_NUM_THREADS=1): same conv kernels
     cfg = reference_config(**overrides)

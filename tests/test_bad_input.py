@@ -70,8 +70,15 @@ def test_unknown_method(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flag,value", [("--model", "vgg16"), ("--dataset", "mnist"),
-                                        ("--amp", "fp8")])
+@pytest.mark.parametrize("flag,value", [("--model", "vgg16"), ("--dataset", "mnist")])
+def test_unknown_workload_names(capsys, flag, value):
+    """--model and --dataset are the workload's to decide (labkit.workloads): an unknown one is
+    the lab's one line naming it and what the workload offers."""
+    expect_error(TINY + [flag, value], capsys, f"unknown {flag[2:]} '{value}' for the images workload",
+                 "choose one of", "resnet18" if flag == "--model" else "digits")
+
+
+@pytest.mark.parametrize("flag,value", [("--amp", "fp8")])
 def test_unknown_names(capsys, flag, value):
     with pytest.raises(SystemExit) as e:
         rank.main(TINY + [flag, value])
@@ -108,7 +115,7 @@ def test_missing_weights(tmp_path, capsys):
 
 
 def test_weights_of_another_architecture(tmp_path, capsys):
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
     w = tmp_path / "r18.pth"
     torch.save(build_model("resnet18", 10)[0].state_dict(), w)
     expect_error(TINY + ["--weights", str(w), "--out", str(tmp_path / "o")], capsys,
@@ -127,7 +134,7 @@ def test_weights_not_a_state_dict(tmp_path, capsys):
 
 def test_weights_with_another_head_are_loaded(tmp_path):
     """ImageNet weights (1000 classes) on a 10-class dataset: backbone loaded, head fresh."""
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
     src, _ = build_model("resnet10_small", 1000)
     w = tmp_path / "w.pth"
     torch.save(src.state_dict(), w)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.core.config import TrainConfig, resolve
+from labkit.core.config import TrainConfig
+from labkit.workloads import resolve
 from warm import start_warm
 
 N = 2  # ranks
@@ -70,7 +71,7 @@ def sent(doc: dict, epoch: int = -1) -> float:
 
 
 def shapes() -> list[torch.Size]:
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
 
     model, _ = build_model("resnet10_small", 10)
     return [p.shape for p in model.parameters() if p.requires_grad]
@@ -132,8 +133,8 @@ def averaged_steps(cfg: TrainConfig, trainers: int, steps: int, dtype=torch.floa
     import copy
 
     from labkit.training.instruments import exactness
-    from labkit.training.data import build_datasets
-    from labkit.training.models import build_model
+    from labkit.workloads.images.image_sets import build_datasets
+    from labkit.workloads.images.models import build_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs: the same kernels

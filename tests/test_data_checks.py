@@ -16,7 +16,7 @@ import torch
 from helpers import TINY, check_ok, expect_error, load_json, torchrun
 from labkit.training import preflight
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.training.data import build_datasets, check_image
+from labkit.workloads.images.image_sets import build_datasets, check_image
 from labkit.launch.launch import validate
 
 # the two bad files of the `bad_tree` fixture, as paths under the dataset root
@@ -187,7 +187,7 @@ def test_digits_are_sklearns_images_with_a_fixed_stratified_split():
 def test_digits_default_to_16_pixels_and_other_sets_keep_theirs():
     """The embedded default trains on digits at 16x16 (twice the scans' 8x8); synthetic and
     imagefolder keep 32 for _small models and 224 otherwise; --image-size wins everywhere."""
-    from labkit.core.config import resolve
+    from labkit.workloads import resolve
 
     def side(**kw) -> int:
         return resolve(TrainConfig(**kw), cuda_available=False, world_size=4).image_size
@@ -202,7 +202,9 @@ def test_digits_default_to_16_pixels_and_other_sets_keep_theirs():
 def test_digits_larger_than_memory_allows_are_refused():
     """digits are upsampled in memory in every process: a side that would take gigabytes per
     process is one clear error, not an out-of-memory kill."""
-    from labkit.core.config import DIGITS_MAX_SIDE, ConfigError, resolve
+    from labkit.core.config import ConfigError
+    from labkit.workloads.images import DIGITS_MAX_SIDE
+    from labkit.workloads import resolve
 
     assert resolve(TrainConfig(image_size=DIGITS_MAX_SIDE), False, 4).image_size == DIGITS_MAX_SIDE
     gib = 1797 * 3 * 512 * 512 * 4 / 2**30  # float32 RGB images of all 1,797 scans

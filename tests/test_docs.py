@@ -233,7 +233,7 @@ def test_notebook_parameters_are_the_experiments_defaults(monkeypatch):
     import torch
 
     from labkit import cli
-    from labkit.core.config import resolve
+    from labkit.workloads import resolve
     from labkit.launch.launch_params import notebook_params, nproc_or_default
 
     nb = nbformat.read(ROOT / "notebooks" / "run_method.ipynb", as_version=4)

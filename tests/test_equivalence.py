@@ -14,7 +14,7 @@ import torch
 from helpers import EQUIVALENCE_RUNS as RUNS  # shared with the result-file tests
 from helpers import ATOL, RTOL, STEPS, TINY, check_ok, load_json, reference_state
 from warm import warm_run
-from labkit.training.models import build_model
+from labkit.workloads.images.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker
 pytestmark = pytest.mark.xdist_group("equivalence_runs")

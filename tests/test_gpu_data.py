@@ -14,10 +14,11 @@ from torch.utils.data import TensorDataset
 
 from helpers import ROOT, expect_error
 from labkit.core import efficiency
-from labkit.core.config import ConfigError, TrainConfig, resolve
+from labkit.core.config import ConfigError, TrainConfig
+from labkit.workloads import resolve
 from labkit.training import gpu_data
-from labkit.training.data import (ShardSampler, SyntheticImages, build_datasets, make_loader,
-                                  train_sampler)
+from labkit.training.data import ShardSampler, make_loader, train_sampler
+from labkit.workloads.images.image_sets import SyntheticImages, build_datasets
 
 sys.path.insert(0, str(ROOT / "tools"))
 import make_jpeg_folder  # noqa: E402
@@ -136,8 +137,8 @@ def test_gpu_flags_without_cuda_are_one_line(capsys, flags, needle):
 def test_flops_are_counted_per_image():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from labkit.training.instruments.flops import forward_flops
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import forward_flops
+    from labkit.workloads.images.models import build_model
 
     n = forward_flops("resnet10_small", 10, 16)
     model, _ = build_model("resnet10_small", 10)

@@ -10,7 +10,7 @@ from helpers import TINY, TINY_CFG, check_ok
 from warm import warm_run
 from labkit.core.config import TrainConfig
 from labkit.training import rank
-from labkit.training.models import build_model
+from labkit.workloads.images.models import build_model
 
 # the session's equivalence_runs are built once: every test using them on one xdist worker.
 # Every test here trains for real (in-process through the rank's entry point, or on ranks

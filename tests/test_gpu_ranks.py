@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from helpers import EQUIVALENCE_RUNS, ROOT, TINY, check_ok, load_json, torchrun
-from labkit.core.config import TrainConfig, resolve
+from labkit.core.config import TrainConfig
+from labkit.workloads import resolve
 from labkit.core.methods import spec
 from labkit.training import gpu_data, rank
-from labkit.training.data import ShardSampler, SyntheticImages, build_datasets, make_loader, train_sampler
+from labkit.training.data import ShardSampler, make_loader, train_sampler
+from labkit.workloads.images.image_sets import SyntheticImages, build_datasets
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit import cli
-from labkit.core.config import resolve
+from labkit.workloads import resolve
 from labkit.orchestrate import bench, experiment
 from labkit.launch.launch_params import SHARED_GPU_RANKS, machine_defaults
 
@@ -80,7 +80,8 @@ def test_the_plan_is_printed_first_and_recorded(monkeypatch, tmp_path):
 def test_the_default_lr_prints_as_the_decimal_it_is(batch, world):
     """0.1 x global batch / 256 as one division: the torchrun command line and the report show
     0.0375, not 0.037500000000000006."""
-    from labkit.core.config import TrainConfig, resolve
+    from labkit.core.config import TrainConfig
+    from labkit.workloads import resolve
 
     for method in ("ddp", "ps"):
         lr = resolve(TrainConfig(method=method, batch_size=batch), False, world).lr

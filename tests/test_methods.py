@@ -345,7 +345,7 @@ def test_an_experiment_beside_ddp_with_the_lab_notebook_diff_and_reproduce(tmp_p
 # ------------------------------------------------------------------ bytes on the wire
 def _gradient_bytes() -> int:
     """The model's fp32 gradient bytes, from its parameter count (not from labkit's counts)."""
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
 
     model, _ = build_model("resnet10_small", 10)
     return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)

@@ -35,10 +35,11 @@ def test_the_plain_loop_takes_its_batches_as_labkits_loop_does_on_the_device(dev
     slower on the one-GPU default (ResNet-50 at 224 px), which the job reported as labkit's
     gain (docs/performance.md). Same kind of loader, and the same batches epoch by epoch."""
     from helpers import TINY_CFG
-    from labkit.core.config import TrainConfig, resolve
-    from labkit.training.data import build_datasets
+    from labkit.core.config import TrainConfig
+    from labkit.workloads import resolve
+    from labkit.workloads.images.image_sets import build_datasets
     from labkit.training.dist import DistContext
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
     from labkit.bench.plain_loop import PlainDDP
     from labkit.training.trainer import Trainer
 
@@ -69,7 +70,7 @@ def test_plain_loop_computes_labkits_ddp_parameters_bit_for_bit(ddp_run, tmp_pat
     differ = [k for k in labkit if not torch.equal(plain[k], labkit[k])]
     assert differ == [], f"{len(differ)} tensors differ, the first {differ[0]}: max abs diff " \
                          f"{(plain[differ[0]].double() - labkit[differ[0]].double()).abs().max().item()}"
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
 
     torch.manual_seed(0)
     init = build_model("resnet10_small", 10)[0].state_dict()

@@ -12,7 +12,7 @@ import torch
 from helpers import TINY, check_ok, load_json
 from warm import warm_run
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.training.models import build_model
+from labkit.workloads.images.models import build_model
 from labkit.training.sync.ps_sharded import shard_bounds
 from helpers import ATOL, RTOL, STEPS, reference_state  # the single-process reference
 

@@ -21,7 +21,7 @@ def test_the_tests_reference_is_labkits(trainers):
     assert [k for k in ours if not torch.equal(ours[k], labkits[k])] == []
     # and it trained: the weights are not the initial ones
     torch.manual_seed(reference_config().seed)
-    from labkit.training.models import build_model
+    from labkit.workloads.images.models import build_model
     init, _ = build_model("resnet10_small", 10)
     assert any(not torch.equal(v, ours[k]) for k, v in init.state_dict().items()
                if v.is_floating_point())

@@ -235,7 +235,8 @@ def test_requirements_lock_comments_out_what_no_index_has():
 
 def test_data_fingerprints(tmp_path):
     from helpers import make_image_tree
-    from labkit.core.config import TrainConfig, resolve
+    from labkit.core.config import TrainConfig
+    from labkit.workloads import resolve
 
     tree = make_image_tree(tmp_path / "img", n_train=2, n_val=1)
     cfg = resolve(TrainConfig(data_dir=str(tree)), False, 2)

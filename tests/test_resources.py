@@ -54,8 +54,8 @@ def tmpfs(tmp_path):
 
 # ------------------------------------------------------------------ the estimates
 def test_the_parameter_count_is_the_built_models():
-    from labkit.core.architectures import state_values
-    from labkit.training.models import build_model
+    from labkit.workloads.images.architectures import state_values
+    from labkit.workloads.images.models import build_model
 
     for name in ("resnet10_small", "resnet50"):
         with torch.device("meta"):

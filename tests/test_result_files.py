@@ -156,7 +156,7 @@ def test_an_epochs_loss_and_accuracy_are_its_steps_own():
 
     cpu = torch.device("cpu")
     s = DDPStrategy(TrainConfig(), DistContext(0, 1, 0, 1, "gloo", cpu))
-    meter = EpochMeter(7, 2, s, cpu, True, StepParts(cpu))
+    meter = EpochMeter(7, 2, s, cpu, True, StepParts(cpu), hits_of=lambda out, y: out.argmax(1) == y)
     g = torch.Generator().manual_seed(0)
     losses, right, images = [], 0, 0
     meter.start()

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from labkit.bench.instrument_cost import paired_ratio
 from labkit.core.stats import t_quantile
 from labkit.training.dist import sync_device
-from labkit.training.models import build_model
+from labkit.workloads.images.models import build_model
 from labkit.training.sync.ddp import SAMPLE_EVERY
 
 # (the reducer's sampling rate, read the figures every this many steps)

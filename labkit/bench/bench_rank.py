@@ -138,7 +138,7 @@ class StepTimer:
     def __init__(self, tr, steps: int, show_bar: bool, total: int, batches: Optional[list] = None):
         from tqdm import tqdm
 
-        from labkit.training.instruments.timers import Lines
+        from labkit.core.log import Lines
 
         self.tr, self.steps, self.dev = tr, steps, tr.ctx.device
         self.batches = [] if batches is None else batches  # another timer's: the same batches
@@ -186,21 +186,21 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
             out: str, pricing: bool = True) -> dict:
     """This rank's part of one bench job; rank 0 returns the measurements (others: {}).
     ``pricing``: the instrument rounds too (labkit.bench.pricing), else the job's loop alone."""
-    from labkit.training.data import build_datasets
     from labkit.training.dist import init, teardown
-    from labkit.training.models import build_model
     from labkit.training.trainer import Trainer
+    from labkit.workloads import make_workload
 
     rank = env_world()[0]
-    data = build_datasets(cfg)
+    workload = make_workload(cfg)
+    data = workload.datasets()
     loops = instrument_loops(cfg) if pricing else {AS_RUN: cfg}
     models = []
     for _ in loops:  # the same initial weights for every loop, the job's built first
         torch.manual_seed(cfg.seed)
-        models.append(build_model(cfg.model, data.num_classes, cfg.weights)[0])
+        models.append(workload.build_model())
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device, cfg.debug_collectives)
     try:
-        tr = Trainer(cfg, ctx, None, data, models[0], steps)
+        tr = Trainer(cfg, ctx, None, data, models[0], steps, workload)
         s = tr.strategy
         timer = StepTimer(tr, steps, rank == s.first_trainer and cfg.progress,
                           2 * (warmup + trials * steps))

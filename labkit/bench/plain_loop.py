@@ -57,7 +57,6 @@ import time
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, build_parser
@@ -76,8 +75,11 @@ CONTROL = "plain_again"  # --control: the plain loop a second time, its A/A cont
 class PlainDDP:
     """A plain DDP training loop over labkit's data (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, data, model: torch.nn.Module, ctx: DistContext):
+    def __init__(self, cfg: TrainConfig, data, model: torch.nn.Module, ctx: DistContext,
+                 total_steps: Optional[int] = None):
         from torch.nn.parallel import DistributedDataParallel
+
+        from labkit.workloads import make_workload
 
         from labkit.training.data import ShardSampler, default_workers, train_sampler
         from labkit.training.gpu_data import make_loaders
@@ -87,8 +89,10 @@ class PlainDDP:
         self.model = model.to(ctx.device)
         self.net = (DistributedDataParallel(self.model, device_ids=[ctx.device.index] if cuda else None)
                     if ctx.distributed else self.model)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                         weight_decay=cfg.weight_decay)
+        # the workload's optimizer, loss and schedule (over ``total_steps``), as labkit's loop
+        self.workload = make_workload(cfg)
+        self.optimizer = self.workload.optimizer(self.model.parameters())
+        self.step, self.total = 0, total_steps or cfg.epochs * (cfg.max_steps_per_epoch or 1)
         self.sampler = train_sampler(data.train, ctx.world_size, ctx.rank, cfg.seed)
         self.workers = default_workers(cfg, data.in_memory, ctx.local_world_size)
         # its batches come as labkit's loop takes them on this device (make_loaders): on a CPU
@@ -114,25 +118,31 @@ class PlainDDP:
             x, y = next(batches)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.net(x), y)
+            loss = self.workload.loss(self.net(x), y)
             loss.backward()
+            lr = self.workload.lr_at(self.step, self.total)
+            if lr is not None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+            self.step += 1
             self.optimizer.step()
 
 
 def train(cfg: TrainConfig) -> None:
     """``cfg.epochs`` epochs of the plain loop, as many steps each as labkit.train takes; rank 0
     writes the final model (final_model.pt) in ``cfg.out``."""
-    from labkit.training.data import build_datasets, steps_per_epoch
+    from labkit.training.data import steps_per_epoch
     from labkit.training.dist import env_world, init, teardown
     from labkit.training.checkpoint import atomic_torch_save
+    from labkit.workloads import make_workload
 
-    data = build_datasets(cfg)
+    data = make_workload(cfg).datasets()
     world = env_world()[1]
     steps = steps_per_epoch(len(data.train), world, cfg.batch_size, cfg.max_steps_per_epoch)
-    [model] = _same_weights(cfg, data.num_classes, 1)
+    [model] = _same_weights(cfg, 1)
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
-        loop = PlainDDP(cfg, data, model, ctx)
+        loop = PlainDDP(cfg, data, model, ctx, cfg.epochs * steps)
         for epoch in range(1, cfg.epochs + 1):
             loop.train_epoch(epoch, steps)
         if ctx.is_main:
@@ -185,20 +195,22 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
     the same rounds: the plain loop against itself is the job's A/A control, what two identical
     loops differ by in this job (labkit.bench.bench_view.control_interval).
     ``profile_steps``: then a trace of that many steps of each loop (:func:`_trace`)."""
-    from labkit.training.data import build_datasets, steps_per_epoch
+    from labkit.training.data import steps_per_epoch
     from labkit.training.dist import env_world, init, teardown
     from labkit.training.trainer import Trainer
+    from labkit.workloads import make_workload
 
-    data = build_datasets(cfg)
+    data = make_workload(cfg).datasets()
     world = env_world()[1]
     warmup, steps = trial_steps(steps_per_epoch(len(data.train), world, cfg.batch_size,
                                                 cfg.max_steps_per_epoch), warmup, steps)
     n = warmup + steps + 1
     loops = LOOPS + ((CONTROL,) if control else ())
-    models = _same_weights(cfg, data.num_classes, len(loops))
+    models = _same_weights(cfg, len(loops))
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
-        plain = PlainDDP(cfg, data, models[0], ctx)
+        total = (trials + bool(profile_steps)) * n  # the steps the schedule spans, as the Trainer's
+        plain = PlainDDP(cfg, data, models[0], ctx, total)
         # its progress bar counts the trials as epochs ("epoch 2/12"), not the run's --epochs
         tr = Trainer(dataclasses.replace(cfg, epochs=trials + bool(profile_steps)), ctx, None, data, models[1], n)
         stamps: list[float] = []
@@ -210,7 +222,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
         tr.step_callbacks.append(stamp)
         run = {"plain": lambda e: plain.train_epoch(e, n, stamp), "labkit_ddp": tr.train_epoch}
         if control:
-            again = PlainDDP(cfg, data, models[2], ctx)
+            again = PlainDDP(cfg, data, models[2], ctx, total)
             run[CONTROL] = lambda e: again.train_epoch(e, n, stamp)
         order = rounds(trials, loops)
         times = _time_rounds(run, order, stamps, warmup, steps, cfg.seed, ctx.device)
@@ -238,14 +250,14 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
         teardown()
 
 
-def _same_weights(cfg: TrainConfig, num_classes: int, count: int) -> list[torch.nn.Module]:
+def _same_weights(cfg: TrainConfig, count: int) -> list[torch.nn.Module]:
     """``count`` models from the same initial weights, as labkit.training.rank makes them."""
-    from labkit.training.models import build_model
+    from labkit.workloads import make_workload
 
     out = []
     for _ in range(count):
         torch.manual_seed(cfg.seed)
-        out.append(build_model(cfg.model, num_classes, cfg.weights)[0])
+        out.append(make_workload(cfg).build_model())
     return out
 
 
@@ -296,7 +308,7 @@ def _repeatable(tr, plain: PlainDDP) -> bool:
     """pricing.repeatable on a batch of the plain loop's, on the device."""
     dev = tr.ctx.device
     x, y = next(iter(plain.loader))
-    return repeatable(tr.model, [(x.to(dev), y.to(dev))], dev)
+    return repeatable(tr.model, [(x.to(dev), y.to(dev))], dev, tr.workload.loss)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

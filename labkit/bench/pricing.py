@@ -128,7 +128,7 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     from tqdm import tqdm
 
     from labkit.training.instruments.meter import EpochMeter
-    from labkit.training.instruments.timers import Lines
+    from labkit.core.log import Lines
 
     cfg, s, dev, reps = tr.cfg, tr.strategy, tr.ctx.device, per_call.reps
     parts, clock = StepParts(dev), StepClock(dev)
@@ -146,9 +146,8 @@ def _step_work(tr, data, step: float, per_call: _PerCall) -> list[tuple]:
     parts.take()
     clock.durations()
     t_take = slowest((time.perf_counter() - t0) / calls, dev)
-    meter = EpochMeter(reps, 0, s, dev, False, StepParts(dev))
-    y = torch.zeros(cfg.batch_size, dtype=torch.long, device=dev)
-    out = torch.ones((), device=dev), torch.zeros(cfg.batch_size, data.num_classes, device=dev)
+    meter = EpochMeter(reps, 0, s, dev, False, StepParts(dev), hits_of=tr.workload.train_hits)
+    out, y = _an_output(tr, data)
     count = iter(range(10 ** 9))
     t_meter = per_call(lambda: meter.step_ends(next(count) % reps, out, y))
     # what the steps left pending is folded once per refresh of the bar and at the epoch's end
@@ -202,10 +201,24 @@ def loops_agree(tr, others: dict, batches: list) -> tuple[dict, Optional[bool]]:
         o.close()
     # on a GPU a difference can be the device's: probed only then (it costs two passes)
     probe = dev.type == "cuda" and any(differing.values())
-    return differing, (repeatable(tr.model, batches, dev) if probe else None)
+    return differing, (repeatable(tr.model, batches, dev, tr.workload.loss) if probe else None)
 
 
-def repeatable(model: torch.nn.Module, batches: list, dev: torch.device) -> bool:
+def _an_output(tr, data) -> tuple:
+    """((loss, output), target) of the model on a batch of the training set's first samples, as
+    a step leaves them for the meter (every rank alike: a server too)."""
+    from torch.utils.data import default_collate
+
+    n = min(tr.cfg.batch_size, len(data.train))
+    x, y = tr.to_device(*default_collate([data.train[i] for i in range(n)]))
+    was = tr.model.training
+    with torch.no_grad():
+        output = tr.model.eval()(x)
+    tr.model.train(was)
+    return (tr.workload.loss(output, y), output), y
+
+
+def repeatable(model: torch.nn.Module, batches: list, dev: torch.device, loss=None) -> bool:
     """Whether this device computes a backward pass twice alike, bit for bit, on every rank: two
     copies of the model (the same state) on the same batch, no communication. cuDNN's
     autotuned kernels and those that accumulate with atomics need not; where they do not, a
@@ -220,7 +233,7 @@ def repeatable(model: torch.nn.Module, batches: list, dev: torch.device) -> bool
         grads = []
         for _ in range(2):
             m = copy.deepcopy(getattr(model, "module", model))
-            F.cross_entropy(m(x), y).backward()
+            (loss or F.cross_entropy)(m(x), y).backward()
             grads.append([q.grad for q in m.parameters() if q.grad is not None])
         same = int(all(torch.equal(a, b) for a, b in zip(*grads)))
     t = torch.tensor([same], dtype=torch.int64, device=dev)

@@ -17,11 +17,9 @@ from . import params
 from .errors import ConfigError
 from .methods import check_name, result_file_of, server_ranks
 
-__all__ = ["ConfigError", "TrainConfig", "VARIANTS", "DEFAULT_VARIANTS", "resolve", "build_parser"]
+__all__ = ["ConfigError", "TrainConfig", "VARIANTS", "DEFAULT_VARIANTS", "resolve_machine",
+           "build_parser"]
 
-Dataset = Literal["imagefolder", "digits", "synthetic"]
-Model = Literal["resnet50", "resnet18", "resnet10", "resnet50_small", "resnet18_small",
-                "resnet10_small"]
 Amp = Literal["off", "bf16", "fp16"]
 PSMode = Literal["collective", "p2p"]
 Compress = Literal["none", "fp16", "bf16"]
@@ -30,7 +28,6 @@ Device = Literal["cuda", "cpu"]
 Decode = Literal["gpu", "cpu"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 TimeComm = Literal["stats", "hook", "off"]
-DIGITS_MAX_SIDE = 224  # 1.1 GiB of upsampled digits per process; above, a laptop runs out of memory
 
 #: Named variants of the methods (labkit bench --variants, labkit experiment --methods):
 #: name -> the TrainConfig fields that make it
@@ -95,12 +92,22 @@ class TrainConfig:
                                   "(default: cuda with nccl, cpu with gloo); --backend gloo "
                                   "--device cuda runs several ranks on one GPU, gloo moving CUDA "
                                   "tensors (tests of the CUDA code paths without one GPU per rank)")
-    dataset: Optional[Dataset] = _f("data", None, "imagefolder | digits | synthetic (default: imagefolder "
-                                    "when --data-dir is given, else digits without GPUs, "
-                                    "synthetic with GPUs)")
-    model: Optional[Model] = _f("model", None, "resnet50 | resnet18 | resnet10, plain or with a _small "
-                                "suffix (3x3 stem, no max-pool, for small images); default: "
-                                "resnet10_small on digits, else resnet50")
+    workload: str = _f("model", "images", "what is trained and how it is judged: images (the guide's "
+                       "ResNet image classifiers), lm (a decoder-only transformer language "
+                       "model), or your own class as path/to/file.py:Class or "
+                       "package.module:Class (docs/workloads.md)")
+    dataset: Optional[str] = _f("data", None, "images: imagefolder | digits | synthetic (default: "
+                                "imagefolder when --data-dir is given, else digits without GPUs, "
+                                "synthetic with GPUs); lm: embedded | text | tokens (default: "
+                                "embedded, the Python source of the pinned torch; text or tokens "
+                                "from --data-dir)")
+    model: Optional[str] = _f("model", None, "images: resnet50 | resnet18 | resnet10, plain or with a "
+                              "_small suffix (3x3 stem, no max-pool, for small images); default: "
+                              "resnet10_small on digits, else resnet50. lm: the transformer's "
+                              "size, tiny | small | gpt2 (GPT-2 small, 124M); default tiny "
+                              "(docs/workloads.md)")
+    seq_len: Optional[int] = _f("data", None, "lm: tokens in a sample's context window (default: 64 for "
+                                "tiny, 256 for small, 1024 for gpt2)")
     weights: Optional[str] = _f("model", None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
                                 "loaded with weights_only; a classifier head of another size is "
                                 "re-initialised")
@@ -117,10 +124,11 @@ class TrainConfig:
                                   "(loader workers read the files, torchvision's nvJPEG decoder "
                                   "and the transforms run on the GPU) or cpu (PIL in the loader "
                                   "workers); default: gpu on a GPU, else cpu")
-    lr: Optional[float] = _f("optimisation", None, "SGD learning rate (default: 0.1 x global batch / 256, the "
-                             "linear scaling rule of Goyal et al.)")
+    lr: Optional[float] = _f("optimisation", None, "learning rate (default: the workload's; images: 0.1 x "
+                             "global batch / 256, the linear scaling rule of Goyal et al.)")
     momentum: float = _f("optimisation", 0.9, "SGD momentum")
-    weight_decay: float = _f("optimisation", 1e-4, "SGD weight decay")
+    weight_decay: Optional[float] = _f("optimisation", None, "weight decay (default: the workload's: "
+                                       "1e-4 with SGD for images, 0.1 with AdamW for lm)")
     seed: int = _f("optimisation", 0, "seed for model init, data order and augmentation")
     out: Optional[str] = _f("run", None, "folder for the result file, logs and final model "
                             "(default: runs/<date>_<time>_<method>; never overwritten)")
@@ -235,14 +243,15 @@ def from_args(ns: argparse.Namespace) -> TrainConfig:
 
 
 # ------------------------------------------------------------------ resolving "auto"
-def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> TrainConfig:
-    """Fill in every automatic (None) field for this machine and check ranges.
+def resolve_machine(c: TrainConfig, cuda_available: bool) -> TrainConfig:
+    """Fill in, in place, the automatic (None) fields the machine decides (batch size, backend,
+    device) and check the ranges every workload shares; return ``c``.
 
-    Raises ConfigError with one line naming the problem. The rules that depend on the method
-    (how many processes a parameter server needs, which PS options combine) are the strategy
-    classes' (labkit.training.sync), checked by labkit.training.preflight.preflight.
+    Raises ConfigError with one line naming the problem. The rest is the workload's
+    (labkit.workloads.resolve: dataset, model, input size, learning rate) and the method's
+    (how many processes a parameter server needs, which PS options combine: the strategy
+    classes', checked by labkit.training.preflight.preflight).
     """
-    c = dataclasses.replace(cfg)
     check_name(c.method)
     for name, ft in params.field_types(TrainConfig).items():
         if not ft.allows(getattr(c, name)):
@@ -250,11 +259,6 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
                               f"{', '.join(ft.choices)}")
     _resolve_machine(c, cuda_available)
     _check_ranges(c)
-    if c.lr is None:
-        # 0.1 x global batch / 256 as one division, so the value is the decimal it prints as in
-        # the torchrun command line (0.0375, not 0.1 * 32 * 3 / 256 = 0.037500000000000006)
-        c.lr = c.batch_size * max(1, c.trainers(world_size)) / 2560
-    _check_optimizer(c)
     return c
 
 
@@ -272,16 +276,6 @@ def _resolve_machine(c: TrainConfig, cuda_available: bool) -> None:
     if c.backend == "nccl" and not cuda_available:
         raise ConfigError("backend nccl needs CUDA GPUs and none is available; use --backend gloo")
     _resolve_device(c, cuda_available)
-    if c.dataset is None:
-        c.dataset = "imagefolder" if c.data_dir else ("synthetic" if cuda_available else "digits")
-    if c.data_dir is None:
-        c.data_dir = "./"
-    if c.model is None:
-        c.model = "resnet10_small" if c.dataset == "digits" else "resnet50"
-    if c.image_size is None:
-        # digits at 16x16: as accurate as 32x32 after 3 epochs, at 3x the throughput on a CPU
-        # (docs/performance.md)
-        c.image_size = 16 if c.dataset == "digits" else 32 if c.model.endswith("_small") else 224
 
 
 def _resolve_device(c: TrainConfig, cuda_available: bool) -> None:
@@ -301,17 +295,10 @@ def _resolve_device(c: TrainConfig, cuda_available: bool) -> None:
 
 
 def _check_ranges(c: TrainConfig) -> None:
-    for name in ("epochs", "batch_size", "num_classes", "synthetic_samples", "image_size",
-                 "local_steps", "powersgd_rank"):
+    for name in ("epochs", "batch_size", "local_steps", "powersgd_rank"):
         if getattr(c, name) < 1:
             raise ConfigError(f"{params.flag(name)} must be at least 1 (got {getattr(c, name)})")
-    if c.dataset == "digits" and c.image_size > DIGITS_MAX_SIDE:
-        # every process holds the upsampled set in memory: 1,797 x 3 x side^2 floats
-        gib = 1797 * 3 * c.image_size ** 2 * 4 / 2**30
-        raise ConfigError(f"--image-size {c.image_size} is too large for digits: the 8x8 scans are "
-                          f"upsampled in memory, {gib:.1f} GiB in every process (at most "
-                          f"{DIGITS_MAX_SIDE}; the default is 16)")
-    for name in ("max_steps_per_epoch", "max_val_steps"):
+    for name in ("max_steps_per_epoch", "max_val_steps", "seq_len"):
         v = getattr(c, name)
         if v is not None and v < 1:
             raise ConfigError(f"{params.flag(name)} must be at least 1 (got {v})")
@@ -329,7 +316,8 @@ def _check_ranges(c: TrainConfig) -> None:
             raise ConfigError(f"{params.flag(name)} must be positive (got {getattr(c, name)})")
 
 
-def _check_optimizer(c: TrainConfig) -> None:
+def check_optimizer(c: TrainConfig) -> None:
+    """The optimizer's settings, once the workload has decided its defaults."""
     if not c.lr > 0:
         raise ConfigError(f"--lr must be positive (got {c.lr})")
     if not 0 <= c.momentum < 1:

@@ -116,3 +116,19 @@ def transcript(name: str) -> LineLog:
 
 if not any(isinstance(h, Console) for h in logging.getLogger(ROOT).handlers):
     _install(_inherited())
+
+
+class Lines:
+    """A file for tqdm when stderr is a log or a pipe (torchrun --tee, the launcher, papermill):
+    each refresh becomes one whole line instead of a carriage-return overwrite."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        s = s.replace("\r", "").strip("\n")
+        if s.strip():
+            self.stream.write(s + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()

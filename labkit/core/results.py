@@ -189,17 +189,25 @@ class Summary:
     best_val_accuracy: Optional[float] = None
     final_train_accuracy: Optional[float] = None
     final_val_accuracy: Optional[float] = None
+    # a workload judged by its loss (no accuracy): its best and final validation loss
+    best_val_loss: Optional[float] = None
+    final_val_loss: Optional[float] = None
     comm: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, epochs: list[Epoch], phases: tuple[str, ...]) -> "Summary":
-        """What the writer records after each epoch, over the epochs so far."""
+        """What the writer records after each epoch, over the epochs so far: the guide's
+        accuracies where the epochs have them, else the validation loss's best and final."""
+        accuracy = all(e.val_accuracy is not None for e in epochs)
+        losses = [e.val_loss for e in epochs if e.val_loss is not None]
         return cls(avg_train_throughput=mean(e.train_throughput for e in epochs),
                    avg_train_time_per_epoch=mean(e.train_time for e in epochs),
-                   best_val_accuracy=max(e.val_accuracy for e in epochs),
+                   best_val_accuracy=max(e.val_accuracy for e in epochs) if accuracy else None,
                    final_train_accuracy=epochs[-1].train_accuracy,
                    final_val_accuracy=epochs[-1].val_accuracy,
+                   best_val_loss=min(losses) if losses and not accuracy else None,
+                   final_val_loss=epochs[-1].val_loss if not accuracy else None,
                    comm={p: mean(e.comm[p] for e in epochs) for p in phases})
 
     @classmethod
@@ -283,6 +291,10 @@ class Result:
     diverged: Optional[dict] = None     # labkit.training.guards.divergence
     replicas_differ: Optional[dict] = None
     link: Optional[dict] = None         # an emulated cluster's link (labkit.launch.emulated)
+    # what was trained and how it is judged (labkit.workloads: its title, unit, figures, the
+    # figures a reader compares against); absent: the guide's image classification
+    workload: Optional[dict] = None
+    examples: Optional[dict] = None     # what the run shows a person at its end (lm: text)
     extra: dict[str, Any] = field(default_factory=dict)
 
     _OBJECTS = {"epochs", "summary", "efficiency", "status", "all_losses", "extra"}

@@ -65,25 +65,19 @@ class LaunchResult:
 def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfig:
     """Resolve and check the inputs in this process, in seconds, before any rank is spawned:
     the config every rank will run (labkit.core.resolved)."""
+    from labkit.training.data import steps_per_epoch
     from labkit.training.preflight import preflight
-    from labkit.training.data import build_datasets, check_image_folder, steps_per_epoch
+    from labkit.workloads import make_workload
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, "
                           f"2 sharing a single GPU, else 4")
     world = nproc * nodes.node_count
     cfg = preflight(cfg, world=world, local_world=nproc)
-    trainers = cfg.trainers(world)
-    if cfg.dataset == "imagefolder":
-        classes = check_image_folder(cfg.data_dir, cfg.skip_bad_images)  # ranks count images
-        num_classes = len(classes)
-    else:
-        data = build_datasets(cfg)
-        steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
-        num_classes = data.num_classes
-    if cfg.weights:  # torchvision (seconds to import) only to check a weights file
-        from labkit.training.models import build_model
-        build_model(cfg.model, num_classes, cfg.weights)
+    # the workload's own checks (an image folder's layout, a user's model on a first batch)
+    data = make_workload(cfg).check()
+    if data is not None:  # datasets built: the steps an epoch has (ranks count an image folder)
+        steps_per_epoch(len(data.train), cfg.trainers(world), cfg.batch_size, cfg.max_steps_per_epoch)
     check_out(cfg)
     return cfg
 

@@ -67,7 +67,7 @@ def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS
     A check that fails keeps its folder (the ranks' logs, named in the line)."""
     import torch
 
-    from labkit.core.config import resolve
+    from labkit.workloads import resolve
     from labkit.training.instruments import exactness
     from labkit.training.sync import load_method
 

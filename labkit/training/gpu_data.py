@@ -29,8 +29,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from labkit.core.config import ConfigError, TrainConfig
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, Datasets, SyntheticImages, make_loader
-from .jpeg_files import JpegFiles, collate_files
+from labkit.workloads.datasets import Datasets
+from labkit.workloads.images.image_sets import IMAGENET_MEAN, IMAGENET_STD, SyntheticImages
+from labkit.workloads.images.jpeg_files import JpegFiles, collate_files
+
+from .data import make_loader
 from .workers import batches, loader_options
 
 # an in-memory set goes onto the GPU when it takes at most this share of the free memory

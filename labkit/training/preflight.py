@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from labkit.core.config import ConfigError, TrainConfig, resolve
+from labkit.core.config import ConfigError, TrainConfig
+from labkit.workloads import resolve
 
 
 def preflight(cfg: TrainConfig, world: Optional[int] = None,

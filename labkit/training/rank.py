@@ -20,13 +20,13 @@ from labkit.core.config import TrainConfig, build_parser
 from labkit.core.errors import RunFailed
 from labkit.core.methods import key_of
 from labkit.core.status import INTERRUPTED_WHY, Status
+from labkit.workloads import make_workload
 
 from . import budget, exhaustion, lifecycle, stackdump
 from . import checkpoint
 from .preflight import add_resolved, from_resolved, rank_config
-from .data import build_datasets, steps_per_epoch
+from .data import steps_per_epoch
 from .dist import env_world, init, teardown
-from .models import build_model
 from .result_file import ResultFile
 from .sync.registry import method_failure
 from .trainer import Trainer
@@ -39,13 +39,15 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
     ``checked``: the launcher checked this machine for it too (a resolved.json)."""
     rank, world, _, local_world = env_world()
     # everything that can reject the input happens before the process group exists
-    data = build_datasets(cfg)
+    workload = make_workload(cfg)
+    data = workload.datasets()
     if data.warning and rank == 0:  # every rank built the same datasets: one says so
         print(f"{PROG}: warning: {data.warning}", file=sys.stderr, flush=True)
     trainers = cfg.trainers(world)
     steps = steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model, note = build_model(cfg.model, data.num_classes, cfg.weights)
+    model = workload.build_model()
+    note = getattr(workload, "note", "")  # e.g. the weights it loaded
     ckpt = checkpoint.find(cfg)
     if not checked:  # the bare torchrun path: the disk and /dev/shm, on every rank alike (a
         # launcher checked them, and host memory, before it spawned the ranks)
@@ -57,12 +59,13 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device, cfg.debug_collectives)
     results = trainer = None
     try:
-        trainer = Trainer(cfg, ctx, out, data, model, steps)
+        trainer = Trainer(cfg, ctx, out, data, model, steps, workload)
         start = (checkpoint.restore(ckpt, trainer.model, trainer.optimizer, trainer.scaler)
                  if ckpt else 1)
         if ctx.is_main:
             results = ResultFile(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,
-                                 previous=checkpoint.results(ckpt) if ckpt else None)
+                                 previous=checkpoint.results(ckpt) if ckpt else None,
+                                 workload=workload.describe())
             results.write()
             # torchrun stops this rank with SIGTERM when another one dies: say so in the file
             lifecycle.on_sigterm(lambda: results.stop(

@@ -33,7 +33,8 @@ class ResultFile:
     readers: labkit.report.load)."""
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, trainers: int, out: str,
-                 phases: tuple[str, ...], previous: Optional[Result] = None):
+                 phases: tuple[str, ...], previous: Optional[Result] = None,
+                 workload: Optional[dict] = None):
         self.path = os.path.join(out, cfg.result_file)
         # the main thread, the heartbeat and the SIGTERM thread all write the file
         self.lock = threading.RLock()
@@ -55,7 +56,8 @@ class ResultFile:
             # this rank's threads and deterministic settings: what a bit-for-bit rerun needs
             determinism=determinism(cfg.seed, ctx.backend),
             versions={"labkit": __version__, "python": platform.python_version(),
-                      "torch": str(torch.__version__), "host": socket.gethostname()})
+                      "torch": str(torch.__version__), "host": socket.gethostname()},
+            workload=workload)
         if previous:  # a resumed run continues its own file: finished epochs, losses, start time
             r = self.result
             r.start_time, r.epochs, r.all_losses = previous.start_time, previous.epochs, previous.all_losses

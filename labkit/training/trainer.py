@@ -14,18 +14,18 @@ from contextlib import nullcontext
 from typing import Callable, Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 
 from labkit import __version__
 from labkit.core import layout
 from labkit.core.config import TrainConfig
 from labkit.core.errors import RunFailed
 from labkit.core.results import Epoch
+from labkit.workloads import Datasets, Workload, make_workload
 
 from . import extensions, guards
 from . import checkpoint
 from .checkpoint import atomic_torch_save
-from .data import Datasets, ShardSampler, default_workers, train_sampler
+from .data import ShardSampler, default_workers, train_sampler
 from .dist import DistContext, all_reduce_sum
 from .gpu_data import make_loaders
 from .instruments.flops import Efficiency
@@ -38,8 +38,10 @@ from .workers import LoaderWatch, batches
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
-                 model: torch.nn.Module, steps: int):
+                 model: torch.nn.Module, steps: int, workload: Optional[Workload] = None):
         self.cfg, self.ctx, self.out, self.steps = cfg, ctx, out, steps
+        # what is trained and how it is judged (labkit.workloads): the loop knows no more of it
+        self.workload = w = workload if workload is not None else make_workload(cfg)
         self.strategy = s = make_strategy(cfg, ctx)
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(ctx.device, memory_format=fmt)
@@ -52,9 +54,7 @@ class Trainer:
             # compiles the forward (and, through AOTAutograd, its backward); the strategy's
             # hooks stay on the parameters, so synchronisation is unchanged
             self.forward_model = torch.compile(self.forward_model, backend=cfg.compile_backend)
-        self.optimizer = (torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                          weight_decay=cfg.weight_decay)
-                          if s.steps_optimizer else None)
+        self.optimizer = w.optimizer(self.model.parameters()) if s.steps_optimizer else None
         cuda = ctx.device.type == "cuda"
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
         self.scaler = (torch.amp.GradScaler(ctx.device.type)
@@ -73,14 +73,27 @@ class Trainer:
                 cfg, data, self.sampler, ShardSampler(len(data.val), s.trainers, s.trainer_index),
                 workers, ctx.device, seed=cfg.seed + s.trainer_index)
         self.num_train, self.num_val = len(data.train), len(data.val)
-        self.efficiency = Efficiency(cfg, ctx, data.num_classes)  # FLOPs, MFU, peak memory, data wait share
+        self.data_line = w.summary_line(data)  # what is trained, for the first log line
+        # FLOPs, MFU, peak memory, data wait share
+        self.efficiency = Efficiency(cfg, ctx, w, data)
         self.global_step = 0
         # where the run is, for a one-line failure (labkit.training.exhaustion): see position()
         self.epoch, self.step, self.doing = 0, 0, "start"
         self._local_opt: Optional[torch.optim.Optimizer] = None
         # called as fn(trainer, global_step) before each training step (labkit.training.extensions)
         self.step_callbacks: list[Callable[["Trainer", int], None]] = []
+        if w.lr_at(0, 1) is not None:  # the workload's schedule, set before every step
+            self.step_callbacks.append(Trainer._schedule)
         extensions.trainer_built(self)
+
+    def _schedule(self, step: int) -> None:
+        """The workload's learning rate for global step ``step``, into the optimizer that steps
+        (a server's, or a trainer's own)."""
+        lr = self.workload.lr_at(step, self.cfg.epochs * self.steps)
+        for opt in (self.optimizer, self._local_opt):
+            if opt is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr
 
     def position(self) -> str:
         """Where the run is, as a failure's line says it: "at epoch 2, step 5 of 11"."""
@@ -145,7 +158,7 @@ class Trainer:
             return None
         with label("labkit.forward"), self.autocast():
             logits = self.forward_model(x)
-            loss = F.cross_entropy(logits, y)
+            loss = self.workload.loss(logits, y)
         with label("labkit.backward"):
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return loss.detach(), logits.detach()
@@ -168,15 +181,13 @@ class Trainer:
 
     def local_optimizer(self) -> Optional[torch.optim.Optimizer]:
         """The optimizer of a compute-only step: the rank's own, or, for a PS worker (which has
-        none), a local SGD with the same settings. A server does not train: None."""
+        none), the workload's optimizer with the same settings. A server does not train: None."""
         if not self.strategy.is_trainer:
             return None
         if self.optimizer is not None:
             return self.optimizer
         if self._local_opt is None:
-            c = self.cfg
-            self._local_opt = torch.optim.SGD(self.model.parameters(), lr=c.lr, momentum=c.momentum,
-                                              weight_decay=c.weight_decay)
+            self._local_opt = self.workload.optimizer(self.model.parameters())
         return self._local_opt
 
     # -------------------------------------------------------------- one epoch of training
@@ -185,8 +196,10 @@ class Trainer:
         self.model.train()
         warmup = cfg.warmup_steps if self.steps > cfg.warmup_steps else 0
         batches = self._batches(epoch)
-        meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main, self.parts)
-        bar = Bar(cfg, self.ctx, s, self.steps, epoch)
+        w = self.workload
+        meter = EpochMeter(self.steps, warmup, s, self.ctx.device, self.ctx.is_main, self.parts,
+                           hits_of=w.train_hits, rate=w.rate)
+        bar = Bar(cfg, self.ctx, s, self.steps, epoch, w.units_per_sample)
         s.timer.pop()
         s.wire.take()  # bytes on the wire: this epoch's steps only
         meter.start()
@@ -204,7 +217,7 @@ class Trainer:
             bar.update(meter, step)
         meter.stop()
         bar.close()
-        e = meter.metrics(epoch, cfg.batch_size * s.trainers)
+        e = meter.metrics(epoch, cfg.batch_size * s.trainers * w.units_per_sample)
         self.efficiency.epoch(e)
         e.extra.update(s.epoch_metrics())  # a method's own figures, e.g. async PS: max_staleness_observed
         e.optimizer_state_bytes = self.efficiency.state_bytes(s.optimizer_state(self.optimizer))
@@ -276,7 +289,9 @@ class Trainer:
         self.doing = "validation"
         s.finish_epoch(self.model)
         self.model.eval()
-        tot = torch.zeros(3, device=dev, dtype=torch.float64)  # loss sum, correct, count
+        w = self.workload
+        keys = w.val_sum_keys  # the workload's sums (loss, count, ...), summed over the trainers
+        tot = torch.zeros(len(keys), device=dev, dtype=torch.float64)
         if s.is_trainer:
             for i, (x, y) in enumerate(batches(self.val_loader, self.watch)):
                 if self.cfg.max_val_steps and i >= self.cfg.max_val_steps:
@@ -284,13 +299,17 @@ class Trainer:
                 x, y = self.to_device(x, y)
                 with self.autocast():
                     logits = self.model(x)
-                tot[0] += F.cross_entropy(logits.float(), y, reduction="sum")
-                tot[1] += (logits.argmax(1) == y).sum()
-                tot[2] += y.numel()
+                got = w.val_sums(logits, y)
+                for j, k in enumerate(keys):
+                    tot[j] += got[k]
         all_reduce_sum(tot)
-        n = max(1.0, tot[2].item())
-        e.val_loss, e.val_accuracy = tot[0].item() / n, 100.0 * tot[1].item() / n
-        e.val_samples = int(tot[2].item())
+        sums = dict(zip(keys, tot.tolist()))
+        for k, v in w.val_figures(sums).items():
+            if k in ("val_loss", "val_accuracy"):  # the guide's keys are Epoch's fields
+                setattr(e, k, v)
+            else:
+                e.extra[k] = v
+        e.val_samples = int(sums["count"])
 
     # -------------------------------------------------------------- the run
     # -------------------------------------------------------------- training gone wrong
@@ -320,8 +339,8 @@ class Trainer:
         cfg, s = self.cfg, self.strategy
         self.log(f"labkit {__version__} | {s.describe()} | world {self.ctx.world_size}"
                  f" ({s.trainers} trainer{'s' if s.trainers > 1 else ''}) | {cfg.backend} on "
-                 f"{self.ctx.device.type} | {cfg.model} on {cfg.dataset} ({self.num_train} train / "
-                 f"{self.num_val} val) | batch {cfg.batch_size}/trainer | {self.steps} steps/epoch")
+                 f"{self.ctx.device.type} | {self.data_line} | batch {cfg.batch_size}/trainer | "
+                 f"{self.steps} steps/epoch")
         if start_epoch > 1:
             self.log(f"resuming at epoch {start_epoch} from "
                      f"{os.path.join(self.out or cfg.out, layout.CHECKPOINT)}")
@@ -331,10 +350,8 @@ class Trainer:
             self.validate(e)
             e.val_time = time.perf_counter() - t0
             self.check_epoch(e, results)
-            line = (f"epoch {epoch}/{cfg.epochs}: train loss {e.train_loss:.4f} acc "
-                    f"{e.train_accuracy:.2f}% | val loss {e.val_loss:.4f} acc "
-                    f"{e.val_accuracy:.2f}% | {e.train_throughput:.1f} img/s, "
-                    f"{e.train_time:.1f}s")
+            line = (f"epoch {epoch}/{cfg.epochs}: {self.workload.epoch_line(e)} | "
+                    f"{e.train_throughput:.1f} {self.workload.rate}, {e.train_time:.1f}s")
             for p in s.phases:
                 line += f" | {p} {1000 * e.comm[p]:.1f} ms/step"
             self.log(line)
@@ -355,3 +372,13 @@ class Trainer:
         if self.ctx.is_main and self.out:
             # after finish_epoch every rank, the PS server included, holds the final model
             atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))
+        if self.ctx.is_main and results is not None:
+            refs, ep = (results.result.workload or {}).get("references") or {}, results.result.epochs
+            for name, v in refs.items():  # e.g. the loss of a model that ignores context
+                if ep and ep[-1].val_loss is not None:
+                    self.log(f"final validation loss {ep[-1].val_loss:.4f} against the {name}: {v:.4f}")
+            shown = self.workload.finish(self.model)  # e.g. a language model's text
+            if shown:
+                results.update(examples=shown)
+                for line in self.workload.finish_lines(shown):
+                    self.log(line)

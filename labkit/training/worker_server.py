@@ -15,8 +15,8 @@ import torch  # noqa: E402,F401 - imported once here, inherited by every worker
 import torchvision.datasets  # noqa: E402,F401
 import torchvision.transforms  # noqa: E402,F401
 
-import labkit.training.data  # noqa: E402,F401
-import labkit.training.jpeg_files  # noqa: E402,F401
+import labkit.workloads.images.image_sets  # noqa: E402,F401
+import labkit.workloads.images.jpeg_files  # noqa: E402,F401
 from .dist import steady_malloc  # noqa: E402
 
 steady_malloc()  # as in the ranks; the workers it forks inherit it

@@ -3,8 +3,8 @@ takes the same steps with the gradients averaged exactly (labkit check, and befo
 one's own that claims exactness is measured).
 
 The reference: one process, each step every trainer's batch in turn (trainer k reads shard k,
-as the loop's DistributedSampler gives it), the gradients averaged over the trainers, one SGD
-step; BatchNorm buffers are the first trainer's (DDP's default). An exact method differs from
+as the loop's DistributedSampler gives it), the gradients averaged over the trainers, one step
+of the workload's optimizer (SGD for images, AdamW for lm) at its scheduled learning rate; BatchNorm buffers are the first trainer's (DDP's default). An exact method differs from
 it only by the order of floating-point sums, far inside the tolerance below; a method that
 drops an average or a parameter differs by orders of magnitude more.
 """
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from labkit.core.config import TrainConfig
-from labkit.training.data import build_datasets, train_sampler
-from labkit.training.models import build_model
+from labkit.training.data import train_sampler
+from labkit.workloads import make_workload
 
 # summation order on float32: a few ulps per step, compounded over a few steps at a small lr
 ATOL, RTOL = 5e-5, 1e-4
@@ -27,22 +27,27 @@ ATOL, RTOL = 5e-5, 1e-4
 
 def reference_state(cfg: TrainConfig, trainers: int, steps: int,
                     dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """The model after ``steps`` steps of epoch 1 (``cfg`` resolved; its lr, momentum, weight
-    decay and seed), as a state dict. ``dtype`` torch.float64 computes it in double precision
+    """The model after ``steps`` steps of epoch 1 (``cfg`` resolved; its workload, lr, momentum,
+    weight decay and seed; the schedule over one epoch of ``steps``), as a state dict. ``dtype`` torch.float64 computes it in double precision
     (the tests' statements about arithmetic that is exact only in exact arithmetic)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs: the same convolution kernels
     try:
-        data = build_datasets(cfg)
+        w = make_workload(cfg)
+        data = w.datasets()
         torch.manual_seed(cfg.seed)
-        model, _ = build_model(cfg.model, data.num_classes)
+        model = w.build_model()
         model.to(dtype)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay)
+        opt = w.optimizer(model.parameters())
         batches = trainer_batches(data.train, cfg, trainers)
         model.train()
-        for _ in range(steps):
-            exact_step(model, opt, [(x.to(dtype), y) for x, y in (next(b) for b in batches)])
+        for i in range(steps):
+            lr = w.lr_at(i, cfg.epochs * steps)
+            if lr is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+            exact_step(model, opt, [(x.to(dtype) if x.is_floating_point() else x, y)
+                                    for x, y in (next(b) for b in batches)], w.loss)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     finally:
         torch.set_num_threads(threads)
@@ -59,7 +64,8 @@ def trainer_batches(train, cfg: TrainConfig, trainers: int) -> list:
     return out
 
 
-def exact_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list) -> None:
+def exact_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list,
+               loss=F.cross_entropy) -> None:
     """One exact data-parallel step on one process: each trainer's batch from the same start
     (buffers reset between them), the gradients averaged, one optimizer step, the first
     trainer's buffers kept (DDP broadcasts rank 0's): the update every exact method must
@@ -72,7 +78,7 @@ def exact_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list
         for n, b in model.named_buffers():
             b.copy_(start[n])
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        loss(model(x), y).backward()
         for m, p in zip(mean, params):
             m += p.grad / len(batches)  # DDP's order: divide, then sum
         if k == 0:

@@ -1,4 +1,4 @@
-"""A rank's efficiency figures (labkit.core.efficiency): model FLOPs per image, MFU, peak GPU
+"""A rank's efficiency figures (labkit.core.efficiency): model FLOPs per unit (image, token), MFU, peak GPU
 memory and optimizer state per rank and the data wait as a share of the step, per epoch and for the whole run
 (the result file's "efficiency")."""
 from __future__ import annotations
@@ -13,26 +13,12 @@ from labkit.core import results
 from labkit.core.efficiency import mfu, peak_flops, precision
 from labkit.core.results import Epoch
 from labkit.training.dist import DistContext, all_reduce_sum
-from labkit.training.models import build_model
-
-
-def forward_flops(model: str, num_classes: int, image_size: int) -> int:
-    """FLOPs of one forward of one image (torch.utils.flop_counter: convolutions and matrix
-    products, 2 per multiply-add), counted on the meta device: no memory, no compute, nothing
-    of the training model touched."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.device("meta"):
-        net, _ = build_model(model, num_classes)
-        x = torch.empty(1, 3, image_size, image_size)
-    # eval mode: the same FLOPs, and BatchNorm takes one image at 1x1 (8 px inputs reach that)
-    with FlopCounterMode(display=False) as counter:
-        net.eval()(x)
-    return int(counter.get_total_flops())
 
 
 class Efficiency:
-    def __init__(self, cfg: TrainConfig, ctx: DistContext, num_classes: int):
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, workload, data):
+        """``workload``: the run's (labkit.workloads), which counts the FLOPs of one sample's
+        forward (of its Datasets ``data``); FLOPs and MFU are per unit (image, token)."""
         self.ctx, self.cuda = ctx, ctx.device.type == "cuda"
         self.device_name = torch.cuda.get_device_name(ctx.device) if self.cuda else None
         self.precision = precision(cfg.amp, self.cuda and torch.backends.cudnn.allow_tf32)
@@ -43,7 +29,8 @@ class Efficiency:
         self.forward: Optional[int] = None
         if ctx.is_main:  # rank 0 writes the file; a count that fails leaves FLOPs and MFU out
             try:
-                self.forward = forward_flops(cfg.model, num_classes, cfg.image_size)
+                flops = workload.forward_flops(data)
+                self.forward = round(flops / workload.units_per_sample) if flops else None
             except Exception:  # noqa: BLE001 - a figure of the report, never a reason to stop
                 self.forward = None
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from labkit.core.log import Lines
 from labkit.core.results import Epoch
 from labkit.training.dist import all_reduce_sum, sync_device
 
-from .timers import PARTS, Lines, MachineLoad, StepClock, StepParts, busy_figures
+from .timers import PARTS, MachineLoad, StepClock, StepParts, busy_figures
 
 #: the progress bar's refresh interval in seconds on a terminal, and in a log (one line each)
 BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
@@ -28,11 +29,14 @@ BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
 
 class EpochMeter:
     def __init__(self, steps: int, warmup: int, strategy, device: torch.device, main: bool,
-                 parts: StepParts):
+                 parts: StepParts, hits_of: Optional[Callable] = None, rate: str = "samples/s"):
         self.steps, self.warmup, self.s, self.dev = steps, warmup, strategy, device
+        # the workload's right predictions of a batch, hits_of(output, target) (a tensor of
+        # bools, or None): training accuracy where the workload has one
+        self.hits_of, self.rate = hits_of, rate
         self.losses = torch.zeros(steps, device=device)   # per-step loss, summed over trainers
         self.correct = torch.zeros((), device=device)     # correct predictions, on the device
-        self.images = 0                                   # images seen, counted on the host
+        self.images = 0                                   # samples judged, counted on the host
         # the steps' losses and right predictions since the last fold(), as the steps left them
         # on the device: a step adds no kernel of the meter's own (writing each loss into
         # ``losses`` and summing each step's hits into ``correct`` took three more per step)
@@ -83,8 +87,10 @@ class EpochMeter:
             self.seen = now
         if out is not None:
             loss, logits = out
-            self.pending.append((step, loss, logits.argmax(1) == y))
-            self.images += y.numel()
+            hits = self.hits_of(logits, y) if self.hits_of is not None else None
+            self.pending.append((step, loss, hits))
+            if hits is not None:
+                self.images += hits.numel()
 
     def fold(self) -> None:
         """The pending steps into ``losses`` and ``correct``: a few kernels for all of them, as
@@ -94,7 +100,8 @@ class EpochMeter:
         steps, losses, hits = zip(*self.pending)
         self.pending = []
         self.losses[list(steps)] = torch.stack(losses).float()
-        self.correct += torch.cat(hits).sum()
+        if hits[0] is not None:
+            self.correct += torch.cat(hits).sum()
 
     def stop(self) -> None:
         self.clock.mark()
@@ -103,13 +110,16 @@ class EpochMeter:
         self.t_end = time.perf_counter()
         self.machine = self.load.stop() if self.load is not None else None
 
-    def running_text(self, step: int, batch_images: int) -> str:
-        """The progress bar's figures after ``step`` (a trainer's view)."""
+    def running_text(self, step: int, batch_units: int) -> str:
+        """The progress bar's figures after ``step`` (a trainer's view): ``batch_units`` are the
+        units (images, tokens) of one step over all trainers."""
         elapsed = time.perf_counter() - self.t_start
-        ips = batch_images * (step + 1) / max(elapsed, 1e-9)
+        ups = batch_units * (step + 1) / max(elapsed, 1e-9)
         self.fold()
-        acc = 100.0 * self.correct.item() / max(1, self.images)
-        return f"loss={self.losses[:step + 1].mean().item():.4f} acc={acc:.2f}% {ips:.0f} img/s"
+        text = f"loss={self.losses[:step + 1].mean().item():.4f} "
+        if self.hits_of is not None and self.images:
+            text += f"acc={100.0 * self.correct.item() / max(1, self.images):.2f}% "
+        return text + f"{ups:.0f} {self.rate}"
 
     def metrics(self, epoch: int, batch_images: int) -> Epoch:
         """Epoch ``epoch``'s figures, reduced over the ranks. A PS server contributes zeros (its own
@@ -130,7 +140,8 @@ class EpochMeter:
         e = Epoch(
             epoch=epoch,
             train_loss=sum(losses) / len(losses),
-            train_accuracy=100.0 * counts[0].item() / max(1.0, counts[1].item()),
+            train_accuracy=(100.0 * counts[0].item() / max(1.0, counts[1].item())
+                            if counts[1].item() else None),
             train_time=self.t_end - self.t_start,
             train_throughput=batch_images * window_steps / window_time,
             avg_batch_time=window_time / window_steps,
@@ -187,9 +198,10 @@ class Bar:
     finish, a stall the step would not have otherwise. Set before the update, so the refresh
     that update makes shows this step's figures."""
 
-    def __init__(self, cfg, ctx, strategy, steps: int, epoch: int):
+    def __init__(self, cfg, ctx, strategy, steps: int, epoch: int, units_per_sample: int = 1):
         s = self.s = strategy
-        self.steps, self.batch_images, self.bar = steps, cfg.batch_size * s.trainers, None
+        self.steps, self.bar = steps, None
+        self.batch_images = cfg.batch_size * s.trainers * units_per_sample
         if cfg.progress and (ctx.rank == s.first_trainer or (not s.is_trainer and ctx.is_main)):
             from tqdm import tqdm
             desc = f"epoch {epoch}/{cfg.epochs}" + ("" if s.is_trainer else " [server]")

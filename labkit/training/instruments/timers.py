@@ -210,22 +210,6 @@ class MachineLoad:
                 "cpus": self.psutil.cpu_count()}
 
 
-class Lines:
-    """A file for tqdm when stderr is a log or a pipe (torchrun --tee, the launcher, papermill):
-    each refresh becomes one whole line instead of a carriage-return overwrite."""
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def write(self, s: str) -> None:
-        s = s.replace("\r", "").strip("\n")
-        if s.strip():
-            self.stream.write(s + "\n")
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
 #: where a step goes, in the order the loop marks it; each part is the time from the previous
 #: mark to its own. "other" is everything else: the step callbacks before the batch, and the
 #: loop's bookkeeping (progress bar, metrics) after the optimizer until the next step begins.

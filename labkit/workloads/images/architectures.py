@@ -7,7 +7,7 @@ A name is ``resnet10 | resnet18 | resnet50``, plain (torchvision's 7x7 stem and 
 """
 from __future__ import annotations
 
-from .errors import ConfigError
+from labkit.core.errors import ConfigError
 
 #: torchvision's layer tables: (block, blocks per stage); resnet10 is the smallest member
 RESNETS = {
@@ -22,7 +22,8 @@ def parse(model: str) -> tuple[str, bool]:
     """"resnet18_small" -> ("resnet18", True); an unknown name is one line (ConfigError)."""
     base, small = (model[: -len(SMALL)], True) if model.endswith(SMALL) else (model, False)
     if base not in RESNETS:
-        raise ConfigError(f"unknown model {model!r}")
+        raise ConfigError(f"unknown model {model!r} for the images workload; choose one of: "
+                          f"{', '.join(RESNETS)}, each also with a {SMALL} suffix")
     return base, small
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from labkit.core import architectures
+from . import architectures
 from labkit.core.config import ConfigError
 
 _BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
@@ -66,3 +66,18 @@ def load_weights(model: nn.Module, path: str, name: str) -> str:
         note += f" (classifier re-initialised for {own['fc.weight'].shape[0]} classes)"
     model.load_state_dict(sd)
     return note
+
+
+def forward_flops(model: str, num_classes: int, image_size: int) -> int:
+    """FLOPs of one forward of one image (torch.utils.flop_counter: convolutions and matrix
+    products, 2 per multiply-add), counted on the meta device: no memory, no compute, nothing
+    of the training model touched."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        net, _ = build_model(model, num_classes)
+        x = torch.empty(1, 3, image_size, image_size)
+    # eval mode: the same FLOPs, and BatchNorm takes one image at 1x1 (8 px inputs reach that)
+    with FlopCounterMode(display=False) as counter:
+        net.eval()(x)
+    return int(counter.get_total_flops())

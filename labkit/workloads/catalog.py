@@ -1,0 +1,50 @@
+"""Finding a workload's class by name: a built-in (``images``, ``lm``), or a user's
+``path/to/file.py:Class`` / ``package.module:Class`` (labkit.core.plugins loads it). A name
+that does not load is bad input in one line (ConfigError), never a traceback."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from labkit.core import plugins
+from labkit.core.config import ConfigError, TrainConfig, check_optimizer, resolve_machine
+
+from .contract import Workload
+
+#: the built-in workloads: name -> module:Class (nothing else in the package lists them)
+BUILTIN = {
+    "images": "labkit.workloads.images:Images",
+    "lm": "labkit.workloads.lm:LanguageModel",
+}
+DEFAULT = "images"
+HINT = "a workload subclasses labkit.workloads.Workload (docs/workloads.md)"
+
+
+def is_builtin(name: str) -> bool:
+    return name in BUILTIN
+
+
+def load_workload(name: str) -> type[Workload]:
+    """The class ``name`` names (a built-in's, or a user's file or module)."""
+    if name in BUILTIN:
+        module, _, cls = BUILTIN[name].partition(":")
+        return getattr(importlib.import_module(module), cls)
+    if ":" not in name:
+        raise ConfigError(f"unknown workload {name!r}: choose one of {', '.join(BUILTIN)}, or name "
+                          f"your own as path/to/file.py:Class (docs/workloads.md)")
+    return plugins.load_class("workload", name, name, Workload, HINT)
+
+
+def make_workload(cfg: TrainConfig) -> Workload:
+    """The workload of a resolved ``cfg``."""
+    return load_workload(cfg.workload)(cfg)
+
+
+def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> TrainConfig:
+    """Fill in every automatic (None) field for this machine and workload, and check ranges:
+    the machine's part (labkit.core.config.resolve_machine), then the workload's (its dataset,
+    model, input size and learning rate). ConfigError with one line naming the problem."""
+    c = resolve_machine(dataclasses.replace(cfg), cuda_available)
+    load_workload(c.workload).resolve(c, cuda_available, c.trainers(world_size))
+    check_optimizer(c)
+    return c
