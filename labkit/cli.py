@@ -65,6 +65,16 @@ def _percent(text: str) -> float:
     return v
 
 
+def _finite(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v == v and abs(v) != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    return v
+
+
 def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     """`labkit experiment`'s flags; `labkit sweep` takes them all, for every grid point."""
     e.add_argument("-f", "--parameters-file", dest="parameters_file",
@@ -82,6 +92,11 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     e.add_argument("--target-accuracy", dest="target_accuracy", type=_percent,
                    help="validation accuracy (%%) for the report's time to accuracy (default: "
                         "95%% of the best accuracy any method reached)")
+    e.add_argument("--target", dest="target", type=_finite,
+                   help="the target of the workload's first validation figure, for the report's "
+                        "time to target: a validation loss for lm (reached at or below it), an "
+                        "accuracy (%%) for images (default: 95%% of the best accuracy, or 105%% "
+                        "of the lowest loss, any method reached)")
     e.add_argument("--no-report", dest="report", action="store_false",
                    help="results only: skip the report notebook, HTML and PDF"
                         + (" of each grid point (the sweep report is always written)" if sweep else ""))
@@ -276,7 +291,8 @@ def _experiment_params(values: dict):
         values = {**_load_yaml(values.pop("parameters_file")), **values}
     if values.get("nproc") == "auto":  # as in a parameters file; the flag gives None already
         values["nproc"] = None
-    exp_keys = ("methods", "runs_dir", "tag", "cell_timeout", "repeats", "report", "target_accuracy")
+    exp_keys = ("methods", "runs_dir", "tag", "cell_timeout", "repeats", "report", "target_accuracy",
+                "target")
     exp_kw = {k: values.pop(k) for k in exp_keys if k in values}
     if isinstance(exp_kw.get("methods"), str):
         exp_kw["methods"] = [m.strip() for m in exp_kw["methods"].split(",") if m.strip()]

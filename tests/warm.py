@@ -48,7 +48,8 @@ PRELOAD = [
     "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook",
     "torch.nn.parallel", "torch.utils.flop_counter", "torch.utils.serialization",
     "labkit.training.rank", "labkit.training.trainer", "labkit.workloads.images.models",
-    "labkit.training.data", "labkit.workloads.images.image_sets", "labkit.training.instruments.exactness", "labkit.training.sync.registry",
+    "labkit.training.data", "labkit.workloads.images.image_sets", "labkit.workloads.lm.model",
+    "labkit.workloads.lm.corpus", "labkit.training.instruments.exactness", "labkit.training.sync.registry",
     *(f"labkit.training.sync.{m}" for m in (
         "ddp", "allreduce", "ps", "ps_async", "ps_collective", "ps_p2p", "ps_sharded",
         "powersgd", "local_sgd", "diloco", "nosync")),

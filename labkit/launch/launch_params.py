@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Optional
 from labkit.core import layout, params, resolved
 from labkit.core.config import ConfigError, TrainConfig, default_batch_size
 from labkit.core.methods import absolute, key_of
+from labkit.workloads.catalog import absolute as workload_path
 
 
 def _f(default: Any, help: str) -> Any:
@@ -170,7 +171,7 @@ def method_out(cfg: TrainConfig, runs_dir: Optional[str] = None) -> str:
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Paths as the user meant them: relative to where the command was run, not the run folder."""
     return dataclasses.replace(
-        cfg, method=absolute(cfg.method),
+        cfg, method=absolute(cfg.method), workload=workload_path(cfg.workload),
         data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None,
         weights=os.path.abspath(cfg.weights) if cfg.weights else None)
 

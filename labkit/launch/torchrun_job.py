@@ -22,6 +22,7 @@ from labkit.core.methods import absolute, server_ranks
 from labkit.core.results import ResultError, read_result
 from labkit.core.status import Status
 from labkit.training import budget
+from labkit.workloads.catalog import absolute as workload_path
 
 from .failures import is_consequence
 from .launch_params import Nodes
@@ -144,7 +145,8 @@ def checked_config(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes,
     """``cfg`` validated for ``out_dir``; for the training ranks also the machine checked and
     the result written where they read it (the bench's ranks take flags: (cfg, None))."""
     # a method of one's own by its absolute file: the ranks and the record name it from anywhere
-    cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method)), nproc, nodes)
+    cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method),
+                                       workload=workload_path(cfg.workload)), nproc, nodes)
     if module != "labkit.train":
         return cfg, None
     # disk, /dev/shm, memory: refused before anything is created

@@ -15,6 +15,8 @@ from typing import Optional
 
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.methods import METHOD_ORDER, absolute, find
+from labkit.workloads.catalog import DEFAULT as DEFAULT_WORKLOAD
+from labkit.workloads.catalog import absolute as workload_path
 
 CHECK_STEPS, CHECK_NPROC = 3, 2
 # how long a collective of the check may wait (s): its steps take a second or two on a laptop,
@@ -35,6 +37,10 @@ def add_check_parser(sub) -> None:
     c.add_argument("method", help=method_help())
     c.add_argument("--nproc", type=int, default=CHECK_NPROC, help="processes (default 2)")
     c.add_argument("--steps", type=int, default=CHECK_STEPS, help="training steps (default 3)")
+    c.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                   help="what the check trains: images (digits on ResNet-10, the default), lm, "
+                        "or your own path/to/file.py:Class (docs/workloads.md), at the "
+                        "workload's small check size")
     c.add_argument("--timeout", type=float, default=CHECK_TIMEOUT,
                    help=f"seconds a collective may wait before the check stops, naming where "
                         f"each rank stood (default {CHECK_TIMEOUT:g})")
@@ -46,28 +52,32 @@ def cmd_check(args: dict) -> int:
         raise ConfigError(f"--timeout must be a positive number of seconds (got {timeout:g})")
     exact, line = check_method(args["method"], args.get("nproc", CHECK_NPROC),
                                args.get("steps", CHECK_STEPS), timeout,
-                               say=lambda l: print(f"labkit check: {l}", flush=True))
+                               say=lambda l: print(f"labkit check: {l}", flush=True),
+                               workload=args.get("workload", DEFAULT_WORKLOAD))
     print(f"labkit check: {line}")  # the command's verdict: printed, with -q too
     return 0 if exact else 1
 
 
-def checking_line(key: str, nproc: int, steps: int, timeout: float) -> str:
+def checking_line(key: str, nproc: int, steps: int, timeout: float, workload: str = "") -> str:
     """The line said before the check starts: what it does, and how long it may take."""
-    return (f"checking that {key} is exact: {steps} steps on {nproc} ranks beside the "
+    on = f" of the {workload} workload" if workload and workload != DEFAULT_WORKLOAD else ""
+    return (f"checking that {key} is exact: {steps} steps{on} on {nproc} ranks beside the "
             f"single-process reference (usually under a minute; a collective that waits "
             f"{timeout:g} s (--timeout) stops it, and a step stuck for {2 * timeout:g} s)")
 
 
 def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS,
-                 timeout: float = CHECK_TIMEOUT, say=None) -> tuple[bool, str]:
+                 timeout: float = CHECK_TIMEOUT, say=None,
+                 workload: str = DEFAULT_WORKLOAD) -> tuple[bool, str]:
     """(exact or approximate, one line). ConfigError for a method that does not load.
     ``timeout``: how long a collective may wait; ``say``: called with the line that says what
     is being checked and how long it may take, before the ranks start. The ranks run with the
     debug switch (--debug-collectives), so collectives that differ between ranks are named.
+    ``workload``: what they train, at its small check size (its ``check_config``).
     A check that fails keeps its folder (the ranks' logs, named in the line)."""
     import torch
 
-    from labkit.workloads import resolve
+    from labkit.workloads import load_workload, resolve
     from labkit.training.instruments import exactness
     from labkit.training.sync import load_method
 
@@ -79,12 +89,13 @@ def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS
     if not s.exact:
         return True, (f"{s.key} is approximate (exact = False): judged by time to accuracy and "
                       f"final accuracy against DDP, not by its parameters")
-    cfg = TrainConfig(method=ref, dataset="digits", model="resnet10_small", batch_size=8,
-                      epochs=1, max_steps_per_epoch=steps, max_val_steps=1, lr=0.01,
-                      calibrate_steps=0, checkpoint=False, progress=False, pin_cpus=False,
-                      backend="gloo", device="cpu", workers=0, timeout=timeout,
-                      debug_collectives=True)
-    (say or log.info)(checking_line(s.key, nproc, steps, timeout))
+    workload = workload_path(workload)
+    small = load_workload(workload).check_config  # e.g. digits on ResNet-10
+    cfg = TrainConfig(method=ref, workload=workload, batch_size=8, epochs=1,
+                      max_steps_per_epoch=steps, max_val_steps=1, lr=0.01, calibrate_steps=0,
+                      checkpoint=False, progress=False, pin_cpus=False, backend="gloo",
+                      device="cpu", workers=0, timeout=timeout, debug_collectives=True, **small)
+    (say or log.info)(checking_line(s.key, nproc, steps, timeout, workload))
     tmp = tempfile.mkdtemp(prefix="labkit-check-")
     out = os.path.join(tmp, s.key)
     res = launch(cfg, nproc, out, stream=io.StringIO())
@@ -98,8 +109,8 @@ def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS
     return v.exact, v.line(s.key, steps, trainers)
 
 
-def check_before_measuring(method: str, nproc: int = CHECK_NPROC,
-                           timeout: float = CHECK_TIMEOUT) -> Optional[str]:
+def check_before_measuring(method: str, nproc: int = CHECK_NPROC, timeout: float = CHECK_TIMEOUT,
+                           workload: str = DEFAULT_WORKLOAD) -> Optional[str]:
     """For a method of one's own that claims exactness: its check's line; ConfigError (one
     line, nothing else run) when it is not exact. None for the built-ins (the tests check
     them) and approximate methods. ``timeout``: the run's --timeout, the check's own bound
@@ -111,7 +122,7 @@ def check_before_measuring(method: str, nproc: int = CHECK_NPROC,
     if s.builtin or not s.exact:
         return None
     exact, line = check_method(method, max(2, min(nproc, CHECK_NPROC)),
-                               timeout=min(timeout, CHECK_TIMEOUT))
+                               timeout=min(timeout, CHECK_TIMEOUT), workload=workload)
     if not exact:
         raise ConfigError(line)
     return f"check: {line}"
@@ -121,7 +132,7 @@ def checked_launch(cfg: TrainConfig, nproc: int, out: str, nodes, **kw):
     """`labkit run`: the exactness check of a method of one's own, then its launch."""
     from labkit.launch.launch import launch
 
-    line = check_before_measuring(cfg.method, nproc, cfg.timeout)
+    line = check_before_measuring(cfg.method, nproc, cfg.timeout, cfg.workload)
     if line:
         log.info("%s", line)
     return launch(cfg, nproc, out, nodes, **kw)

@@ -50,6 +50,9 @@ class Experiment:
     # the validation accuracy (%) whose time to reach the report gives per method; None: a
     # share of the best accuracy any method reached (labkit.core.breakdown.TARGET_SHARE)
     target_accuracy: Optional[float] = None
+    # the target of the workload's first figure (e.g. a validation loss for lm), in its unit;
+    # None: the report's default rule for that figure's direction
+    target: Optional[float] = None
 
 
 @dataclass
@@ -71,7 +74,7 @@ def prepare(cfg: TrainConfig, exp: Experiment,
     check_machine(p.resolved, p.nproc, p.exp)
     # a method of one's own that claims exactness: checked first (seconds), or nothing runs
     checked = [line for c in p.resolved.values()
-               if (line := check_before_measuring(c.method, p.nproc, c.timeout))]
+               if (line := check_before_measuring(c.method, p.nproc, c.timeout, c.workload))]
     # packages, code, data fingerprints: before any folder
     return dataclasses.replace(p, snap=snapshot(p.resolved, p.cfg.seed), plan=p.plan + checked)
 

@@ -20,7 +20,8 @@ from labkit.core.config import TrainConfig, build_parser
 from labkit.core.errors import RunFailed
 from labkit.core.methods import key_of
 from labkit.core.status import INTERRUPTED_WHY, Status
-from labkit.workloads import make_workload
+from labkit.workloads import checks, make_workload
+from labkit.workloads.catalog import is_builtin
 
 from . import budget, exhaustion, lifecycle, stackdump
 from . import checkpoint
@@ -40,7 +41,11 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
     rank, world, _, local_world = env_world()
     # everything that can reject the input happens before the process group exists
     workload = make_workload(cfg)
-    data = workload.datasets()
+    # a workload's data must hold samples; a user's model and loss are tried on a first batch
+    # where no launcher did (the bare torchrun path): one line each, before anything is made
+    data = checks.nonempty(workload, workload.datasets())
+    if not checked and not is_builtin(cfg.workload):
+        checks.first_batch(workload, data)
     if data.warning and rank == 0:  # every rank built the same datasets: one says so
         print(f"{PROG}: warning: {data.warning}", file=sys.stderr, flush=True)
     trainers = cfg.trainers(world)

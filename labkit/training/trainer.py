@@ -86,9 +86,11 @@ class Trainer:
             self.step_callbacks.append(Trainer._schedule)
         extensions.trainer_built(self)
 
-    def _schedule(self, step: int) -> None:
-        """The workload's learning rate for global step ``step``, into the optimizer that steps
-        (a server's, or a trainer's own)."""
+    def _schedule(self, _global_step: int) -> None:
+        """The workload's learning rate for this step of the run (counted from the epoch, so a
+        resumed run continues the schedule), into the optimizer that steps (a server's, or a
+        trainer's own)."""
+        step = (self.epoch - 1) * self.steps + self.step
         lr = self.workload.lr_at(step, self.cfg.epochs * self.steps)
         for opt in (self.optimizer, self._local_opt):
             if opt is not None:

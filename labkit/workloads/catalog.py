@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 
 from labkit.core import plugins
 from labkit.core.config import ConfigError, TrainConfig, check_optimizer, resolve_machine
@@ -35,6 +36,15 @@ def load_workload(name: str) -> type[Workload]:
     return plugins.load_class("workload", name, name, Workload, HINT)
 
 
+def absolute(name: str) -> str:
+    """``name`` with the file of a ``path/to/file.py:Class`` reference made absolute, so it
+    names the same class from any folder (the ranks run in their method's folder)."""
+    where, _, cls = name.rpartition(":")
+    if name in BUILTIN or not where.endswith(".py"):
+        return name
+    return f"{os.path.abspath(where)}:{cls}"
+
+
 def make_workload(cfg: TrainConfig) -> Workload:
     """The workload of a resolved ``cfg``."""
     return load_workload(cfg.workload)(cfg)
@@ -44,7 +54,7 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     """Fill in every automatic (None) field for this machine and workload, and check ranges:
     the machine's part (labkit.core.config.resolve_machine), then the workload's (its dataset,
     model, input size and learning rate). ConfigError with one line naming the problem."""
-    c = resolve_machine(dataclasses.replace(cfg), cuda_available)
+    c = resolve_machine(dataclasses.replace(cfg, workload=absolute(cfg.workload)), cuda_available)
     load_workload(c.workload).resolve(c, cuda_available, c.trainers(world_size))
     check_optimizer(c)
     return c

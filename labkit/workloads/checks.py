@@ -20,7 +20,8 @@ def nonempty(w, data: Datasets) -> Datasets:
                           f"labkit.workloads.Datasets(train, val, in_memory)")
     for split, ds in (("training", data.train), ("validation", data.val)):
         if ds is None:
-            raise ConfigError(f"{_name(w)} has no {split} data (datasets() gave {split[:5]}=None): "
+            raise ConfigError(f"{_name(w)} has no {split} data (datasets() gave "
+                              f"{'train' if split == 'training' else 'val'}=None): "
                               f"labkit judges every run by its validation figures")
         try:
             n = len(ds)
@@ -45,7 +46,7 @@ def _shape(x) -> str:
 
 def first_batch(w, data: Datasets) -> None:
     """The model's forward and the loss on a batch of the first two training samples, on the
-    CPU: a forward that raises, or a loss that is not a finite scalar, is one line."""
+    CPU: a forward that raises, or a loss that raises or is not a scalar, is one line."""
     import torch
     from torch.utils.data import default_collate
 

@@ -13,7 +13,7 @@ user's is a subclass named as ``path/to/file.py:Class`` (labkit.workloads.catalo
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 from labkit.core.config import TrainConfig
 
@@ -57,6 +57,9 @@ class Workload:
     val_sum_keys: ClassVar[tuple[str, ...]] = ("loss", "count")
     #: throughput's unit for people (default: "<unit>/s")
     rate: ClassVar[str] = ""
+    #: TrainConfig fields of the small run `labkit check` compares with its single-process
+    #: reference (a few steps on 2 ranks: seconds on a CPU); the workload's defaults otherwise
+    check_config: ClassVar[dict] = {}
     #: the optimizer's name for people, as the report states it
     optimizer_name: ClassVar[str] = "SGD (momentum, weight decay)"
 

@@ -8,8 +8,9 @@ round ends with an outer optimizer step instead of a plain average:
     outer step:        SGD with Nesterov momentum (--outer-lr, --outer-momentum) on the
                        round's starting parameters, which every rank then takes
 
-The paper's defaults: outer learning rate 0.7, Nesterov momentum 0.9 (its inner optimizer is
-AdamW; here it is the lab's SGD, so the comparison with DDP changes the communication only).
+The paper's defaults: outer learning rate 0.7, Nesterov momentum 0.9. The inner optimizer is the
+workload's, as DDP's is (AdamW for the lm workload, as in the paper; SGD for images), so the
+comparison with DDP changes the communication only.
 With --outer-lr 1 and --outer-momentum 0 a round ends where local SGD's does. Each rank keeps
 its inner optimizer's state between rounds, as in the paper and torchft's DiLoCo. The outer
 momentum lives on every rank alike and is not in the checkpoint: ``--resume`` restarts it

@@ -24,6 +24,7 @@ class Images(Workload):
     unit = "images"
     rate = "img/s"
     val_sum_keys = ("loss", "correct", "count")
+    check_config = {"dataset": "digits", "model": "resnet10_small"}
     figures = (Figure("val_accuracy", "validation accuracy", "%", higher_is_better=True, short="acc"),
                Figure("val_loss", "validation loss", "", higher_is_better=False, short="loss"))
 
