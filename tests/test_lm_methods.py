@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import check_ok, load_json
+from helpers import check_ok, labkit, load_json
 from warm import warm_run
 
 pytestmark = pytest.mark.xdist_group("lm_runs")
@@ -132,3 +132,14 @@ def test_the_run_shows_the_text_it_learned_to_write(lm_runs):
     assert "unigram entropy" in name and 0 < entropy < math.log(256)  # 256 byte values at most
     log = (lm_runs["ddp"] / "train.log").read_text()
     assert f"against the {name}: {entropy:.4f}" in log and "sample: " in log
+
+
+def test_labkit_check_says_ddp_is_exact_on_the_language_model(tmp_path):
+    """`labkit check ddp --workload lm`: DDP beside its single-process reference with AdamW, at
+    the workload's check size (DDP's constructor died of SIGSEGV under the check's collective
+    debugging before the built-ins ran without it)."""
+    p = labkit(["check", "ddp", "--workload", "lm"], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    first, verdict = p.stdout.splitlines()[:2]
+    assert "3 steps of the lm workload on 2 ranks" in first, p.stdout
+    assert verdict.startswith("labkit check: ddp is exact: after 3 steps on 2 trainers"), p.stdout

@@ -243,11 +243,12 @@ class Workload:
 
     def finish_lines(self, shown: dict) -> list[str]:
         """What :meth:`finish` returned, as lines for the terminal and the run's log: for
-        samples of text, each prompt and what the model wrote after it."""
+        samples of text, each prompt and the start of what the model wrote after it (the whole
+        text is in the result file)."""
         lines = []
         for s in shown.get("samples", []):
             if isinstance(s, dict) and "text" in s:
-                lines.append(f"sample: {s.get('prompt', '')!r} -> {s['text']!r}")
+                lines.append(f"sample: {s.get('prompt', '')!r} -> {s['text'][:80]!r}")
         return lines
 
     # ------------------------------------------------------------------ how it is described
