@@ -164,6 +164,15 @@ class Epoch:
         out.update(self.extra)
         return out
 
+    def figure(self, key: str) -> Optional[float]:
+        """The validation figure ``key`` of this epoch (a field such as ``val_loss``, or a key
+        of ``extra`` such as a workload's ``val_perplexity``); None where it is absent or not
+        a finite number (null reads as NaN)."""
+        v = getattr(self, key) if key in _EPOCH_FIELDS else self.extra.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return None
+        return float(v)
+
     @property
     def waited_share(self) -> Optional[float]:
         """The time a trainer waited for its next batch as a share of the step: the recorded
@@ -177,6 +186,9 @@ class Epoch:
         if self.avg_data_time is not None and self.avg_batch_time:
             return self.avg_data_time / self.avg_batch_time
         return None
+
+
+_EPOCH_FIELDS = frozenset(f.name for f in fields(Epoch)) - {"comm", "comm_times", "extra"}
 
 
 # ---------------------------------------------------------------------------- the summary
@@ -366,14 +378,16 @@ class Result:
     @property
     def overall(self) -> Summary:
         """The summary, with each figure the file lacks recomputed from its epochs: the mean
-        throughput and time per epoch, the best validation accuracy, each phase's mean time
-        (NaN where the epochs cannot give one; the final accuracies are not recomputed)."""
+        throughput and time per epoch, the best validation accuracy, the best (lowest) and
+        final validation loss, each phase's mean time (NaN where the epochs cannot give one;
+        the final accuracies are not recomputed)."""
         s, ep = self.summary, self.epochs
 
         def given(recorded: Optional[float], recompute) -> float:
             return recorded if recorded is not None else recompute() if ep else NAN
 
         vals = [e.val_accuracy for e in ep if e.val_accuracy is not None]
+        losses = self.figure_values("val_loss")
         phases = dict.fromkeys(p for e in ep for p in e.comm)
         comm = {p: mean(e.comm[p] for e in ep if p in e.comm) for p in phases}
         return Summary(
@@ -382,7 +396,31 @@ class Result:
             best_val_accuracy=given(s.best_val_accuracy, lambda: max(vals) if vals else NAN),
             final_train_accuracy=given(s.final_train_accuracy, lambda: NAN),
             final_val_accuracy=given(s.final_val_accuracy, lambda: NAN),
+            best_val_loss=given(s.best_val_loss, lambda: min(losses) if losses else NAN),
+            final_val_loss=given(s.final_val_loss, lambda: losses[-1] if losses else NAN),
             comm={**comm, **s.comm})
+
+    @property
+    def units_per_sample(self) -> int:
+        """Units (images, tokens) one sample holds, as its workload records it (1 for a file
+        without one: an image); throughput counts samples x units."""
+        n = (self.workload or {}).get("units_per_sample")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+    def figure_values(self, key: str) -> list[float]:
+        """The validation figure ``key`` of each epoch that has it, in order."""
+        return [v for v in (e.figure(key) for e in self.epochs) if v is not None]
+
+    def best_figure(self, key: str, higher_is_better: bool) -> Optional[float]:
+        """The best value of the validation figure ``key`` over the epochs, by its direction
+        (the highest accuracy, the lowest loss); None where no epoch has it."""
+        vals = self.figure_values(key)
+        return (max(vals) if higher_is_better else min(vals)) if vals else None
+
+    def final_figure(self, key: str) -> Optional[float]:
+        """The last epoch's value of the validation figure ``key`` (None where none has it)."""
+        vals = self.figure_values(key)
+        return vals[-1] if vals else None
 
     def as_seen(self) -> "Result":
         """The result as a reader should show it: running, with its writer gone, is

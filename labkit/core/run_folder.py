@@ -154,8 +154,19 @@ class RunFolder:
     @property
     def target_accuracy(self) -> Optional[float]:
         """`labkit experiment --target-accuracy`; None for a folder written before the flag."""
+        return self._experiment_number("target_accuracy")
+
+    @property
+    def target(self) -> Optional[float]:
+        """`labkit experiment --target`: the target of the workload's first validation figure
+        (a loss for a language model), in its unit; None where it was not given."""
+        return self._experiment_number("target")
+
+    def _experiment_number(self, key: str) -> Optional[float]:
+        """A number of config.json's experiment parameters; None where absent or not one."""
         exp = self.config.get("experiment")
-        return exp.get("target_accuracy") if isinstance(exp, dict) else None
+        v = exp.get(key) if isinstance(exp, dict) else None
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     def lock_file(self, env: Optional[dict] = None) -> Optional[Path]:
         """The requirements.lock that environment.json (or ``env``) names, where it lies now;

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -95,10 +95,15 @@ def step_times(doc: Result) -> Optional[list[np.ndarray]]:
     return out
 
 
+def trainers_of(doc: Result) -> int:
+    """The processes that train (PS: rank 0 serves and trains none)."""
+    return int(doc.trainers or doc.num_workers or doc.world_size)
+
+
 def images_per_step(doc: Result) -> int:
-    """Images one step trains over all trainers (PS: rank 0 serves and trains none)."""
-    trainers = doc.trainers or doc.num_workers or doc.world_size
-    return int(doc.batch_size) * int(trainers)
+    """Units one step trains over all trainers: images, or a workload's units (tokens: the
+    samples x the units each holds, labkit.core.results.Result.units_per_sample)."""
+    return int(doc.batch_size) * trainers_of(doc) * doc.units_per_sample
 
 
 def _listed(runs: Runs) -> list[Result]:
@@ -360,21 +365,51 @@ def _acc(doc: Result, final: bool = False) -> Optional[float]:
     return v
 
 
+@dataclass(frozen=True)
+class Measure:
+    """A validation figure as a verdict compares it: what it is called ("accuracy"), each
+    run's value of it (None: not recorded), a value as written ("97.22%"), a difference as
+    written ("+0.12") and the unit of a difference ("points"; "" for none)."""
+    what: str
+    of: Callable[[Result], Optional[float]]
+    text: Callable[[float], str]
+    signed: Callable[[float], str]
+    diff_unit: str = ""
+
+    def difference(self, v: float) -> str:
+        return f"{self.signed(v)} {self.diff_unit}".rstrip()
+
+
+def accuracy(final: bool = False) -> Measure:
+    """The best (``final``: the final) validation accuracy, in percentage points."""
+    return Measure("accuracy", lambda d: _acc(d, final), lambda v: f"{v:.2f}%",
+                   lambda v: f"{v:+.2f}", "points")
+
+
 def accuracy_verdict(name: str, runs: Runs, baseline: Runs, baseline_name: str = "DDP",
                      final: bool = False, confidence: float = CONFIDENCE) -> Verdict:
     """Accuracy difference (percentage points, method - baseline) and what it supports: of the
-    best validation accuracy, or with ``final`` of the final one.
+    best validation accuracy, or with ``final`` of the final one (:func:`figure_verdict`)."""
+    return figure_verdict(name, runs, baseline, accuracy(final), baseline_name, confidence)
+
+
+def figure_verdict(name: str, runs: Runs, baseline: Runs, measure: Measure,
+                   baseline_name: str = "DDP", confidence: float = CONFIDENCE) -> Verdict:
+    """A validation figure's difference (method - baseline; ``measure``: which figure, and how
+    it is written) and what it supports. 'higher' / 'lower' name the difference's sign, not
+    which is better: a caller that knows the figure's direction says that.
 
     One seed: no verdict (seed-to-seed variation is not measured by one run). Repeats with
     different seeds: paired t-interval of the per-repeat differences; 'higher'/'lower' only
     when it excludes 0."""
     a, b = _listed(runs), _listed(baseline)
-    pa, pb = [_acc(d, final) for d in a], [_acc(d, final) for d in b]
+    pa, pb = [measure.of(d) for d in a], [measure.of(d) for d in b]
     if None in pa or None in pb or len(a) != len(b):
-        return Verdict("not available", f"{name}: accuracy not comparable with {baseline_name}",
-                       Interval(None, note="missing accuracy or unequal repeats"))
+        return Verdict("not available", f"{name}: {measure.what} not comparable with {baseline_name}",
+                       Interval(None, note=f"missing {measure.what} or unequal repeats"))
     diff = np.asarray(pa) - np.asarray(pb)
-    what = f"{name}: {np.mean(pa):.2f}% vs {baseline_name} {np.mean(pb):.2f}% ({diff.mean():+.2f} points)"
+    what = (f"{name}: {measure.text(np.mean(pa))} vs {baseline_name} {measure.text(np.mean(pb))} "
+            f"({measure.difference(diff.mean())})")
     seeds = {d.config.get("seed") for d in a + b}
     if len(a) < 2 or len(seeds) < 2:
         why = ("a single seed cannot separate them" if len(a) < 2 else
@@ -382,7 +417,8 @@ def accuracy_verdict(name: str, runs: Runs, baseline: Runs, baseline_name: str =
         return Verdict("single seed", f"{what}; {why} (repeats with different seeds would)",
                        Interval(float(diff.mean()), n=len(a), note="single seed"))
     iv = t_interval(diff, confidence, lambda x: x)
-    ci = f"{100 * confidence:.0f}% CI {iv.low:+.2f} to {iv.high:+.2f} points over {len(a)} seeds"
+    ci = (f"{100 * confidence:.0f}% CI {measure.signed(iv.low)} to "
+          f"{measure.difference(iv.high)} over {len(a)} seeds")
     if iv.low > 0:
         return Verdict("higher", f"{what}, {ci}", iv)
     if iv.high < 0:

@@ -12,7 +12,9 @@ Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the
 (--repeats), ``seeds`` (time to accuracy over seeds, with MLPerf's scoring), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (the code listings, quoting
 the source by marker), ``captions`` (every caption and number, read by report.ipynb too),
 ``reading`` (the definitions the captions point to), ``summary`` (page one), ``outline`` (the
-report's order and table of contents) and ``textreport`` (performance_report.txt).
+report's order and table of contents), ``textreport`` (performance_report.txt),
+``workload_view`` (the workload's words: img/s or tokens/s, accuracy or loss, the target's
+direction) and ``examples`` (what a language model wrote).
 The names below are what notebooks/report.ipynb, explore and the CLI use.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .captions import CAPTIONS, caption, figure_caption, heading
 from .implementation import QuoteError, implementation_markdown, quote
 from .load import (NAN, ResultError, RunResults, load_env, load_files,
                    load_reproduction, load_result, load_run, load_variants, method_key)
-from .figures import COLORS, figure_html
+from .figures import COLORS, figure_html, plot_key, plot_stem
 from .plots import (PLOTS, plot_accuracy, plot_communication, plot_losses, plot_throughput,
                     plot_training_time, write_plots)
 from .repeats import aggregate_rows, repeat_rows, repeats_section
@@ -42,3 +44,5 @@ from .textreport import text_report, write_report
 from .summary import summary_lines
 from .outline import captions_shown, heading_markdown, not_in_run, outline, toc_markdown
 from .reading import reading_markdown
+from .examples import examples_section, examples_text
+from .workload_view import IMAGES, FigureView, WorkloadView, view_of, view_of_result

@@ -5,9 +5,10 @@ says what its table shows in at most three lines (MAX_CHARS); what its terms mea
 in the appendix (labkit.report.reading) the caption links to."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from . import reading
+from .workload_view import WorkloadView
 
 
 #: a caption's most characters, its fields filled in (three lines of the PDF's ~120)
@@ -132,10 +133,57 @@ CAPTIONS: dict[str, Caption] = {
 }
 
 
-def caption(key: str, **fields) -> str:
-    """A table's caption as Markdown: the bold number and title, then its text (a field not
-    given reads "the target")."""
+def _figure_words(v: WorkloadView) -> dict[str, tuple[str, str]]:
+    """The captions a workload judged on another figure than accuracy words its own way: key
+    -> (title, text); the others read as CAPTIONS has them."""
+    f = v.target
+    name = f.label[:1].upper() + f.label[1:]
+    refs = "; ".join(w for w, _ in v.target_references())  # Figure 4's dashed lines
+    return {
+        "comparison": ("Performance comparison", (
+            f"Steady-state throughput of all trainers, time per epoch, {f.best_word} {f.label} "
+            f"and speedup over Baseline DDP, with 95% CIs; *time*, *steps* and *MB sent to "
+            f"target*: until the {f.label} first reached {{target}}.")),
+        "throughput_comparison": (
+            f"Training throughput ({v.rate}, all trainers); error bars: the 95% confidence "
+            f"interval of Table 1 (none where it is n/a)", ""),
+        "accuracy_curves": (
+            f"{name} per epoch (solid), each method" + (f"; dashed: {refs}" if refs else "")
+            + "; dotted: the target of Table 1", ""),
+        "variants_figure": (
+            f"Variants (dashed) against their synchronous method (solid): training loss and "
+            f"{f.label}", ""),
+        "seeds": ("Time to target over seeds", (
+            f"per method, every repeat from its own seed: time and steps to {{target}} and the "
+            f"final {f.label} (means with their 95% CIs over seeds), scored by MLPerf's rule; the "
+            f"verdicts below compare each method with Baseline DDP.")),
+        "accuracy_vs_time": (
+            f"{name} against wall time, every seed (faint) and their mean (bold); the dashed line "
+            f"is the target of Table 10", ""),
+        "accuracy_vs_bytes": (
+            f"{name} against the MB a trainer sent (cumulative, log scale), every seed (faint) and "
+            f"their mean (bold): a method that sends less reaches the same {f.label} further left", ""),
+        "efficiency": ("How much of the GPU each method used", (
+            f"per method: the model's FLOPs per {v.per_unit}, the model FLOPs utilisation (MFU) "
+            f"against the GPUs' dense peak, the peak GPU memory of each rank, and the data wait "
+            f"as a share of the step.")),
+    }
+
+
+def of(key: str, view: Optional[WorkloadView] = None) -> Caption:
+    """The caption of ``key`` in the words of ``view``'s workload (None, or one judged on
+    accuracy: CAPTIONS' own)."""
     c = CAPTIONS[key]
+    if view is None or view.guide:
+        return c
+    title, text = _figure_words(view).get(key, (c.title, c.text))
+    return c._replace(title=title, text=text)
+
+
+def caption(key: str, view: Optional[WorkloadView] = None, **fields) -> str:
+    """A table's caption as Markdown: the bold number and title, then its text (a field not
+    given reads "the target"), in the words of ``view``'s workload."""
+    c = of(key, view)
     text = c.text.format_map(_Fields(fields))
     sep = " " if text.startswith("(") or text[:1].islower() else ". "
     lead = f"**{c.number}. {c.title}**" if sep == " " else f"**{c.number}. {c.title}.**"
@@ -149,13 +197,13 @@ class _Fields(dict):
         return f"the {key}"
 
 
-def figure_caption(key: str) -> str:
+def figure_caption(key: str, view: Optional[WorkloadView] = None) -> str:
     """A figure's caption: "Figure N. Title." """
-    c = CAPTIONS[key]
+    c = of(key, view)
     return f"{c.number}. {c.title}."
 
 
-def heading(key: str) -> str:
+def heading(key: str, view: Optional[WorkloadView] = None) -> str:
     """The plain-text report's heading of a table."""
-    c = CAPTIONS[key]
+    c = of(key, view)
     return f"{c.number}. {c.title}" + (f" ({c.note})" if c.note else "")

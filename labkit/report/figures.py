@@ -7,6 +7,8 @@ from pathlib import Path
 
 from labkit.core.files import atomic_path
 
+from .workload_view import WorkloadView
+
 
 class _Colors(dict):
     """The built-ins' colours; a method of one's own gets one of the others, by its name."""
@@ -20,6 +22,18 @@ class _Colors(dict):
 
 
 COLORS = _Colors(ddp="#4C72B0", allreduce="#55A868", ps="#C44E52")
+
+
+def plot_stem(key: str, view: WorkloadView) -> str:
+    """The file name (without .png) of the figure ``key`` (a PLOTS or SEED_PLOTS name): the
+    key itself, or for a workload not judged on accuracy its "accuracy" read "validation"
+    (accuracy_curves.png holds a language model's validation loss as validation_curves.png)."""
+    return key if view.guide else key.replace("accuracy", "validation")
+
+
+def plot_key(stem: str) -> str:
+    """The figure's key (its caption's) of a file name plot_stem gave."""
+    return "accuracy" + stem[len("validation"):] if stem.startswith("validation_") else stem
 
 
 def save_figure(png: Path, size: tuple[float, float], panels: int, draw) -> Path:

@@ -3,22 +3,33 @@ data supports it: a diverged loss, replicas that stayed identical (not for the b
 check cannot fail), and the accuracies of the exact methods apart from the others."""
 from __future__ import annotations
 
+from typing import Optional
+
 from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_ORDER, SPECS, label
 
 from .load import RunResults
+from .workload_view import WorkloadView
 
 
-def exact_range_lines(acc: dict[str, float]) -> list[str]:
-    """The range of the exact methods' best validation accuracies, which apply the same averaged
-    SGD step (said only with two exact methods or more; the bound is not one of them)."""
+def exact_range_lines(acc: dict[str, float], view: Optional[WorkloadView] = None) -> list[str]:
+    """The range of the exact methods' best validation accuracies (with ``view``: the best
+    values of its first figure), which apply the same averaged optimizer step (said only with
+    two exact methods or more; the bound is not one of them)."""
     exact = {m: a for m, a in acc.items() if a == a and _exact(m)}
     if len(exact) < 2:
         return []
     lo, hi = min(exact.values()), max(exact.values())
     names = ", ".join(label(m) for m in exact)
-    return [f"Best validation accuracy of the exact methods ({names}) ranged from {lo:.2f}% "
-            f"to {hi:.2f}%: they apply the same averaged SGD step, so differences come from "
+    if view is None:
+        head = f"Best validation accuracy of the exact methods ({names}) ranged from {lo:.2f}% to {hi:.2f}%"
+        step = "SGD"
+    else:
+        f = view.target
+        head = (f"The {f.best_word} {f.label} of the exact methods ({names}) ranged from "
+                f"{f.text(lo)} to {f.text(hi)}")
+        step = view.optimizer_step
+    return [f"{head}: they apply the same averaged {step} step, so differences come from "
             f"float summation order and, for PS, a different number of trainers; repeats "
             f"with different seeds (--repeats) measure whether they exceed the "
             f"seed-to-seed noise."]
@@ -29,14 +40,15 @@ def _exact(m: str) -> bool:
     return spec is not None and spec.exact and not spec.bound
 
 
-def accuracy_apart(m: str, acc: float) -> str:
-    """Why a method's accuracy is not judged with the exact methods' ("" for an exact one): the
-    bound's ranks never average, an approximate method is judged over seeds."""
+def accuracy_apart(m: str, acc: float, what: str = "accuracy") -> str:
+    """Why a method's accuracy (``what``: the figure it is judged on) is not judged with the
+    exact methods' ("" for an exact one): the bound's ranks never average, an approximate
+    method is judged over seeds."""
     spec = SPECS.get(m)
     if acc != acc or spec is None:
         return ""
-    return ("its ranks never average, so it bounds speed, not accuracy" if spec.bound
-            else "an approximate method: Table 10 judges its accuracy over seeds"
+    return (f"its ranks never average, so it bounds speed, not {what}" if spec.bound
+            else f"an approximate method: Table 10 judges its {what} over seeds"
             if not spec.exact else "")
 
 

@@ -59,8 +59,8 @@ def quote(name: str, found: dict | None = None) -> str:
     return hits[0][1]
 
 
-def implementation_markdown() -> str:
-    """Section 3.2 as Markdown."""
+def implementation_markdown(optimizer: str = "SGD") -> str:
+    """Section 3.2 as Markdown; ``optimizer``: the workload's ("SGD", "AdamW")."""
     found = find_quotes()
 
     def code(name: str) -> str:
@@ -71,7 +71,7 @@ def implementation_markdown() -> str:
         "All methods share one loop (`labkit/training/trainer.py`). Per step every rank calls "
         "`zero_grad -> before_forward -> [trainers: forward, backward] -> after_backward -> step`; "
         "a method is a small strategy object that fills in these hooks. Trainer *k* of *T* reads "
-        "shard *k* of *T* of the data, gradients are averaged over the trainers, and the same SGD "
+        f"shard *k* of *T* of the data, gradients are averaged over the trainers, and the same {optimizer} "
         "step is applied, so from one seed all methods reach the same parameters (checked by the "
         "tests against a single-process reference).",
         "### Parameter Server: roles",
@@ -83,13 +83,13 @@ def implementation_markdown() -> str:
         "### Parameter Server: communication flow",
         "Each step: (1) **pull**: the server sends the current parameters to every worker; (2) workers "
         "run forward and backward; (3) **push**: workers send their gradients to the server; (4) the "
-        "server sums and averages them; (5) the server applies the SGD step. `--ps-mode p2p` is the "
+        f"server sums and averages them; (5) the server applies the {optimizer} step. `--ps-mode p2p` is the "
         "original guide's protocol: one `send`/`recv` per parameter tensor and per worker, the server "
         "looping over the workers for every tensor. `--ps-mode collective` (default) is the improvement "
         "the guide proposes: parameters and gradients live in one flat buffer each (laid out in the "
         "order backward produces the gradients), cut into buckets. A gradient hook starts each "
         "bucket's `reduce` to rank 0 as soon as backward has produced it, so the push overlaps "
-        "backward; right after its SGD step the server `broadcast`s every bucket, and a worker waits "
+        f"backward; right after its {optimizer} step the server `broadcast`s every bucket, and a worker waits "
         "for a layer's parameters only when its forward reaches that layer, so the pull overlaps "
         "loading the next batch and the forward of the layers before. The pull and push times in "
         "the tables are the time a worker was blocked waiting.",

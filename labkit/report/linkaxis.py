@@ -221,7 +221,8 @@ def crossovers(sw) -> list[Crossover]:
             judge_throughput(a.docs, base[a.rate_bit].docs, a.rate_bit) for a in both]))
         mine, ref = scores.get((m, other), {}), scores.get((BASE, other), {})
         if goal is not None and mine:
-            out.append(crossover(name, f"time to {goal:.2f}% accuracy", [
+            at = f"{goal:.2f}% accuracy" if sw.view.guide else sw.view.goal(goal)
+            out.append(crossover(name, f"time to {at}", [
                 judge_time(mine[r], ref[r], r) for r in mine if r in ref]))
     return out
 
@@ -236,7 +237,7 @@ def crossover_lines(sw) -> list[str]:
 def rows(sw) -> list[dict]:
     """One row per method and link: the goodput measured, throughput with its CI, time to the
     target with its CI over seeds."""
-    scores = _scores(sw)
+    scores, rate = _scores(sw), sw.view.rate
     out = []
     for key, ats in series(sw).items():
         for a in ats:
@@ -244,7 +245,7 @@ def rows(sw) -> list[dict]:
             s = scores.get(key, {}).get(a.rate_bit)
             out.append({"Method": label(*key), "Link": rate_text(a.rate_bit),
                         "Goodput (Mbit/s, least)": f"{a.goodput:.1f}" if a.goodput else "-",
-                        "Throughput (img/s)": f"{t.value:,.1f}" if t.value else "-",
+                        f"Throughput ({rate})": f"{t.value:,.1f}" if t.value else "-",
                         "95% CI": t.ci_text(1), "CI over": t.basis if t.available else t.note or "-",
                         "Time to target (s, 95% CI)": s.time().with_ci(1) if s else "-",
                         "Seeds": s.n if s else len(a.docs)})
@@ -316,9 +317,9 @@ def plot_link(sw, axes) -> None:
             axes[k].axvspan(pos[c.low], pos[c.high], color=COLORS[m], alpha=0.13,
                             label=f"{c.method}: crossover (beats DDP below it)")
     axes[0].set_title("Throughput vs link rate (error bars: 95% CI)", fontsize=10)
-    axes[0].set_ylabel("images / second (all trainers, steady state)")
+    axes[0].set_ylabel(sw.view.rate_axis)
     one = all(s.n < 2 for per in scores.values() for s in per.values())
-    axes[1].set_title((f"Time to {goal:.2f}% validation accuracy" if goal is not None else
+    axes[1].set_title((f"Time to {sw.view.goal(goal)}" if goal is not None else
                        "Time to target (no target)")
                       + (" (one seed: no interval)" if one else " (95% CI over seeds)"), fontsize=10)
     axes[1].set_ylabel("seconds")

@@ -16,6 +16,8 @@ from labkit.core.run_folder import RunFolder, recorded
 from labkit.core.results import NAN, Result, ResultError, read_result
 from labkit.core.status import Status
 
+from .workload_view import ACCURACY, WorkloadView, view_of
+
 
 def method_key(doc: Result, path: str | os.PathLike = "") -> Optional[str]:
     """ddp | allreduce | ps, from the lab's own key, the guide's method name or the file name;
@@ -53,18 +55,37 @@ class RunResults:
     repeats: dict[str, list[Result]] = field(default_factory=dict)
     # `labkit experiment --target-accuracy` (config.json): None, a share of the best accuracy
     target_accuracy: Optional[float] = None
+    # `labkit experiment --target` (config.json): the target of the workload's first figure
+    # (a validation loss for a language model); None: the default rule for its direction
+    target: Optional[float] = None
 
     @property
     def ok(self) -> dict[str, Result]:
         """RunResults with at least one finished epoch (a failed run keeps its finished epochs)."""
         return {m: d for m, d in self.docs.items() if d.ok}
 
+    @property
+    def view(self) -> WorkloadView:
+        """What the results trained and how they are judged, in the report's words."""
+        return view_of(self)
+
+    @property
+    def given_target(self) -> tuple[Optional[float], Optional[str]]:
+        """(the target a flag gave, that flag): --target, else --target-accuracy where the
+        first figure is the guide's accuracy; (None, None) for the default rule."""
+        if self.target is not None:
+            return self.target, "--target"
+        if self.target_accuracy is not None and self.view.target.key == ACCURACY:
+            return self.target_accuracy, "--target-accuracy"
+        return None, None
+
 
 def load_run(run_dir: str | os.PathLike) -> RunResults:
     """A run folder (method subfolders, or repeat-<i>/ folders holding them) or a folder holding
     results_*.json directly."""
     folder = RunFolder(run_dir)
-    res = RunResults(run_dir=folder.path, target_accuracy=folder.target_accuracy)
+    res = RunResults(run_dir=folder.path, target_accuracy=folder.target_accuracy,
+                     target=folder.target)
     status = {}
     if folder.has(layout.EXPERIMENT):
         try:
@@ -93,6 +114,10 @@ def load_files(paths: list[str | os.PathLike]) -> RunResults:
             res.repeats.update(sub.repeats)
             res.problems.update(sub.problems)
             res.run_dir = res.run_dir or sub.run_dir
+            if res.target_accuracy is None:  # a run folder's flags (config.json)
+                res.target_accuracy = sub.target_accuracy
+            if res.target is None:
+                res.target = sub.target
         else:
             _add(res, Path(p), None)
     return res

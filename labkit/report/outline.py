@@ -13,9 +13,11 @@ from labkit.core.methods import METHOD_ORDER, SPECS
 
 from . import projection, reading
 from .load import RunResults, load_reproduction, load_variants
+from .examples import samples_of
 from .repeats import has_repeats
 from .seeds import has_seeds
 from .text import load_bench, ran_on_gpu
+from .workload_view import WorkloadView
 
 #: every part of the report in its order: (anchor, heading)
 SECTIONS: tuple[tuple[str, str], ...] = (
@@ -27,6 +29,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("bench", "Benchmark: where the time goes"),
     ("projection", "Projection to larger clusters"),
     ("discussion", "Discussion"),
+    ("examples", "What the model wrote"),
     (reading.ANCHOR, f"Appendix A. {reading.TITLE}"),
     ("code", "Appendix B. Implementation: the code"),
     ("environment", "Appendix C. Environment and configuration"),
@@ -51,13 +54,21 @@ def present(res: RunResults, run: Optional[Path]) -> dict[str, bool]:
             "seeds": has_seeds(res), "variants": bool(run and load_variants(run)),
             "bench": _bench(run),
             "projection": bool(res.ok) and projection.projected(res) is not None,
-            "discussion": training, reading.ANCHOR: True, "code": True, "environment": True}
+            "discussion": training, "examples": bool(samples_of(res)),
+            reading.ANCHOR: True, "code": True, "environment": True}
+
+
+def title(key: str, view: Optional[WorkloadView] = None) -> str:
+    """A part's heading, in the words of ``view``'s workload (None: the guide's)."""
+    if key == "seeds" and view is not None and not view.guide:
+        return "Time to target over seeds"
+    return TITLES[key]
 
 
 def outline(res: RunResults, run: Optional[Path]) -> list[tuple[str, str]]:
     """The parts this run's report has, in order: (anchor, heading)."""
     has = present(res, run)
-    return [(k, t) for k, t in SECTIONS if has[k]]
+    return [(k, title(k, res.view)) for k, _ in SECTIONS if has[k]]
 
 
 def captions_shown(res: RunResults, run: Optional[Path]) -> set[str]:
@@ -84,13 +95,14 @@ def toc_text(parts: list[tuple[str, str]]) -> str:
     return "Contents: " + "; ".join(t for _, t in parts)
 
 
-def heading_markdown(key: str) -> str:
+def heading_markdown(key: str, view: Optional[WorkloadView] = None) -> str:
     """A part's heading with its anchor (the table of contents links to it)."""
-    return f'## <a id="{key}"></a>{TITLES[key]}'
+    return f'## <a id="{key}"></a>{title(key, view)}'
 
 
-def heading_text(key: str) -> list[str]:
-    return [TITLES[key], "-" * len(TITLES[key]), ""]
+def heading_text(key: str, view: Optional[WorkloadView] = None) -> list[str]:
+    t = title(key, view)
+    return [t, "-" * len(t), ""]
 
 
 def not_in_run(res: RunResults, run: Optional[Path]) -> Optional[str]:
@@ -98,8 +110,9 @@ def not_in_run(res: RunResults, run: Optional[Path]) -> Optional[str]:
     has = present(res, run)
     missing = []
     if res.ok and not has["repeats"]:
+        to = "accuracy" if res.view.guide else "target"
         missing.append("repeats (`labkit experiment --repeats N`: the spread between launches, "
-                       "and time to accuracy over seeds)")
+                       f"and time to {to} over seeds)")
     if res.ok and not has["variants"]:
         missing.append("variants (`--methods ddp,ps,ps-async,allreduce-fp16`, or ps-sharded, "
                        "ddp-fp16, ps-fp16)")

@@ -13,10 +13,10 @@ from labkit.core.files import atomic_path
 from labkit.core.methods import METHOD_ORDER, SPECS, label
 from labkit.core.results import Result, Summary
 
-from .figures import COLORS
+from .figures import COLORS, plot_stem
 from .load import RunResults, method_key
 from .seeds import SEED_PLOTS, has_seeds, plot_seeds
-from .tables import comm_ms, intervals, wire_mb
+from .tables import comm_ms, intervals, target, wire_mb
 
 PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "accuracy_curves",
          "communication_overhead", "sync_waits", "wire")  # the guide's five, the waits, the bytes
@@ -69,7 +69,7 @@ def _note_missing(ax, res: RunResults) -> None:
 
 
 def plot_throughput(res: RunResults, ax):
-    _bar(ax, res, True, "images / second (all trainers, steady state)", "Training throughput")
+    _bar(ax, res, True, res.view.rate_axis, "Training throughput")
 
 
 def plot_training_time(res: RunResults, ax):
@@ -106,6 +106,11 @@ def plot_losses(docs: dict[str, Result], ax=None, repeats: Optional[dict[str, li
 
 
 def plot_accuracy(res: RunResults, ax):
+    """Figure 4: train and validation accuracy per epoch; for a workload judged on another
+    figure, that figure per epoch (plot_figure)."""
+    if not res.view.guide:
+        plot_figure(res, ax)
+        return
     for m, d in res.ok.items():
         ep = d.epochs
         x = [e.epoch for e in ep]
@@ -126,6 +131,35 @@ def plot_accuracy(res: RunResults, ax):
     ax.set_title("Accuracy per epoch")
     ax.grid(alpha=0.3)
     if res.ok:  # no curves (every file failed or corrupt): no legend, _note_missing says why
+        ax.legend(fontsize=8)
+    _note_missing(ax, res)
+
+
+def plot_figure(res: RunResults, ax):
+    """The first validation figure (a language model's validation loss) per epoch, each
+    method solid (its other repeats faint), the references its workload records in the same
+    unit dashed (the unigram entropy of the validation text), the target of Table 1 dotted."""
+    from matplotlib.ticker import MaxNLocator
+
+    f = res.view.target
+    for i, (m, d) in enumerate(res.ok.items()):
+        for k, r in enumerate([d, *_later_repeats(res.repeats, m)]):
+            pts = [(e.epoch, v) for e in r.epochs if (v := f.value(e)) is not None]
+            # distinct markers, larger first: the exact methods' curves lie on top of each other
+            ax.plot([x for x, _ in pts], [y for _, y in pts], "-" + ("osD^v"[i % 5] if k == 0 else ""),
+                    ms=7 - i % 3 * 2, color=COLORS[m], lw=1.5 if k == 0 else 0.8,
+                    alpha=1.0 if k == 0 else 0.35, label=label(m) if k == 0 else None)
+    for i, (what, v) in enumerate(res.view.target_references()):
+        ax.axhline(v, ls="--", lw=1.2, color=("#555", "#999")[i % 2], label=f"{what} ({f.text(v)})")
+    t = target(res)
+    if t is not None:
+        ax.axhline(t, ls=":", lw=1.2, color="#a00", label=f"target {f.text(t)}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f.column)
+    ax.set_title(f"{f.label[:1].upper()}{f.label[1:]} per epoch")
+    ax.grid(alpha=0.3)
+    if res.ok:
         ax.legend(fontsize=8)
     _note_missing(ax, res)
 
@@ -227,7 +261,8 @@ def plot_wire(res: RunResults, ax):
 def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
     """The guide's five PNGs, the per-rank waits and the bytes on the wire, under
     <out_dir>/plots/; with several seeds per method also accuracy against wall time and
-    against bytes sent (labkit.report.seeds)."""
+    against bytes sent (labkit.report.seeds). A workload not judged on accuracy: its figure
+    in place of accuracy, in files named for it (figures.plot_stem)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -240,12 +275,12 @@ def write_plots(res: RunResults, out_dir: str | os.PathLike) -> list[Path]:
               "wire": plot_wire}
     makers.update({"accuracy_vs_time": lambda r, ax: plot_seeds(r, ax, "time"),
                    "accuracy_vs_bytes": lambda r, ax: plot_seeds(r, ax, "bytes")})
-    paths = []
+    paths, view = [], res.view
     for name in PLOTS + (SEED_PLOTS if has_seeds(res) else ()):
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         makers[name](res, ax)
         fig.tight_layout()
-        path = plots / f"{name}.png"
+        path = plots / f"{plot_stem(name, view)}.png"
         with atomic_path(str(path)) as tmp:
             fig.savefig(tmp, format="png")
         plt.close(fig)

@@ -4,7 +4,9 @@ shows only those of the tables it has; the notebook and the text report read the
 from __future__ import annotations
 
 import textwrap
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Optional
+
+from .workload_view import WorkloadView, rule_words
 
 ANCHOR = "how-to-read"  # the HTML anchor the captions link to
 TITLE = "How to read this report"
@@ -33,15 +35,14 @@ DEFINITIONS: tuple[Definition, ...] = (
         "A method is called faster or slower than Baseline DDP only when its speedup's 95% CI "
         "excludes 1.00; else it is within the measurement noise. One run is not judged when "
         "other work took over 10% of the machine's CPU time while a compared method ran (the "
-        "discussion lists the load). Accuracy is called lost or gained only over several seeds, "
+        "discussion lists the load). {judged} is called {lost} only over several seeds, "
         "when the paired differences' CI excludes 0.",
         ("comparison",)),
     Definition(
         "Time and steps to target",
         "The wall time (training and validation epochs) and the training steps until the "
-        "validation accuracy first reached the target; *not reached* where it never did. The "
-        "target is --target-accuracy, else 95% of the best validation accuracy any method "
-        "reached.",
+        "{figure} first reached the target{side}; *not reached* where it never did. The "
+        "target is {flag}, else {rule}.",
         ("comparison",)),
     Definition(
         "Communication time",
@@ -65,7 +66,7 @@ DEFINITIONS: tuple[Definition, ...] = (
         "The MB (10^6 bytes) a trainer sent and received per step, counted by the lab from the "
         "collectives the method issued: an all-reduce as a ring moves 2(n-1)/n of the gradient "
         "bytes each way; a PS worker pulls the parameters and pushes its gradients. *Optimizer "
-        "state*: the bytes of optimizer state (SGD's momentum) each rank held at the end, in "
+        "state*: the bytes of optimizer state ({state}) each rank held at the end, in "
         "rank order (a PS: its server's; a sharded optimizer: its slice).",
         ("communication", "seeds", "variants")),
     Definition(
@@ -77,17 +78,17 @@ DEFINITIONS: tuple[Definition, ...] = (
         ("repeats",)),
     Definition(
         "MLPerf's rule",
-        "Time to accuracy over seeds is scored as MLPerf Training scores it: a seed that never "
+        "Time to {to} over seeds is scored as MLPerf Training scores it: a seed that never "
         "reaches the target (or diverged) counts as infinitely slow, not as missing; with 5 or "
         "more seeds the fastest and the slowest are dropped; a method with a kept seed that "
         "never reached the target has no time, only *not reached*. Time to target is compared "
-        "as a ratio of mean times, final accuracy as paired differences per seed. The "
+        "as a ratio of mean times, final {final} as paired differences per seed. The "
         "no-communication bound is left out: its ranks drift apart.",
         ("seeds",)),
     Definition(
         "GPU use",
-        "*GFLOP/image*: the model's FLOPs for one image, forward and backward (3 x one forward, "
-        "counted by torch.utils.flop_counter). *MFU*: those FLOPs x the steady-state throughput "
+        "*GFLOP/{per}*: the model's FLOPs for one {per}, forward and backward ({flops}). *MFU*: "
+        "those FLOPs x the steady-state throughput "
         "over the GPUs' dense peak for the precision used (H100, H200 and A100 by name). *Peak "
         "GPU memory*: torch.cuda.max_memory_allocated per rank. *Data wait*: the time a trainer "
         "waited for its next batch, as a share of the step; above 10% the run measured the data "
@@ -109,7 +110,7 @@ DEFINITIONS: tuple[Definition, ...] = (
         "each method's trainers sent per step, read as the all-reduce they amount to; a "
         "parameter server as the model's PS. Nodes of 8 GPUs on NVLink, one link per GPU "
         "across nodes, nominal line rates, not measurements. Not modelled: the compute a method "
-        "adds to compress, stragglers, and accuracy. On an emulated link (Table 12) the ring "
+        "adds to compress, stragglers, and {final}. On an emulated link (Table 12) the ring "
         "crosses each node's port once each way; the latency is TCP's through the kernel plus "
         "the link's delay.",
         ("projection_methods", "projection_on_link", "projection")),
@@ -123,20 +124,45 @@ DEFINITIONS: tuple[Definition, ...] = (
 )
 
 
+#: the words the definitions hold ({judged} ...), the guide's image classification's
+GUIDE_WORDS = {
+    "judged": "Accuracy", "lost": "lost or gained", "figure": "validation accuracy", "side": "",
+    "flag": "--target-accuracy", "rule": "95% of the best validation accuracy any method reached",
+    "state": "SGD's momentum", "to": "accuracy", "final": "accuracy", "per": "image",
+    "flops": "3 x one forward, counted by torch.utils.flop_counter",
+}
+
+
+def words(view: Optional[WorkloadView]) -> dict[str, str]:
+    """The definitions' words for a workload (None or one judged on accuracy: the guide's)."""
+    if view is None or view.guide:
+        return GUIDE_WORDS
+    f = view.target
+    return {"judged": f.label[:1].upper() + f.label[1:], "lost": "better or worse",
+            "figure": f.label, "side": f" ({f.side} it)", "flag": "--target",
+            "rule": rule_words(view, None), "state": view.optimizer_step + "'s",
+            "to": "target", "final": f.label, "per": view.per_unit,
+            "flops": view.flops_rule or "3 x one forward"}
+
+
 def shown(present: Iterable[str]) -> list[Definition]:
     """The definitions serving a caption in ``present`` (the CAPTIONS keys the report shows)."""
     keys = set(present)
     return [d for d in DEFINITIONS if keys & set(d.captions)]
 
 
-def reading_markdown(present: Iterable[str]) -> str:
-    """The appendix's body as Markdown: one bold term and its definition per paragraph."""
-    return "\n\n".join(f"**{d.term}.** {d.text}" for d in shown(present))
+def reading_markdown(present: Iterable[str], view: Optional[WorkloadView] = None) -> str:
+    """The appendix's body as Markdown: one bold term and its definition per paragraph, in the
+    words of ``view``'s workload (None: the guide's)."""
+    w = words(view)
+    return "\n\n".join(f"**{d.term}.** {d.text.format_map(w)}" for d in shown(present))
 
 
-def reading_text(present: Iterable[str], width: int = 100) -> list[str]:
+def reading_text(present: Iterable[str], width: int = 100,
+                 view: Optional[WorkloadView] = None) -> list[str]:
     """The same for performance_report.txt, wrapped at ``width``."""
     out: list[str] = []
+    w = words(view)
     for d in shown(present):
-        out += textwrap.wrap(f"{d.term}. {d.text.replace('*', '')}", width) + [""]
+        out += textwrap.wrap(f"{d.term}. {d.text.format_map(w).replace('*', '')}", width) + [""]
     return out

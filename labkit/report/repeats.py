@@ -14,6 +14,7 @@ from .blocks import Block, Html, Markdown
 from .captions import caption
 from .load import RunResults
 from .tables import html_table
+from .workload_view import WorkloadView, number
 
 
 def run_order(res: RunResults) -> Optional[list[list[str]]]:
@@ -31,22 +32,33 @@ def has_repeats(res: RunResults) -> bool:
 def repeat_rows(res: RunResults) -> list[dict]:
     """One row per method and repeat."""
     order = run_order(res) or []
-    rows = []
+    view, rows = res.view, []
     for m in METHOD_ORDER:
         for i, d in enumerate(res.repeats.get(m, []), 1):
             agg = stats.aggregate([d])
             pos = order[i - 1].index(m) + 1 if i <= len(order) and m in order[i - 1] else None
             rows.append({"Method": label(m), "Repeat": i, "Seed": d.config.get("seed", "-"),
                          "Ran as": f"{pos} of {len(order[i - 1])}" if pos else "-",
-                         "Throughput (img/s)": agg.throughput_per_repeat[0],
-                         "Best accuracy (%)": agg.best_accuracy,
+                         f"Throughput ({view.rate})": agg.throughput_per_repeat[0],
+                         view.best_column(): _best(view, [d], agg),
                          "Status": d.status})
     return rows
 
 
+def _best(view: WorkloadView, docs: list, agg: stats.Aggregate) -> object:
+    """The mean over ``docs`` of each one's best value of the first figure: the guide's best
+    accuracy (``agg``'s), else the best by the figure's direction as the report writes it
+    ("-" where one has none)."""
+    if view.guide:
+        return agg.best_accuracy
+    f = view.target
+    vals = [d.best_figure(f.key, f.higher_is_better) for d in docs]
+    return "-" if not vals or None in vals else number(sum(vals) / len(vals))
+
+
 def aggregate_rows(res: RunResults) -> list[dict]:
     """One row per method: mean over its repeats, with the 95% CI over repeats."""
-    rows = []
+    view, rows = res.view, []
     for m in METHOD_ORDER:
         docs = [d for d in res.repeats.get(m, []) if d.epochs]
         if not docs:
@@ -54,9 +66,9 @@ def aggregate_rows(res: RunResults) -> list[dict]:
         agg = stats.aggregate(docs)
         iv = agg.throughput
         rows.append({"Method": label(m), "Repeats": agg.repeats,
-                     "Throughput (img/s)": iv.value if iv.value is not None else float("nan"),
+                     f"Throughput ({view.rate})": iv.value if iv.value is not None else float("nan"),
                      "95% CI": iv.ci_text(1) + (f" (over {iv.basis})" if iv.available else ""),
-                     "Best accuracy (%)": agg.best_accuracy,
+                     view.best_column(): _best(view, docs, agg),
                      "Seeds": ", ".join(str(s) for s in agg.seeds)})
     return rows
 

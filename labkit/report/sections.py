@@ -82,6 +82,8 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
         return []
     methods = {VARIANTS[v]["method"] for v in variants}
     base = {label(m): d for m, d in res.docs.items() if m in methods}
+    view = res.view
+    f = view.target
     blocks = [Markdown(caption("variants"))]
     blocks.append(Html(html_table(variant_rows(base, variants))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -90,10 +92,13 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
         style = "-" if name in base else "--"
         a.plot(range(1, len(losses) + 1), losses, style, lw=1.2, label=name, color=f"C{i}")
         ep = d.epochs
-        b.plot([e.epoch for e in ep], [e.val_accuracy for e in ep], style + "o", lw=1.2,
-               label=name, color=f"C{i}")
+        vals = ([e.val_accuracy for e in ep] if view.guide else
+                [float("nan") if (v := e.figure(f.key)) is None else v for e in ep])
+        b.plot([e.epoch for e in ep], vals,
+               style + "o", lw=1.2, label=name, color=f"C{i}")
     a.set(xlabel="training step", ylabel="training loss", title="Loss per step")
-    b.set(xlabel="epoch", ylabel="validation accuracy (%)", title="Validation accuracy")
+    b.set(xlabel="epoch", ylabel="validation accuracy (%)" if view.guide else f.column,
+          title="Validation accuracy" if view.guide else f.label[:1].upper() + f.label[1:])
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -103,7 +108,7 @@ def variants_section(run: Path, res: RunResults, out: Path) -> list[Block]:
     with atomic_path(str(png)) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    blocks.append(Html(figure_html(png, figure_caption("variants_figure"))))
+    blocks.append(Html(figure_html(png, figure_caption("variants_figure", view))))
     return blocks
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from labkit.core import breakdown, stats
+from labkit.core import stats
 from labkit.core.config import VARIANTS
 from labkit.core.health import diverged_where
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
@@ -31,9 +31,10 @@ from labkit.core.status import Status
 
 from .blocks import Block, Html, Markdown
 from .captions import caption
-from .figures import COLORS, figure_html
+from .figures import COLORS, figure_html, plot_key
 from .load import RunResults, runs_of
 from .tables import html_table, target, target_text, wire_mb
+from .workload_view import measure, target_value, time_to_target, view_of_docs
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
 DROP_FROM = 5
@@ -48,7 +49,7 @@ class Seeds:
     seeds: list                                   # each run's seed
     seconds: list[float]                          # to the target; inf: never reached
     steps: list[float]                            # the same, in training steps
-    final: list[Optional[float]]                  # final validation accuracy (%)
+    final: list[Optional[float]]                  # final value of the first figure (accuracy, %)
     failed: list[str] = field(default_factory=list)  # "seed 3: diverged at epoch 2 step 4 (of 9)"
     mb_per_step: Optional[float] = None           # sent per trainer per step, mean over seeds
 
@@ -92,17 +93,21 @@ def _exact(m: str) -> bool:
 
 
 def score(res: RunResults, m: str, goal: float) -> Seeds:
-    """Method ``m``'s runs against the target accuracy ``goal`` (%)."""
+    """Method ``m``'s runs against the target ``goal`` of the first figure (the guide's
+    validation accuracy, %)."""
     s = Seeds(m, [], [], [], [])
-    mbs = []
+    mbs, view = [], res.view
     for d in runs_of(res, m):
         seed = d.config.get("seed", "-")
-        tta = breakdown.time_to_accuracy(d, goal)
+        tta = time_to_target(view, d, goal)
         s.seeds.append(seed)
         s.seconds.append(tta.seconds if tta.reached else math.inf)
         s.steps.append(float(tta.steps) if tta.reached and tta.steps is not None else math.inf)
-        accs = [e.val_accuracy for e in d.epochs if e.val_accuracy is not None]
-        s.final.append(accs[-1] if accs else None)
+        if view.guide:
+            accs = [e.val_accuracy for e in d.epochs if e.val_accuracy is not None]
+            s.final.append(accs[-1] if accs else None)
+        else:
+            s.final.append(d.final_figure(view.target.key))
         why = diverged_where(d) or (d.error if d.status is Status.FAILED else None)
         if why or d.status is not Status.COMPLETED:
             s.failed.append(f"seed {seed}: {why or d.status.value}")
@@ -129,7 +134,10 @@ def has_seeds(res: RunResults) -> bool:
 def rows(res: RunResults) -> list[dict]:
     """One row per method: seeds, how many reached the target, time and steps to it and the
     final accuracy (mean, 95% CI over seeds), MB per step on the wire, failed seeds."""
-    goal = target(res)
+    goal, view = target(res), res.view
+    f = view.target
+    final = ("Final accuracy (%, 95% CI)" if view.guide else
+             f"Final {f.label} ({f.unit + ', ' if f.unit else ''}95% CI)")
     out = []
     for m in judged(res):
         s = score(res, m, goal) if goal is not None else None
@@ -139,7 +147,8 @@ def rows(res: RunResults) -> list[dict]:
                     "Seeds": s.n, "Reached": f"{s.reached} of {s.n}",
                     "Time to target (s, 95% CI)": s.time().with_ci(1),
                     "Steps to target (95% CI)": s.steps_to().with_ci(0),
-                    "Final accuracy (%, 95% CI)": s.final_accuracy().with_ci(2, 100.0),
+                    final: s.final_accuracy().with_ci(2, 100.0) if view.guide
+                    else s.final_accuracy().with_ci(3),
                     "MB/step sent": f"{s.mb_per_step:.3f}" if s.mb_per_step is not None else "-",
                     "Failed": "; ".join(s.failed) or "-"})
     return out
@@ -161,9 +170,10 @@ def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
     """One line: ``m`` against ``base`` on time to target (faster / slower / within noise /
     not reached) and on final accuracy (lost / gained / kept within noise)."""
     a, b = score(res, m, goal), score(res, base, goal)
-    name, bname = label(m), label(base)
+    name, bname, view = label(m), label(base), res.view
     if a.reached < a.n and not math.isfinite(max(a.kept(a.seconds))):
-        speed = (f"did not reach {goal:.2f}% in {a.n - a.reached} of {a.n} seeds, so it has no "
+        at = f"{goal:.2f}%" if view.guide else view.target.text(goal)
+        speed = (f"did not reach {at} in {a.n - a.reached} of {a.n} seeds, so it has no "
                  f"time to target (counted as not reached, not dropped)")
     else:
         iv = time_ratio(a, b)
@@ -175,10 +185,23 @@ def verdict(res: RunResults, m: str, base: str, goal: float) -> str:
             word = ("faster" if iv.high < 1 else "slower" if iv.low > 1 else "within noise")
             speed = (f"{word}: {iv.value:.2f}x {bname}'s time to target "
                      f"(95% CI {iv.ci_text(ref=1.0)} over {a.n} and {b.n} seeds)")
-    acc = stats.accuracy_verdict(name, runs_of(res, m), runs_of(res, base), bname, final=True)
-    word = {"lower": "accuracy lost", "higher": "accuracy gained",
-            "within noise": "no accuracy lost beyond the noise"}.get(acc.label, "accuracy: " + acc.label)
-    return f"{name} vs {bname}: {speed}; {word}: {acc.sentence.split(': ', 1)[-1]}"
+    acc = stats.figure_verdict(name, runs_of(res, m), runs_of(res, base), measure(view, final=True), bname)
+    return f"{name} vs {bname}: {speed}; {_lost(view, acc.label)}: {acc.sentence.split(': ', 1)[-1]}"
+
+
+def _lost(view, verdict: str) -> str:
+    """A final figure's verdict in words: "accuracy lost" (lower accuracy), "validation loss
+    worse" (higher loss), "no accuracy lost beyond the noise"."""
+    f = view.target
+    what = "accuracy" if view.guide else f.label
+    if view.guide:
+        words = {"lower": "accuracy lost", "higher": "accuracy gained"}
+    else:
+        worse, better = ("lower", "higher") if f.higher_is_better else ("higher", "lower")
+        words = {worse: f"{what} worse", better: f"{what} better"}
+    words["within noise"] = (f"no {what} lost beyond the noise" if view.guide else
+                             f"{what} the same within the noise")
+    return words.get(verdict, f"{what}: {verdict}")
 
 
 def verdicts(res: RunResults) -> list[str]:
@@ -199,12 +222,12 @@ def seeds_section(res: RunResults, plots: Optional[list] = None) -> list[Block]:
         return []
     from .captions import figure_caption
 
-    blocks = [Markdown(caption("seeds", target=target_text(res), drop=DROP_FROM)),
+    blocks = [Markdown(caption("seeds", res.view, target=target_text(res), drop=DROP_FROM)),
               Html(html_table(rows(res))),
               Markdown("\n".join(f"- {line}" for line in verdicts(res)))]
     for png in plots or []:
-        if png.stem in SEED_PLOTS:
-            blocks.append(Html(figure_html(png, figure_caption(png.stem))))
+        if plot_key(png.stem) in SEED_PLOTS:
+            blocks.append(Html(figure_html(png, figure_caption(plot_key(png.stem), res.view))))
     return blocks
 
 
@@ -215,7 +238,7 @@ def seeds_text(res: RunResults) -> list[str]:
     from labkit.core.texttable import text_table, two_decimals
     from .captions import heading
 
-    return [heading("seeds"), "", text_table(rows(res), two_decimals), "",
+    return [heading("seeds", res.view), "", text_table(rows(res), two_decimals), "",
             *(f"- {line}" for line in verdicts(res)), ""]
 
 
@@ -223,8 +246,9 @@ def seeds_text(res: RunResults) -> list[str]:
 SEED_PLOTS = ("accuracy_vs_time", "accuracy_vs_bytes")
 
 
-def _curve(d: Result, mb_per_step: Optional[float]) -> tuple[list[float], list[float], list[float]]:
-    """(seconds, MB sent per trainer, validation accuracy) at each epoch's end."""
+def _curve(d: Result, mb_per_step: Optional[float],
+           key: str = "val_accuracy") -> tuple[list[float], list[float], list[float]]:
+    """(seconds, MB sent per trainer, the validation figure ``key``) at each epoch's end."""
     t, mb, acc, st, sb = [], [], [], 0.0, 0.0
     for e in d.epochs:
         st += e.train_time + (e.val_time if e.val_time is not None else 0.0)
@@ -232,17 +256,18 @@ def _curve(d: Result, mb_per_step: Optional[float]) -> tuple[list[float], list[f
         sent = [x for x, tr in zip(w.get("sent_per_step") or [], w.get("trainer") or []) if tr]
         per_step = float(np.mean(sent)) / 1e6 if sent else (mb_per_step or 0.0)
         sb += per_step * (e.steps if e.steps is not None else 0)
-        if e.val_accuracy is not None:
-            t.append(st), mb.append(sb), acc.append(e.val_accuracy)
+        v = e.val_accuracy if key == "val_accuracy" else e.figure(key)
+        if v is not None:
+            t.append(st), mb.append(sb), acc.append(v)
     return t, mb, acc
 
 
 def plot_seeds(res: RunResults, ax, against: str) -> None:
     """Validation accuracy against wall time (``against`` "time") or against the MB a trainer
     sent (``"bytes"``): every seed faint, the mean over seeds bold, the target dashed."""
-    goal, drawn = target(res), False
+    goal, drawn, f = target(res), False, res.view.target
     for k, m in enumerate(judged(res)):
-        curves = [_curve(d, None) for d in runs_of(res, m)]
+        curves = [_curve(d, None, f.key) for d in runs_of(res, m)]
         curves = [c for c in curves if c[2]]
         if not curves:
             continue
@@ -258,7 +283,8 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
                 color=COLORS[m], ms=7 - k % 3 * 2, lw=2, label=f"{label(m)} ({len(curves)} seeds)")
         drawn = True
     if goal is not None:
-        ax.axhline(goal, ls="--", color="#555", lw=1, label=f"target {goal:.2f}%")
+        ax.axhline(goal, ls="--", color="#555", lw=1,
+                   label=f"target {goal:.2f}%" if res.view.guide else f"target {f.text(goal)}")
     if against == "bytes":
         from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -267,11 +293,11 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("MB sent per trainer (cumulative, log scale)")
-        ax.set_title("Accuracy against bytes sent")
     else:
         ax.set_xlabel("wall time (s): training and validation")
-        ax.set_title("Accuracy against wall time")
-    ax.set_ylabel("validation accuracy (%)")
+    name = "Accuracy" if res.view.guide else f.label[:1].upper() + f.label[1:]
+    ax.set_title(f"{name} against {'bytes sent' if against == 'bytes' else 'wall time'}")
+    ax.set_ylabel("validation accuracy (%)" if res.view.guide else f.column)
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=8)
@@ -279,9 +305,10 @@ def plot_seeds(res: RunResults, ax, against: str) -> None:
 
 def points_target(points) -> Optional[float]:
     """One target for every point of a sweep (each with ``name`` and ``res``): the sweep's
-    --target-accuracy, else 95% of the best validation accuracy any method reached at any
-    point (labkit.core.breakdown)."""
-    given = next((p.res.target_accuracy for p in points if p.res.target_accuracy is not None), None)
+    --target (or --target-accuracy), else the default rule over every point (95% of the best
+    validation accuracy any method reached at any point: labkit.core.breakdown; 105% of the
+    lowest loss: labkit.report.workload_view)."""
+    given = next((g for p in points if (g := p.res.given_target[0]) is not None), None)
     docs = {f"{p.name}/{m}/{i}": d for p in points for m, ds in p.res.repeats.items()
             for i, d in enumerate(ds)}
-    return breakdown.target_accuracy(docs, given)
+    return target_value(view_of_docs(docs.values()), docs, given)

@@ -13,9 +13,9 @@ from labkit.core.texttable import two_decimals
 from . import projection
 from .load import RunResults
 from .seeds import has_seeds
-from .tables import (SPEED_CI, STA, THR_CI, TTA, chance_only, communication_rows,
-                     comparison_rows, target)
-from .text import bound_claim, link_lines, speed_verdicts
+from .tables import (SENT, SPEED_CI, STA, THR_CI, TTA, chance_only, communication_rows,
+                     comparison_rows, target, throughput_column)
+from .text import bound_claim, link_lines, reference_lines, speed_verdicts, target_rule
 
 #: the verdict words of Table 1's rule, as the summary says them after an interval
 WORDS = {"faster": "faster than DDP", "slower": "slower than DDP",
@@ -34,9 +34,9 @@ def _row(rows: list[dict], m: str) -> Optional[dict]:
 def fastest_line(res: RunResults) -> Optional[str]:
     """Which method was fastest here and by how much: Table 1's throughput and speedup with
     their intervals and the verdict words of its rule (a bound is no candidate)."""
-    rows = comparison_rows(res)
+    rows, rate = comparison_rows(res), res.view.rate
     methods = [m for m in METHOD_ORDER if m in res.ok and not _bound(m)]
-    thr = {m: _row(rows, m)["Avg throughput (img/s)"] for m in methods}
+    thr = {m: _row(rows, m)[throughput_column(res.view)] for m in methods}
     thr = {m: v for m, v in thr.items() if isinstance(v, float) and v == v}
     if not thr or "ddp" not in res.ok:
         return None
@@ -44,7 +44,7 @@ def fastest_line(res: RunResults) -> Optional[str]:
     verdict = {m: v.label for m, v in zip(others, speed_verdicts(res))}
     top = max(thr, key=thr.get)
     r = _row(rows, top)
-    said = f"{label(top)}, {two_decimals(thr[top])} img/s (95% CI {r[THR_CI]})"
+    said = f"{label(top)}, {two_decimals(thr[top])} {rate} (95% CI {r[THR_CI]})"
     if top != "ddp":
         said += f", {r['Speedup vs DDP']} DDP (95% CI {r[SPEED_CI]}: {WORDS[verdict[top]]})"
     sure = (verdict.get(top) == "faster" if top != "ddp" else
@@ -77,22 +77,35 @@ def time_line(res: RunResults) -> Optional[str]:
 
 
 def accuracy_line(res: RunResults) -> Optional[str]:
-    """Time to the target accuracy, fastest first, as Table 1 gives it."""
+    """Time to the target, fastest first, as Table 1 gives it; for a workload not judged on
+    accuracy also the rule that set the target, the MB each method sent to get there, and
+    which reached it first."""
     chance = chance_only(res)
     if chance:
         return chance.split(". ")[0] + " (synthetic data)."
     t = target(res)
     if t is None:
         return None
-    rows = comparison_rows(res)
+    rows, view = comparison_rows(res), res.view
     got = [(m, _row(rows, m)) for m in METHOD_ORDER if m in res.ok]
     reached = sorted(((m, r) for m, r in got if isinstance(r[TTA], float)), key=lambda x: x[1][TTA])
     never = [label(m) for m, r in got if r[TTA] == "not reached"]
-    items = [f"{label(m)} {two_decimals(r[TTA])} s ({r[STA]} steps)" for m, r in reached]
     seeds = ("; Table 10 judges it over seeds" if has_seeds(res) else
              "; one seed per method, so these are not verdicts")
-    return (f"Time to {t:.2f}% validation accuracy (Table 1): " + ", ".join(items)
-            + (f"; not reached: {', '.join(never)}" if never else "") + seeds + ".")
+    if view.guide:
+        items = [f"{label(m)} {two_decimals(r[TTA])} s ({r[STA]} steps)" for m, r in reached]
+        return (f"Time to {t:.2f}% validation accuracy (Table 1): " + ", ".join(items)
+                + (f"; not reached: {', '.join(never)}" if never else "") + seeds + ".")
+    items = [f"{label(m)} {two_decimals(r[TTA])} s ({r[STA]} steps{_sent(r)})" for m, r in reached]
+    first = (f"; first to reach it: {label(reached[0][0])}" if reached else "; no method reached it")
+    return (f"Time to {view.goal(t)} ({target_rule(res)}; Table 1): " + ", ".join(items)
+            + (f"; not reached: {', '.join(never)}" if never else "") + first + seeds + ".")
+
+
+def _sent(row: dict) -> str:
+    """", 14.47 MB sent per trainer" from Table 1's row, "" where it does not count them."""
+    mb = row.get(SENT)
+    return f", {two_decimals(mb)} MB sent per trainer" if isinstance(mb, float) else ""
 
 
 def machine_line(res: RunResults, env: Optional[dict]) -> Optional[str]:
@@ -105,7 +118,8 @@ def machine_line(res: RunResults, env: Optional[dict]) -> Optional[str]:
     if env:
         gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU"
         where = f" on {env.get('host')} ({env.get('cpu')}, {env.get('cpu_count')} cores; {gpus})"
-    what = ", ".join(x for x in (f"{cfg['model']} on {cfg['dataset']}" if cfg.get("model") else "",
+    model = cfg.get("model") if res.view.guide else f"{cfg.get('model')} ({res.view.title})"
+    what = ", ".join(x for x in (f"{model} on {cfg['dataset']}" if cfg.get("model") else "",
                                  f"{d.world_size} processes per method",
                                  cfg.get("backend") or w.get("backend") or "",
                                  f"{len(d.epochs)} epoch(s)") if x)
@@ -117,5 +131,5 @@ def summary_lines(res: RunResults, env: Optional[dict] = None) -> list[str]:
     communication costs at most, time to accuracy, the projection, the machine (and link)."""
     got = projection.projected(res) if res.ok else None
     return [x for x in (fastest_line(res), time_line(res), bound_claim(res), accuracy_line(res),
-                        projection.sentence(got) if got else None, machine_line(res, env))
-            if x] + link_lines(res)
+                        *reference_lines(res), projection.sentence(got) if got else None,
+                        machine_line(res, env)) if x] + link_lines(res)

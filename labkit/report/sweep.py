@@ -28,6 +28,7 @@ from labkit.core.texttable import text_table
 
 from .figures import COLORS, save_figure
 from .load import RunResults, load_env, load_run
+from .workload_view import WorkloadView, view_of_docs
 
 
 class SweepError(ValueError):
@@ -51,6 +52,11 @@ class Sweep:
     @property
     def grid(self) -> dict:
         return self.doc.get("grid", {})
+
+    @property
+    def view(self) -> WorkloadView:
+        """What its points trained and how they are judged, in the report's words."""
+        return view_of_docs([d for p in self.points for ds in p.res.repeats.values() for d in ds])
 
 
 def is_sweep(path: str | os.PathLike) -> bool:
@@ -98,7 +104,7 @@ def series(sw: Sweep) -> dict[tuple[str, str], list[tuple[int, list[Result]]]]:
 def scaling_rows(sw: Sweep) -> list[dict]:
     """One row per method and process count: throughput with its CI, the ideal linear
     throughput from the smallest point, the efficiency with its CI."""
-    rows = []
+    rows, rate = [], sw.view.rate
     for key, pts in series(sw).items():
         n0, base = pts[0]
         t0 = stats.throughput(base)
@@ -109,10 +115,10 @@ def scaling_rows(sw: Sweep) -> list[dict]:
             eff = ratio.value * k if ratio.value else None
             rows.append({
                 "Method": label(*key), "Processes": n,
-                "Trainers": stats.images_per_step(docs[0]) // int(docs[0].batch_size),
-                "Throughput (img/s)": f"{t.value:,.1f}" if t.value else "-",
+                "Trainers": stats.trainers_of(docs[0]),
+                f"Throughput ({rate})": f"{t.value:,.1f}" if t.value else "-",
                 "95% CI": t.ci_text(1),
-                "Ideal (img/s)": f"{t0.value * n / n0:,.1f}" if t0.value else "-",
+                f"Ideal ({rate})": f"{t0.value * n / n0:,.1f}" if t0.value else "-",
                 "Efficiency": f"{eff:.2f}" if eff is not None else "-",
                 # n0 is the reference: 1.00 by definition, no interval
                 "Efficiency 95% CI": "-" if n == n0 else ratio.ci_text(scale=k),
@@ -157,7 +163,7 @@ def plot_scaling(sw: Sweep, ax) -> None:
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("processes")
-    ax.set_ylabel("images / second (all trainers, steady state)")
+    ax.set_ylabel(sw.view.rate_axis)
     ax.set_title("Throughput vs processes (error bars: 95% CI; dashed: ideal linear;\n"
                  "numbers: scaling efficiency)", fontsize=10)
     ax.grid(alpha=0.3)
@@ -254,7 +260,10 @@ def study_rows(sw: Sweep) -> list[dict]:
     """One row per method and grid point: time and steps to the target and final accuracy
     (mean and 95% CI over seeds, MLPerf's scoring: labkit.report.seeds) and the MB a
     trainer sent per step."""
-    rows = []
+    rows, view = [], sw.view
+    f = view.target
+    final = ("Final accuracy (%, 95% CI)" if view.guide else
+             f"Final {f.label} ({f.unit + ', ' if f.unit else ''}95% CI)")
     for m, pts in study(sw).items():
         for p, s in pts:
             rows.append({"Method": label(m), "Point": ", ".join(f"{k}={v}" for k, v in p.params.items()),
@@ -262,7 +271,8 @@ def study_rows(sw: Sweep) -> list[dict]:
                          "Reached": f"{s.reached} of {s.n}",
                          "Time to target (s, 95% CI)": s.time().with_ci(1),
                          "Steps to target (95% CI)": s.steps_to().with_ci(0),
-                         "Final accuracy (%, 95% CI)": s.final_accuracy().with_ci(2, 100.0),
+                         final: s.final_accuracy().with_ci(2, 100.0) if view.guide
+                         else s.final_accuracy().with_ci(3),
                          "MB/step sent": f"{s.mb_per_step:.3f}" if s.mb_per_step is not None else "-"})
     return rows
 
@@ -291,8 +301,8 @@ def plot_study(sw: Sweep, axes) -> None:
         mb = [(x, s.mb_per_step) for x, (_, s) in zip(xs, pts) if s.mb_per_step]
         if mb:
             axes[1].plot([x for x, _ in mb], [v for _, v in mb], "-o", color=COLORS[m], label=label(m))
-    axes[0].set_title(f"Time to {goal:.2f}% validation accuracy" if goal is not None else
-                      "Time to target", fontsize=10)
+    axes[0].set_title(f"Time to {sw.view.goal(goal)}" if goal is not None else "Time to target",
+                      fontsize=10)
     axes[0].set_ylabel("seconds (mean over seeds, 95% CI)")
     axes[0].set_ylim(bottom=0)
     axes[1].set_title("MB sent per step per trainer", fontsize=10)

@@ -10,10 +10,13 @@ from labkit.core.results import NAN, Efficiency, Result
 from labkit.core.texttable import text_table as _text_table
 from labkit.core.texttable import two_decimals
 
+from . import workload_view as wv
 from .load import RunResults
+from .workload_view import WorkloadView, rule_words, target_value, view_of_docs, view_of_result
 
 THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
 TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
+SENT = "Sent to target (MB per trainer)"  # Table 1, a workload not judged on accuracy
 WIRE = "On the wire (MB/step per trainer, sent / received)"  # Table 2, counted by the lab
 STATE = "Optimizer state (MiB per rank)"  # Table 2, counted by the lab
 
@@ -39,21 +42,25 @@ def chance_only(res: RunResults) -> Optional[str]:
 
 
 def target(res: RunResults) -> Optional[float]:
-    """The validation accuracy (%) of time to accuracy: the experiment's --target-accuracy,
-    else a share of the best any method reached; None on synthetic data (chance_only)."""
+    """The target of time to target, on the workload's first figure (the guide's: validation
+    accuracy, %): the experiment's --target (or --target-accuracy), else the default rule for
+    the figure's direction (labkit.report.workload_view); None on synthetic data (chance_only)."""
     if chance_only(res):
         return None
-    return breakdown.target_accuracy(res.ok, res.target_accuracy)
+    return target_value(res.view, res.ok, res.given_target[0])
 
 
 def target_text(res: RunResults) -> str:
     """The target as Table 1's caption states it."""
-    t = target(res)
+    t, view = target(res), res.view
     if t is None:
         return ("a target (none here: synthetic data's labels are random, so accuracy stays at "
                 "chance)" if chance_only(res) else
-                "the target (no validation accuracy recorded)")
-    how = ("set by --target-accuracy" if res.target_accuracy is not None else
+                f"the target (no {view.target.label} recorded)")
+    flag = res.given_target[1]
+    if not view.guide:
+        return f"{view.target.text(t)} ({rule_words(view, flag)})"
+    how = (f"set by {flag}" if flag else
            f"{100 * breakdown.TARGET_SHARE:.0f}% of the best validation accuracy any method reached")
     return f"{t:.2f}% ({how})"
 
@@ -63,10 +70,28 @@ def time_to_target(res: RunResults, m: str) -> tuple[object, object]:
     t = target(res)
     if t is None:
         return "-", "-"
-    tta = breakdown.time_to_accuracy(res.ok[m], t)
+    tta = wv.time_to_target(res.view, res.ok[m], t)
     if not tta.reached:
         return "not reached", "not reached"
     return tta.seconds, tta.steps if tta.steps is not None else "-"
+
+
+def sent_to_target(res: RunResults, m: str) -> object:
+    """Table 1's MB a trainer of method ``m`` sent until it reached the target (its steps x
+    the bytes per step on the wire, Table 2's), "not reached", or "-" where not counted."""
+    t = target(res)
+    if t is None:
+        return "-"
+    tta = wv.time_to_target(res.view, res.ok[m], t)
+    if not tta.reached:
+        return "not reached"
+    mb = wv.sent_until(res.ok[m], tta.epoch)
+    return mb if mb is not None else "-"
+
+
+def throughput_column(view: WorkloadView) -> str:
+    """Table 1's throughput column: "Avg throughput (img/s)", "Avg throughput (tokens/s)"."""
+    return f"Avg throughput ({view.rate})"
 
 
 def method_runs(res: RunResults, m: str) -> list[Result]:
@@ -101,14 +126,15 @@ def listed(res: RunResults) -> list[str]:
 def comparison_rows(res: RunResults) -> list[dict]:
     """Section 4.2, table 1: throughput with its 95% CI, time per epoch, best accuracy,
     speedup vs DDP with its 95% CI ("n/a" where the files hold no step times)."""
-    docs, ivs = res.ok, intervals(res)
+    docs, ivs, view = res.ok, intervals(res), res.view
+    thr_col, best_col = throughput_column(view), view.best_column()
     rows = []
     for m in listed(res):
         if m not in docs:
-            rows.append({"Method": label(m), "Avg throughput (img/s)": "-", THR_CI: "-",
-                         "Avg train time/epoch (s)": "-", "Best accuracy (%)": "-",
+            rows.append({"Method": label(m), thr_col: "-", THR_CI: "-",
+                         "Avg train time/epoch (s)": "-", best_col: "-",
                          "Speedup vs DDP": "not available: " + res.problems.get(m, "no result"),
-                         SPEED_CI: "-", TTA: "-", STA: "-"})
+                         SPEED_CI: "-", TTA: "-", STA: "-", **({} if view.guide else {SENT: "-"})})
             continue
         thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
         if m == "ddp":
@@ -119,14 +145,26 @@ def comparison_rows(res: RunResults) -> list[dict]:
             speed, speed_ci = f"{sp.value:.2f}x", sp.ci_text(ref=1.0)
         overall = docs[m].overall
         rows.append({"Method": label(m),
-                     "Avg throughput (img/s)": thr.value if thr.value is not None
-                     else overall.avg_train_throughput,
+                     thr_col: thr.value if thr.value is not None else overall.avg_train_throughput,
                      THR_CI: thr.ci_text(digits=1),
                      "Avg train time/epoch (s)": overall.avg_train_time_per_epoch,
-                     "Best accuracy (%)": overall.best_val_accuracy,
+                     best_col: best_value(view, docs[m]),
                      "Speedup vs DDP": speed, SPEED_CI: speed_ci})
         rows[-1][TTA], rows[-1][STA] = time_to_target(res, m)
+        if not view.guide:
+            rows[-1][SENT] = sent_to_target(res, m)
     return rows
+
+
+def best_value(view: WorkloadView, doc: Result) -> object:
+    """A method's best value of the first figure: the guide's best validation accuracy (NaN
+    where it has none), else the best by the figure's direction (the lowest loss) as the
+    report writes it ("3.025"; "-" where it has none)."""
+    if view.guide:
+        return doc.overall.best_val_accuracy
+    f = view.target
+    best = doc.best_figure(f.key, f.higher_is_better)
+    return "-" if best is None else wv.number(best)
 
 
 def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
@@ -199,10 +237,10 @@ def communication_rows(res: RunResults) -> list[dict]:
 
 
 def efficiency_rows(res: RunResults) -> list[dict]:
-    """Table 9, per method: model FLOPs per image (forward and backward), MFU against the GPU's
+    """Table 9, per method: model FLOPs per image or token (forward and backward), MFU against the GPU's
     peak for the precision used, peak GPU memory per rank, and the data wait as a share of the
     step (labkit.core.efficiency; "-" where a file has none, e.g. a CPU run's MFU)."""
-    rows = []
+    rows, per = [], res.view.per_unit
     for m in METHOD_ORDER:
         if m not in res.ok:
             continue
@@ -212,7 +250,7 @@ def efficiency_rows(res: RunResults) -> list[dict]:
         mem = e.peak_memory_bytes
         rows.append({
             "Method": label(m),
-            "GFLOP/image (fwd+bwd)": e.flops_per_image / 1e9 if e.flops_per_image else "-",
+            f"GFLOP/{per} (fwd+bwd)": e.flops_per_image / 1e9 if e.flops_per_image else "-",
             "Precision": e.precision or "-",
             "MFU (%)": 100 * e.mfu if e.mfu is not None else "-",
             "Peak GPU memory per rank (GiB)": ", ".join(f"{b / 2**30:.2f}" for b in mem) if mem else "-",
@@ -247,10 +285,19 @@ EPOCH_COLUMNS = (
 )
 
 
+#: columns left out where no epoch has them (a workload without accuracy writes them null)
+ACCURACY_COLUMNS = ("train_accuracy", "val_accuracy")
+
+
 def epoch_rows(doc: Result) -> list[dict]:
+    """One row per epoch: the guide's figures (an accuracy no epoch has left out), the
+    workload's other validation figures (perplexity), the times, the data wait."""
+    absent = {k for k in ACCURACY_COLUMNS if all(e.figure(k) is None for e in doc.epochs)}
+    extra = view_of_result(doc).extra_figures()
     rows = []
     for e in doc.epochs:
-        r = {k: v for k, v in ((k, of(e)) for k, of in EPOCH_COLUMNS) if v is not None}
+        r = {k: v for k, v in ((k, of(e)) for k, of in EPOCH_COLUMNS) if v is not None and k not in absent}
+        r.update({f.key: e.figure(f.key) for f in extra if e.figure(f.key) is not None})
         if e.avg_data_time is not None and e.avg_batch_time:
             # time a trainer waited for its next batch, as a share of the step (target: <= 5%)
             r["data_wait_pct"] = 100 * e.avg_data_time / e.avg_batch_time
@@ -342,6 +389,11 @@ def config_rows(res: RunResults) -> list[dict]:
 
 
 def variant_rows(base: dict[str, Result], variants: dict[str, Result]) -> list[dict]:
+    """Table 5: each variant beside its synchronous method, in the workload's words."""
+    view = view_of_docs([*base.values(), *variants.values()])
+    f = view.target
+    best = ("best val acc %" if view.guide else
+            f"best {f.label.replace('validation ', 'val ')}" + (f" ({f.unit})" if f.unit else ""))
     rows = []
     for name, d in [*base.items(), *variants.items()]:
         c, ep, overall = d.config, d.epochs, d.overall
@@ -349,9 +401,9 @@ def variant_rows(base: dict[str, Result], variants: dict[str, Result]) -> list[d
         rows.append({
             "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", "ddp")) else None,
             "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
-            "img/s": overall.avg_train_throughput,
+            view.rate: overall.avg_train_throughput,
             "final train loss": ep[-1].train_loss if ep else None,
-            "best val acc %": overall.best_val_accuracy,
+            best: best_value(view, d),
             "max staleness seen": max(stale) if stale else None,
             WIRE: wire_text(wire_mb(d)),
             "status": d.status,

@@ -19,6 +19,7 @@ from .findings import health_lines
 from .load import RunResults
 from .seeds import seeds_text
 from .tables import comparison_rows, method_runs, chance_only, target, text_table
+from .workload_view import measure, rule_words, time_to_target
 
 
 RULE = ("throughput relative to Baseline DDP with its 95% CI; a method is called faster or "
@@ -49,14 +50,16 @@ def _bound(m: str) -> bool:
 
 def kind_lines(res: RunResults) -> list[str]:
     """Which methods are exact (DDP's parameters up to summation order) and which approximate
-    (judged by time to accuracy and final accuracy), as their specs say."""
+    (judged by time to target and the final figure), as their specs say."""
     kinds = {True: [], False: []}
     for m in METHOD_ORDER:
         if m in res.ok and m in SPECS and not SPECS[m].bound:
             kinds[SPECS[m].exact].append(label(m))
+    judged = ("time to accuracy and final accuracy" if res.view.guide else
+              f"time to target and final {res.view.target.label}")
     said = [f"exact (the same parameters as DDP up to summation order): {', '.join(kinds[True])}"
             if kinds[True] else "",
-            f"approximate (judged by time to accuracy and final accuracy against DDP): "
+            f"approximate (judged by {judged} against DDP): "
             f"{', '.join(kinds[False])}" if kinds[False] else ""]
     return [f"Methods: {'; '.join(s for s in said if s)}."]
 
@@ -68,9 +71,10 @@ def bound_lines(res: RunResults) -> list[str]:
     if claim is None:
         return []
     bound = next(m for m in METHOD_ORDER if m in res.ok and _bound(m))
+    verdicts = "accuracy" if res.view.guide else res.view.target.label
     why = (f"{label(bound)} never communicates in a step: its ranks' parameters drift apart "
            f"within an epoch (rank 0's are copied to every rank at each epoch's end, outside the "
-           f"timed steps), so it bounds speed only and is left out of the accuracy verdicts")
+           f"timed steps), so it bounds speed only and is left out of the {verdicts} verdicts")
     return [f"{claim} {why}."]
 
 
@@ -101,9 +105,23 @@ def speed_verdicts(res: RunResults) -> list[stats.Verdict]:
 
 
 def accuracy_verdicts(res: RunResults) -> list[stats.Verdict]:
-    """Each method's best validation accuracy against DDP's (stats.accuracy_verdict); a bound,
-    whose parameters drift apart, has none (bound_lines says why)."""
-    return _against_ddp(res, stats.accuracy_verdict, bounds=False)
+    """Each method's best value of the first figure against DDP's (the best validation
+    accuracy, the lowest validation loss: stats.figure_verdict); a bound, whose parameters
+    drift apart, has none (bound_lines says why)."""
+    if res.view.guide:
+        return _against_ddp(res, stats.accuracy_verdict, bounds=False)
+    best = measure(res.view)
+    return _against_ddp(res, lambda name, runs, base: stats.figure_verdict(name, runs, base, best),
+                        bounds=False)
+
+
+def figure_heading(res: RunResults) -> str:
+    """The words that open the figure's verdicts: "Accuracy (best validation accuracy against
+    DDP)", "Validation loss (lowest validation loss against DDP)"."""
+    f = res.view.target
+    if res.view.guide:
+        return "Accuracy (best validation accuracy against DDP)"
+    return f"{f.label[:1].upper()}{f.label[1:]} ({f.best_word} {f.label} against DDP)"
 
 
 def load_line(res: RunResults) -> Optional[str]:
@@ -137,7 +155,7 @@ def verdict_lines(res: RunResults) -> list[str]:
     chance = chance_only(res)
     if chance:
         return lines + [chance]
-    lines.append("Accuracy (best validation accuracy against DDP):")
+    lines.append(figure_heading(res) + ":")
     lines += [v.sentence + "." for v in accuracy_verdicts(res)]
     tta = time_to_accuracy_line(res)
     if tta:
@@ -162,7 +180,7 @@ def context_lines(res: RunResults, speed: list[stats.Verdict]) -> list[str]:
     if speed and all(v.label == "not available" for v in speed):
         thr = {m: d.overall.avg_train_throughput for m, d in res.ok.items()}
         top = max(thr, key=thr.get)
-        lines.append(f"{label(top)} had the highest measured throughput ({thr[top]:.1f} img/s), "
+        lines.append(f"{label(top)} had the highest measured throughput ({thr[top]:.1f} {res.view.rate}), "
                      f"but without confidence intervals these files cannot say whether the "
                      f"differences exceed the measurement noise.")
     return lines + bound_lines(res) + kind_lines(res)
@@ -183,25 +201,60 @@ def phase_text(doc: Result, ddp: Result) -> str:
 
 
 def target_rule(res: RunResults) -> str:
-    """Where the target accuracy came from: the flag, or a share of the best reached."""
-    return ("--target-accuracy" if res.target_accuracy is not None else
-            f"{100 * breakdown.TARGET_SHARE:.0f}% of the best any method reached")
+    """Where the target came from: the flag, or the default rule (a share of the best any
+    method reached: 95% of the highest accuracy, 105% of the lowest loss)."""
+    flag = res.given_target[1]
+    if not res.view.guide:
+        return rule_words(res.view, flag)
+    return (flag if flag else f"{100 * breakdown.TARGET_SHARE:.0f}% of the best any method reached")
 
 
 def time_to_accuracy_line(res: RunResults) -> Optional[str]:
-    """Time to the target accuracy per method, in one sentence (MLPerf's measure)."""
+    """Time to the target per method, in one sentence (MLPerf's measure)."""
     t = target(res)
     if t is None:
         return None
-    how = target_rule(res)
+    how, view = target_rule(res), res.view
     items = []
     for m in METHOD_ORDER:
         if m in res.ok:
-            r = breakdown.time_to_accuracy(res.ok[m], t)
+            r = time_to_target(view, res.ok[m], t)
             steps = f"{r.steps} steps, " if r.steps is not None else ""
             items.append(f"{label(m)} {r.seconds:.1f} s ({steps}epoch {r.epoch})"
                          if r.reached else f"{label(m)} not reached")
-    return f"Time to {t:.2f}% validation accuracy ({how}): " + ", ".join(items) + "."
+    return f"Time to {view.goal(t)} ({how}): " + ", ".join(items) + "."
+
+
+#: what beating a reference means, by a word of its name (the unigram entropy is the loss of
+#: the best model that ignores context): (beyond it, not beyond it)
+MEANINGS = {"unigram": ("the model uses context", "the model does not use context yet")}
+
+
+def reference_lines(res: RunResults) -> list[str]:
+    """The first figure against each reference its workload records in the same unit (a
+    language model's validation loss against the unigram entropy of the validation text):
+    with which methods its best went beyond it, and what that means."""
+    f, out = res.view.target, []
+    best = {m: d.best_figure(f.key, f.higher_is_better) for m, d in res.ok.items()}
+    best = {m: v for m, v in best.items() if v is not None}
+    for what, ref in res.view.target_references() if best else ():
+        beyond = [m for m in METHOD_ORDER if m in best and best[m] != ref and f.reached(best[m], ref)]
+        means = next((v for k, v in MEANINGS.items() if k in what.lower()), None)
+        went, stayed = (("rose above", "stayed below") if f.higher_is_better else
+                        ("fell below", "stayed above"))
+        head = f"The {f.label}"
+        if len(beyond) == len(best):
+            out.append(f"{head} {went} the {what}, {f.text(ref)}, with every method"
+                       + (f": {means[0]}." if means else "."))
+        elif beyond:
+            rest = [label(m) for m in METHOD_ORDER if m in best and m not in beyond]
+            out.append(f"{head} {went} the {what}, {f.text(ref)}, with "
+                       f"{', '.join(label(m) for m in beyond)}" + (f" ({means[0]})" if means else "")
+                       + f"; it {stayed} it with {', '.join(rest)}.")
+        else:
+            out.append(f"{head} {stayed} the {what}, {f.text(ref)}, with every method"
+                       + (f": {means[1]}." if means else "."))
+    return out
 
 
 def waits_lines(res: RunResults) -> list[str]:

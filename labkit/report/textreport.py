@@ -16,6 +16,7 @@ from labkit.core.methods import label
 from . import outline, reading
 from .captions import heading
 from .discuss import discussion
+from .examples import examples_text
 from .implementation import QUOTES
 from .load import RunResults, load_reproduction, load_variants
 from .plots import write_plots
@@ -29,11 +30,13 @@ from .text import load_bench, ran_on_gpu, reproduction_summary
 
 
 def _summary(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[str]:
-    t = target(res)
+    t, view = target(res), res.view
+    f = view.target
+    reaching = (f"the validation accuracy first reaching {t:.2f}%" if view.guide else
+                f"the {f.label} first reaching {f.text(t)} ({f.side} it)") if t is not None else ""
     return [*(f"- {line}" for line in summary_lines(res, env)), "",
             heading("comparison"), "", text_table(comparison_rows(res)),
-            f"(time and steps to target: the validation accuracy first reaching {t:.2f}%)"
-            if t is not None else "", ""]
+            f"(time and steps to target: {reaching})" if t is not None else "", ""]
 
 
 def _results(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[str]:
@@ -45,7 +48,7 @@ def _results(res: RunResults, run: Optional[Path], env: Optional[dict]) -> list[
                   for m, v in rep["methods"].items()] + [""]
     parts += [heading("communication"), "", text_table(communication_rows(res)), ""]
     if ran_on_gpu(res):  # on a CPU run every column but the data wait would be "-"
-        parts += [heading("efficiency"), "", text_table(efficiency_rows(res)), ""]
+        parts += [heading("efficiency", res.view), "", text_table(efficiency_rows(res)), ""]
     parts += [f"Figures: the PNG files in {layout.PLOTS_DIR}/ beside this file (report.html shows "
               f"them with their captions).", ""]
     return parts
@@ -94,7 +97,9 @@ PARTS: dict[str, Part] = {
     "bench": _bench,
     "projection": lambda res, run, env: projection_text(res),
     "discussion": lambda res, run, env: [f"- {line}" for line in discussion(res)] + [""],
-    reading.ANCHOR: lambda res, run, env: reading.reading_text(outline.captions_shown(res, run)),
+    "examples": lambda res, run, env: examples_text(res),
+    reading.ANCHOR: lambda res, run, env: reading.reading_text(outline.captions_shown(res, run),
+                                                               view=res.view),
     "code": lambda res, run, env: [
         f"report.html quotes the code of each method from labkit's own source ({len(QUOTES)} "
         f"functions: the parameter server's pull and push, the manual all-reduce's hooks, "
@@ -114,7 +119,7 @@ def text_report(res: RunResults, env: Optional[dict] = None) -> str:
     for key, _ in sections:
         if key == outline.APPENDIX and missing:
             parts += [missing, ""]
-        parts += outline.heading_text(key) + PARTS[key](res, run, env)
+        parts += outline.heading_text(key, res.view) + PARTS[key](res, run, env)
     return "\n".join(parts)
 
 

@@ -87,6 +87,13 @@ def _steps(doc: Result) -> list[tuple[int, int, float]]:
     return [(e.epoch, i + 1, v) for e in doc.epochs for i, v in enumerate(e.all_losses)]
 
 
+def _metrics(doc: Result) -> tuple[str, ...]:
+    """EPOCH_METRICS, then the workload's other validation figures its result file records (a
+    language model's perplexity), which must reproduce too."""
+    keys = [f.get("key") for f in (doc.workload or {}).get("figures") or [] if isinstance(f, dict)]
+    return EPOCH_METRICS + tuple(k for k in keys if isinstance(k, str) and k not in EPOCH_METRICS)
+
+
 def _compare_results(a: Result, b: Result, diff: _Diff, reasons: list[str]) -> dict:
     sa, sb = _steps(a), _steps(b)
     for n, ((ep, st, va), (_, _, vb)) in enumerate(zip(sa, sb), 1):
@@ -94,9 +101,11 @@ def _compare_results(a: Result, b: Result, diff: _Diff, reasons: list[str]) -> d
     if len(sa) != len(sb):
         reasons.append(f"{len(sa)} recorded steps, {len(sb)} reproduced")
     ea, eb = a.epochs, b.epochs
+    metrics = _metrics(a)
     for x, y in zip(ea, eb):
-        for k in EPOCH_METRICS:
-            vx, vy = getattr(x, k), getattr(y, k)
+        for k in metrics:
+            vx, vy = ((getattr(x, k), getattr(y, k)) if k in EPOCH_METRICS
+                      else (x.extra.get(k), y.extra.get(k)))
             if vx is not None and vy is not None:
                 diff.value(vx, vy, {"epoch": x.epoch, "metric": k})
     if len(ea) != len(eb):

@@ -44,8 +44,20 @@ class Run:
     problems: dict[str, str]
 
 
-def metric_label(metric: str) -> str:
-    return dict(METRICS).get(metric, metric)
+def _views(runs: list[Run]) -> list[report.WorkloadView]:
+    """The workload view of every loaded result (labkit.report.workload_view)."""
+    return [report.view_of_result(d) for run in runs for d in run.docs.values()]
+
+
+def metric_label(metric: str, runs: Optional[list[Run]] = None) -> str:
+    """A metric's axis label with its unit; with ``runs``, in their workloads' words (tokens/s
+    for a language model's throughput; a workload's own figure, such as its perplexity)."""
+    views = _views(runs or [])
+    rates = {v.rate for v in views}
+    if metric == "train_throughput" and rates - {report.IMAGES.rate}:  # not only images/s
+        return f"training throughput ({rates.pop() if len(rates) == 1 else 'each run in its unit'})"
+    own = {f.key: f.column for v in views for f in v.extra_figures()}
+    return dict(METRICS).get(metric) or own.get(metric, metric)
 
 
 def has_results(run_dir: str | os.PathLike) -> bool:
@@ -138,8 +150,8 @@ def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]
                 lw=1.0 if per_step else 1.5, marker=None if per_step else "o", ms=4)
         drawn += 1
     ax.set_xlabel("step (over all epochs)" if per_step else "epoch")
-    ax.set_ylabel(metric_label(metric))
-    ax.set_title(metric_label(metric))
+    ax.set_ylabel(metric_label(metric, runs))
+    ax.set_title(metric_label(metric, runs))
     if not per_step and 0 < len(epochs) <= 20:
         ax.set_xticks(sorted(epochs))  # one tick per epoch (a 1-epoch run got ticks 0.95 .. 1.05)
     else:
@@ -156,9 +168,13 @@ def plot_overlay(runs: list[Run], metric: str, run_names: Optional[Iterable[str]
 
 
 def available_metrics(runs: list[Run]) -> list[str]:
-    """The METRICS keys that at least one loaded result has, in METRICS order."""
+    """The METRICS keys that at least one loaded result has a number of, in METRICS order, then
+    the workloads' own validation figures that one has (a language model's perplexity)."""
     docs = [doc for run in runs for doc in run.docs.values()]
-    return [k for k, _ in METRICS if any(series(doc, k)[1] for doc in docs)]
+    own = list(dict.fromkeys(f.key for v in _views(runs) for f in v.extra_figures()))
+    keys = [k for k, _ in METRICS] + [k for k in own if k not in dict(METRICS)]
+    # a figure written as null reads as NaN: a workload without accuracy has no accuracy to plot
+    return [k for k in keys if any(v == v for doc in docs for v in series(doc, k)[1])]
 
 
 def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
@@ -180,10 +196,8 @@ def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
                 row["epochs"] = len(epochs)
                 # the overall figures fall back to the epochs when the summary lacks one; a
                 # value not recorded at all (NaN) is left as an empty cell rather than "nan"
-                overall = doc.overall
-                for col, v in (("avg throughput (img/s)", overall.avg_train_throughput),
-                               ("best val accuracy (%)", overall.best_val_accuracy)):
-                    if v == v:
+                for col, v in _overall(doc):
+                    if v is not None and v == v:
                         row[col] = float(v)
                 if epochs:
                     row["final train loss"] = float(epochs[-1].train_loss)
@@ -197,19 +211,41 @@ def comparison_rows(runs: list[Run], run_names: Optional[Iterable[str]] = None,
     return rows
 
 
+def _overall(doc: Result) -> list[tuple[str, Optional[float]]]:
+    """(column, value) of a result's throughput and best first figure, in its workload's words:
+    "avg throughput (img/s)" and "best val accuracy (%)" for the guide's images, "avg
+    throughput (tokens/s)" and "best val loss (nats/token)" for a language model."""
+    view, overall = report.view_of_result(doc), doc.overall
+    thr = (f"avg throughput ({view.rate})", overall.avg_train_throughput)
+    if view.guide:
+        return [thr, ("best val accuracy (%)", overall.best_val_accuracy)]
+    f = view.target
+    name = f"best {f.label.replace('validation ', 'val ')}" + (f" ({f.unit})" if f.unit else "")
+    return [thr, (name, doc.best_figure(f.key, f.higher_is_better))]
+
+
 COLUMNS = ("run", "method", "status", "epochs", "avg throughput (img/s)",
            "best val accuracy (%)", "final train loss", "health")
+
+
+def columns(docs: list[Result]) -> list[str]:
+    """COLUMNS, its throughput and best-figure columns in the words of the workloads of
+    ``docs`` (the guide's where they hold only images, or none), throughputs first."""
+    named = list(dict.fromkeys(col for d in docs for col, _ in _overall(d))) or list(COLUMNS[4:6])
+    named.sort(key=lambda c: not c.startswith("avg throughput"))  # stable: in the runs' order
+    return [*COLUMNS[:4], *named, *COLUMNS[6:]]
 
 
 def comparison_table(runs: list[Run], run_names: Optional[Iterable[str]] = None,
                      methods: Optional[Iterable[str]] = None) -> str:
     """The comparison rows as an HTML table (via report.html_table); empty cells = not recorded."""
+    docs = [doc for _, _, doc in _select(runs, run_names, methods)]
     rows = comparison_rows(runs, run_names, methods)
     for r in rows:
         # html_table shows floats with 2 decimals, too coarse for a loss near 0.05
-        if "final train loss" in r:
-            r["final train loss"] = f"{r['final train loss']:.4g}"
-    return report.html_table(rows, list(COLUMNS))
+        for k in [k for k in r if k == "final train loss" or k.startswith("best val loss")]:
+            r[k] = f"{r[k]:.4g}"
+    return report.html_table(rows, columns(docs))
 
 
 def _png_output(fig) -> dict:
@@ -292,7 +328,7 @@ def explorer(runs: list[Run], newest: int = 3):
                                    value=list(report.METHOD_ORDER), rows=len(report.METHOD_ORDER),
                                    description="methods", style=wide)
     views = dict(VIEWS)
-    metric_pick = w.Dropdown(options=[(metric_label(k), k) for k in metrics]
+    metric_pick = w.Dropdown(options=[(metric_label(k, runs), k) for k in metrics]
                              + [(views[k], k) for k in available_views(runs)],
                              value=metrics[0],  # METRICS order: the per-step loss first
                              description="metric", style=wide)
@@ -341,11 +377,12 @@ def show(runs_dir: Optional[str | os.PathLike] = None, interactive: bool = True,
         display(explorer(runs, newest))
     # widgets do not survive export or papermill; these figures and the table do
     shown = runs[:newest]
+    judged = list(dict.fromkeys(v.target for v in _views(shown))) or [report.IMAGES.target]
     display(Markdown("### Static overview\n\nThe newest runs, all methods: per-step training "
-                     "loss, validation accuracy and throughput. Runs: "
+                     f"loss, {' and '.join(f.label for f in judged)} and throughput. Runs: "
                      + ", ".join(f"`{r.name}`" for r in shown)))
     display(HTML(comparison_table(shown)))
-    for metric in ("all_losses", "val_accuracy", "train_throughput"):
+    for metric in ("all_losses", *(f.key for f in judged), "train_throughput"):
         _, ax = plt.subplots(figsize=(9, 4.5))
         plot_overlay(shown, metric, ax=ax)
         plt.show()

@@ -4,7 +4,8 @@ It is `labkit reproduce`'s comparison made general (one implementation,
 labkit.runs.compare.compare_runs): the environments' differences (code commit and diff,
 packages, data fingerprints, machine) and, per method, whether the runs are identical, equal
 within a tolerance or different, and B's throughput over A's with its 95% interval. On top of
-it: the parameters that differ, the accuracies, and both runs' loss curves on one figure.
+it: the parameters that differ, the best accuracies (or the workload's first figure: the lowest
+validation loss), and both runs' loss curves on one figure.
 Only what differs is shown unless everything is asked for.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from labkit.core.files import atomic_path
 from labkit.core.methods import label
 from labkit.core.results import Result
 from labkit.core.run_folder import RunFolder
+from labkit.report.workload_view import FigureView, number, view_of_docs
 
 from .compare import DIFFERENT, IDENTICAL, ReproduceError, compare_runs
 
@@ -42,6 +44,12 @@ def diff_runs(a_dir: str | os.PathLike, b_dir: str | os.PathLike) -> dict:
     for m, v in doc["methods"].items():
         ra, rb = a.result(m), b.result(m)
         v["accuracy"] = [_best_accuracy(r) for r in (ra, rb)]
+        view = view_of_docs([r for r in (ra, rb) if r is not None])
+        if not view.guide:  # judged on another figure (a validation loss): its best, by direction
+            f = view.target
+            v["best"] = {"figure": f.label, "unit": f.unit, "higher_is_better": f.higher_is_better,
+                         "values": [r.best_figure(f.key, f.higher_is_better) if r is not None else None
+                                    for r in (ra, rb)]}
         iv = (stats.speedup(rb, ra) if ra is not None and rb is not None
               else stats.Interval(None, note="no result"))
         # "throughput 1.02x A, within the noise ...": the verdict without its leading name
@@ -56,6 +64,20 @@ def _best_accuracy(r: Optional[Result]) -> Optional[float]:
     recorded one that was not a number)."""
     best = r.summary.best_val_accuracy if r is not None else None
     return None if best is None or math.isnan(best) else best
+
+
+def _best_text(v: dict) -> str:
+    """"; best accuracy 97.00% -> 97.50%", "; lowest validation loss 3.025 -> 3.010 nats/token";
+    "" where either run has none."""
+    best = v.get("best")
+    if best is None:
+        acc = v["accuracy"]
+        return f"; best accuracy {acc[0]:.2f}% -> {acc[1]:.2f}%" if None not in acc else ""
+    x, y = best["values"]
+    if x is None or y is None:
+        return ""
+    f = FigureView("", best["figure"], best["unit"], best["higher_is_better"])
+    return f"; {f.best_word} {f.label} {f.text(x) if f.percent else number(x)} -> {f.text(y)}"
 
 
 def _value(v: Any) -> str:
@@ -83,9 +105,7 @@ def diff_lines(doc: dict, everything: bool = False) -> list[str]:
             lines.append(f"  methods only in {side.upper()}: {', '.join(ms)}")
     lines += ["", "what came of it (B against A):"]
     for m, v in doc["methods"].items():
-        acc = v["accuracy"]
-        lines.append(f"  {label(m)}: results {v['verdict']}; {v['speed_verdict']}"
-                     + (f"; best accuracy {acc[0]:.2f}% -> {acc[1]:.2f}%" if None not in acc else ""))
+        lines.append(f"  {label(m)}: results {v['verdict']}; {v['speed_verdict']}" + _best_text(v))
         if v["verdict"] == DIFFERENT or everything:
             lines += [f"    {r}" for r in v["reasons"]]
     return lines

@@ -41,6 +41,7 @@ class Row:
     link: str = ""                     # an emulated cluster's link, as set and as measured
     params: dict[str, Any] = field(default_factory=dict)
     results: dict[str, dict] = field(default_factory=dict)  # method -> throughput, CI, verdict
+    rate: str = ""                     # throughput's unit, its workload's ("img/s", "tokens/s")
     report: Optional[str] = None
     jobs: str = ""                     # a sweep on Slurm (--slurm): each point's job and state
     problem: Optional[str] = None      # why the folder could not be read (whole or in part)
@@ -85,6 +86,7 @@ def _results(folder: RunFolder, row: Row) -> None:
     from labkit import report
 
     res = report.load_run(folder.path)
+    row.rate = res.view.rate if res.ok else ""
     ivs = report.intervals(res)
     verdicts = dict(zip([m for m in METHOD_ORDER if m in res.ok and m != "ddp"],
                         report.speed_verdicts(res)))
@@ -221,10 +223,12 @@ def select(rows: list[Row], tag: Optional[str] = None, since: Optional[str] = No
     return sorted(rows, key=key, reverse=reverse)
 
 
-def _result_cell(r: dict) -> str:
+def _result_cell(r: dict, rate: str = "") -> str:
+    """A method's throughput [95% CI] and its ratio to DDP with the verdict; ``rate``: the unit
+    written after the throughput (where the column's heading does not say it)."""
     if r.get("throughput") is None:
         return "-"
-    text = f"{r['throughput']:.1f}"
+    text = f"{r['throughput']:.1f}" + (f" {rate}" if rate else "")
     if r.get("low") is not None:
         text += f" [{interval_text(r['low'], r['high'], 1)}]"
     if r.get("vs_ddp") is not None:
@@ -234,9 +238,14 @@ def _result_cell(r: dict) -> str:
 
 def table(rows: list[Row], all_params: bool = False) -> list[dict]:
     """The index as rows of dicts: the fixed columns, the (changed) parameters, each method's
-    img/s [95% CI] and its ratio to DDP with the verdict, the report, and any problem."""
+    throughput [95% CI] (img/s, tokens/s: its workload's unit) and its ratio to DDP with the
+    verdict, the report, and any problem."""
     params = sorted({k for r in rows for k in r.params}) if all_params else changed(rows)
     methods = [m for m in METHOD_ORDER if any(m in r.results for r in rows)]
+    rates = {r.rate for r in rows if r.results} or {"img/s"}
+    # one unit for every run: in the heading ("Baseline DDP img/s"); several (images and a
+    # language model's tokens): in each cell
+    unit = next(iter(rates)) if len(rates) == 1 else None
     out = []
     for r in rows:
         d = {"run": r.name, "when": r.when, "tag": r.tag, "kind": r.kind, "commit": r.commit,
@@ -244,7 +253,8 @@ def table(rows: list[Row], all_params: bool = False) -> list[dict]:
         if any(x.link for x in rows):
             d["network"] = r.link or "-"
         d.update({p: r.params.get(p) for p in params})
-        d.update({f"{label(m)} img/s": _result_cell(r.results[m]) if m in r.results else "-"
+        d.update({f"{label(m)} {unit or 'throughput'}":
+                  _result_cell(r.results[m], "" if unit else r.rate) if m in r.results else "-"
                   for m in methods})
         d["report"] = r.report or "-"
         if any(x.jobs for x in rows):
