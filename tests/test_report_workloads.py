@@ -266,3 +266,21 @@ def test_a_language_models_captions_stay_three_lines(tmp_path):
         plain = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text).replace("*", "").replace("`", "")
         assert len(plain) <= MAX_CHARS, (key, len(plain))
     assert "lowest validation loss" in report.caption("comparison", res.view)
+
+
+def test_the_bench_counts_throughput_in_the_workloads_units():
+    """A bench job of the language model: its throughput in tokens/s (samples x tokens per
+    sample over the median step), said with its rate; a job without the keys is the guide's
+    img/s, as bench files before workloads are."""
+    from labkit.bench import bench_view
+
+    def job(**extra):
+        return {"variant": "ddp", "method": "ddp", "nproc": 2, "trainers": 2, "global_batch": 64,
+                "step_time": {"median": 0.5, "min": 0.4, "max": 0.6},
+                "compute_time": {"median": 0.4}, "grad_bytes": 1000, **extra}
+
+    lm = bench_view.derive(job(units_per_sample=64, rate="tokens/s"))
+    assert lm["throughput"] == 64 * 64 / 0.5
+    assert "tokens/s" in bench_view.summary_line(lm)
+    old = bench_view.derive(job())
+    assert old["throughput"] == 64 / 0.5 and "img/s" in bench_view.summary_line(old)

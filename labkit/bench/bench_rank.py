@@ -226,6 +226,8 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
             "method": cfg.method, "world_size": ctx.world_size, "trainers": s.trainers,
             "servers": ctx.world_size - s.trainers, "batch_size": cfg.batch_size,
             "global_batch": cfg.batch_size * s.trainers, "device": ctx.device.type,
+            # throughput's unit: samples x units per sample (images, tokens), said as its rate
+            "units_per_sample": workload.units_per_sample, "rate": workload.rate,
             "backend": cfg.backend, **doc, "grad_bytes": grad_bytes,
             "bytes_per_step": push + pull, "bucket_mb": cfg.bucket_mb, "collectives": collectives,
         }

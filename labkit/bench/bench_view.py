@@ -83,9 +83,14 @@ def derive(r: dict) -> dict:
     r["breakdown"] = b.parts if b else None
     r["hidden_comm"] = b.hidden if b else None
     r["overlap"] = b.overlap.value if b else None
-    r["throughput"] = r["global_batch"] / step
+    r["throughput"] = r["global_batch"] * r.get("units_per_sample", 1) / step  # images, tokens
     r["throughput_vs_ddp"] = None
     return r
+
+
+def _rate(r: dict) -> str:
+    """Throughput's unit of a job (its workload's: img/s for the files before workloads)."""
+    return r.get("rate", "img/s")
 
 
 def compare_to_ddp(results: list[dict]) -> None:
@@ -200,8 +205,8 @@ def overhead_rows(doc: dict) -> list[dict]:
     for o in doc.get("overhead") or []:
         p, l = o["plain"], o["labkit_ddp"]
         out.append({
-            "procs": o["nproc"], "plain loop img/s": p["throughput"],
-            "labkit DDP img/s": l["throughput"],
+            "procs": o["nproc"], f"plain loop {_rate(o)}": p["throughput"],
+            f"labkit DDP {_rate(o)}": l["throughput"],
             OVERHEAD_NAME: overhead_interval(o).value,
             "95% CI": overhead_interval(o).ci_text(digits=3, ref=1.0),
             "trials": f"{o['trials']} x {o['steps']} steps",
@@ -223,7 +228,7 @@ def summary_line(r: dict) -> str:
     link = r.get("link")  # a job on an emulated cluster: its link as set and as probed
     return (f"{r['variant']} x{r['nproc']}: step {1000 * st['median']:.1f} ms "
             f"[{1000 * st['min']:.1f}-{1000 * st['max']:.1f}], compute-only {1000 * ct['median']:.1f} ms, "
-            f"exposed comm {1000 * r['exposed_comm']:.1f} ms, {r['throughput']:.1f} img/s"
+            f"exposed comm {1000 * r['exposed_comm']:.1f} ms, {r['throughput']:.1f} {_rate(r)}"
             + (f"; {link['nodes']} emulated nodes, link {link['link']}, probe "
                f"{_mbit(probe_streams([link]))} Mbit/s" if link else ""))
 
@@ -295,7 +300,7 @@ def rows(doc: dict) -> list[dict]:
             "sync ms": 1000 * sync if sync is not None else None,
             "sync / raw": sync / raw["time"] if sync is not None and raw and raw["time"] else None,
             "sync / raw 95% CI": _ci(sync_raw_interval(r)),
-            "img/s": r["throughput"],
+            _rate(r): r["throughput"],
             "x DDP": r["throughput_vs_ddp"],
             "x DDP 95% CI": _ci(vs_ddp_interval(r, doc["results"])),
             "x DDP/trainer": r.get("per_trainer_vs_ddp"),

@@ -235,12 +235,14 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
         if ctx.rank != 0:
             return {}
         gb = cfg.batch_size * world
+        per = tr.workload.units_per_sample  # throughput in the workload's units (tokens, images)
         return {
             "nproc": world, "trainers": world, "batch_size": cfg.batch_size, "global_batch": gb,
+            "units_per_sample": per, "rate": tr.workload.rate,
             "device": ctx.device.type,  # where both loops computed (cfg.device, as the methods' jobs)
             "steps": steps, "warmup": warmup, "trials": trials, "order": [n for pair in order for n in pair],
             "workers": plain.workers, "pin_cpus": cfg.pin_cpus, "time_comm": cfg.time_comm,
-            **{k: {"step_time": trial_stats(v), "throughput": gb * len(v) / sum(v)} for k, v in times.items()},
+            **{k: {"step_time": trial_stats(v), "throughput": gb * per * len(v) / sum(v)} for k, v in times.items()},
             "paired_ratios": [p / q for p, q in zip(times["plain"], times["labkit_ddp"])],
             "params_equal": differ == 0, "params_differing": differ,
             **({"control_params_differing": control_differ} if control else {}),
