@@ -284,3 +284,15 @@ def test_the_bench_counts_throughput_in_the_workloads_units():
     assert "tokens/s" in bench_view.summary_line(lm)
     old = bench_view.derive(job())
     assert old["throughput"] == 64 / 0.5 and "img/s" in bench_view.summary_line(old)
+
+
+def test_the_runs_index_shows_the_workload_where_runs_differ_in_it():
+    """A run folder from before workloads trained the guide's images: beside an lm run, the
+    index's changed parameters include the workload, images against lm."""
+    from labkit.runs.runs_index import Row, changed, row_params
+
+    old = row_params({"train": {"epochs": 2, "model": "resnet10_small"}})
+    new = row_params({"train": {"epochs": 2, "workload": "lm"}})
+    assert old["workload"] == "images" and new["workload"] == "lm"
+    rows = [Row(name="a", path="a", params=old), Row(name="b", path="b", params=new)]
+    assert "workload" in changed(rows)

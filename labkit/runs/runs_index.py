@@ -23,6 +23,7 @@ from labkit.core.run_folder import NOT_PARAMETERS, RunFolder, parameters
 from labkit.core.stats import interval_text
 from labkit.core.status import Status, experiment_status, status_of
 from labkit.core.texttable import text_table
+from labkit.workloads.catalog import DEFAULT as DEFAULT_WORKLOAD
 
 UNREADABLE = "unreadable"  # the status label of a folder whose files cannot be read
 
@@ -67,8 +68,12 @@ def _json(folder: RunFolder, name: str) -> Any:
         raise ValueError(f"{Path(name).name} is not valid JSON (line {e.lineno}, column {e.colno})") from None
 
 
-def _params(config: dict) -> dict[str, Any]:
+def row_params(config: dict) -> dict[str, Any]:
+    """A run's parameters as its row shows them; a run from before workloads trained the
+    guide's images, so its row says so beside an lm run's."""
     out = {k: v for k, v in parameters(config).items() if k != "methods"}
+    if config.get("train") and "workload" not in config["train"]:
+        out["workload"] = DEFAULT_WORKLOAD
     return {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in out.items()}
 
 
@@ -102,7 +107,7 @@ def _experiment(folder: RunFolder, row: Row) -> None:
     """An experiment's folder; one holding only result files (the guide's scripts, copied
     method folders) is a row too, its status its result files'."""
     config = _json(folder, layout.CONFIG) if folder.has(layout.CONFIG) else {}
-    row.params = _params(config)
+    row.params = row_params(config)
     found = folder.found_methods()
     row.methods = list((config.get("experiment") or {}).get("methods") or config.get("resolved") or found)
     row.nproc = (config.get("experiment") or {}).get("nproc")
