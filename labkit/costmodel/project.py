@@ -27,7 +27,7 @@ def project(compute_time: float, grad_bytes: float,
     ``ps_sharded`` has ``ps_servers`` (default: as many as GPUs, BytePS's balanced case).
 
     Each row: link (key), link_name, gpus, method, servers, compute, comm, exposed, step (s),
-    throughput (images/s, when ``batch`` per GPU is given, else None) and efficiency =
+    throughput (samples/s, when ``batch`` per GPU is given, else None) and efficiency =
     compute / step.
     """
     intra_link = get_link(intra) if intra is not None else None
@@ -54,16 +54,17 @@ def project(compute_time: float, grad_bytes: float,
     return rows
 
 
-def projection_table(rows: list[dict], wide: bool = False) -> list[dict]:
+def projection_table(rows: list[dict], wide: bool = False, rate: str = "img/s") -> list[dict]:
     """``project`` rows as a table with short column names and rounded numbers.
 
     Long (default): one row per link, GPU count and method.  ``wide=True``: one row per link
-    and GPU count with each method's efficiency in % as a column.
+    and GPU count with each method's efficiency in % as a column. ``rate``: the throughput's
+    unit (the workload's: img/s, tokens/s).
     """
     if not wide:
         return [{"link": r["link"], "GPUs": r["gpus"], "method": r["method"],
                  "step ms": round(1e3 * r["step"], 2), "exposed ms": round(1e3 * r["exposed"], 2),
-                 "img/s": round(r["throughput"], 1) if r["throughput"] else None,
+                 rate: round(r["throughput"], 1) if r["throughput"] else None,
                  "eff %": round(100 * r["efficiency"], 1)} for r in rows]
     table: dict[tuple, dict] = {}
     for r in rows:
