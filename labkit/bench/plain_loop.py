@@ -89,7 +89,8 @@ class PlainDDP:
         self.model = model.to(ctx.device)
         self.net = (DistributedDataParallel(self.model, device_ids=[ctx.device.index] if cuda else None)
                     if ctx.distributed else self.model)
-        # the workload's optimizer, loss and schedule (over ``total_steps``), as labkit's loop
+        # the workload's optimizer, loss and schedule (over ``total_steps``: the Trainer's epochs
+        # times its steps), as labkit's loop
         self.workload = make_workload(cfg)
         self.optimizer = self.workload.optimizer(self.model.parameters())
         self.step, self.total = 0, total_steps or cfg.epochs * (cfg.max_steps_per_epoch or 1)
@@ -209,8 +210,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
     models = _same_weights(cfg, len(loops))
     ctx = init(cfg.backend, cfg.timeout, cfg.pin_cpus, cfg.device)
     try:
-        total = (trials + bool(profile_steps)) * n  # the steps the schedule spans, as the Trainer's
-        plain = PlainDDP(cfg, data, models[0], ctx, total)
+        plain = PlainDDP(cfg, data, models[0], ctx, (trials + bool(profile_steps)) * n)
         # its progress bar counts the trials as epochs ("epoch 2/12"), not the run's --epochs
         tr = Trainer(dataclasses.replace(cfg, epochs=trials + bool(profile_steps)), ctx, None, data, models[1], n)
         stamps: list[float] = []
@@ -222,7 +222,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
         tr.step_callbacks.append(stamp)
         run = {"plain": lambda e: plain.train_epoch(e, n, stamp), "labkit_ddp": tr.train_epoch}
         if control:
-            again = PlainDDP(cfg, data, models[2], ctx, total)
+            again = PlainDDP(cfg, data, models[2], ctx, plain.total)
             run[CONTROL] = lambda e: again.train_epoch(e, n, stamp)
         order = rounds(trials, loops)
         times = _time_rounds(run, order, stamps, warmup, steps, cfg.seed, ctx.device)
@@ -234,8 +234,7 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
             _trace(plain, tr, trials + 1, n, warmup, profile_steps, ctx, cfg.out)
         if ctx.rank != 0:
             return {}
-        gb = cfg.batch_size * world
-        per = tr.workload.units_per_sample  # throughput in the workload's units (tokens, images)
+        gb, per = cfg.batch_size * world, tr.workload.units_per_sample  # per sample: tokens, images
         return {
             "nproc": world, "trainers": world, "batch_size": cfg.batch_size, "global_batch": gb,
             "units_per_sample": per, "rate": tr.workload.rate,

@@ -216,7 +216,7 @@ def _install() -> None:
     extensions.on_trainer(on_trainer)
 
 
-_COUNTED = (("labkit.core.params", "check_values"), ("labkit.core.config", "resolve"),
+_COUNTED = (("labkit.core.params", "check_values"), ("labkit.workloads", "resolve"),
             ("labkit.training.preflight", "preflight"), ("labkit.training.budget", "machine"),
             ("labkit.launch.torchrun_job", "validate"), ("labkit.core.resolved", "read"))
 
