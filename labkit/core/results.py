@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from statistics import mean
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from .status import Status, writer_gone
 
@@ -83,6 +85,128 @@ def comm_times_key(phase: str) -> str:
     return _phase_key("comm_times", phase)
 
 
+# ---------------------------------------------------------------------------- what a file may hold
+# What each key of an epoch, of the summary and of the file must hold, checked as a file is read:
+# a file that lies about its types (a loss written as "abc", one rank's record cut short) is
+# refused in one line naming the key, never shown or computed with. Null is legal wherever a
+# value may be absent (a figure reads as NaN); an int is a number; a key not listed is free (a
+# method's own figures, a newer minor version's keys, the records of one instrument).
+NUMBER, COUNT, INDEX, TEXT, RECORD = "number", "count", "index", "text", "record"
+NUMBERS, COUNTS, INDEXES = "numbers", "counts", "indexes"   # lists (of NUMBER, COUNT, INDEX)
+SYNC_HELD, PARTS = "sync_held", "parts"                     # records checked for their shape
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+# a kind of value: (what it must be, in words; whether a value is one)
+_KINDS = {
+    NUMBER: ("a number", lambda v: v is None or _real(v)),
+    COUNT: ("a whole number", lambda v: v is None or _whole(v)),
+    INDEX: ("a whole number", _whole),
+    TEXT: ("a string", lambda v: isinstance(v, str)),
+    RECORD: ("an object", lambda v: v is None or isinstance(v, dict)),
+}
+_LISTS = {NUMBERS: NUMBER, COUNTS: COUNT, INDEXES: INDEX}  # a list (or null) of one kind
+
+_EPOCH_KINDS = {
+    "epoch": INDEX, "all_losses": NUMBERS, "step_parts": PARTS, "sync_held": SYNC_HELD,
+    **dict.fromkeys(("train_loss", "train_accuracy", "train_time", "train_throughput",
+                     "avg_batch_time", "val_loss", "val_accuracy", "avg_data_time",
+                     "data_wait_share", "mfu", "val_time"), NUMBER),
+    **dict.fromkeys(("steps", "throughput_warmup_steps", "val_samples"), COUNT),
+    **dict.fromkeys(("step_times", "comm_busy_times", "server_update_times"), NUMBERS),
+    **dict.fromkeys(("peak_memory_bytes", "optimizer_state_bytes"), COUNTS),
+    **dict.fromkeys(("machine_load", "wire", "replicas"), RECORD),
+}
+_SUMMARY_KINDS = dict.fromkeys(
+    ("avg_train_throughput", "avg_train_time_per_epoch", "best_val_accuracy",
+     "final_train_accuracy", "final_val_accuracy", "best_val_loss", "final_val_loss"), NUMBER)
+_RESULT_KINDS = {"method": TEXT, "all_losses": NUMBERS,
+                 **dict.fromkeys(("world_size", "batch_size", "trainers", "num_workers"), COUNT)}
+# each communication phase's keys (avg_comm_time_pull, comm_times_push, ...)
+_PHASE_KINDS = {"avg_comm_time": NUMBER, "comm_times": NUMBERS}
+
+
+def _shown(v: Any) -> str:
+    """A value as the file writes it, cut to a few words."""
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _first(whys: Iterable[Optional[str]]) -> Optional[str]:
+    """The first problem of several (checked lazily, in order); None when there is none."""
+    return next(filter(None, whys), None)
+
+
+def _why(key: str, v: Any, kind: str) -> Optional[str]:
+    """Why ``v``, the value of ``key``, is not of ``kind`` ('train_loss is "abc", not a
+    number'); None when it is."""
+    if kind in _LISTS:
+        if v is not None and not isinstance(v, list):
+            return f"{key} is {_shown(v)}, not a list"
+        return _first(_why(f"{key}[{i}]", x, _LISTS[kind]) for i, x in enumerate(v or []))
+    if kind == SYNC_HELD:
+        return _why_sync_held(key, v)
+    if kind == PARTS:
+        return _why_parts(key, v)
+    what, ok = _KINDS[kind]
+    return None if ok(v) else f"{key} is {_shown(v)}, not {what}"
+
+
+def _why_sync_held(key: str, v: Any) -> Optional[str]:
+    """sync_held (labkit.training.instruments.meter): the trainers' ranks and one list of
+    times per rank, all of one length (one time per steady-state step)."""
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("ranks"), list) or not isinstance(v.get("times"), list):
+        return f"{key} is {_shown(v)}, not an object of 'ranks' and their 'times'"
+    ranks, times = v["ranks"], v["times"]
+    if len(ranks) != len(times):
+        return f"{key} has {len(ranks)} ranks but {len(times)} lists of times"
+    why = _why(f"{key}.ranks", ranks, INDEXES) or _first(
+        _why(f"{key}.times[{i}]", t, NUMBERS) for i, t in enumerate(times))
+    return why or _uneven(f"{key} times", {f"rank {r}": t for r, t in zip(ranks, times)})
+
+
+def _why_parts(key: str, v: Any) -> Optional[str]:
+    """step_parts: each part of a step (data, compute, sync, ...) and its time per
+    steady-state step, every list of one length."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        return f"{key} is {_shown(v)}, not an object of lists of times"
+    why = _first(_why(f"{key}.{k}", t, NUMBERS) for k, t in v.items())
+    return why or _uneven(f"{key} lists", v)
+
+
+def _uneven(key: str, lists: dict[str, Optional[list]]) -> Optional[str]:
+    """Lists that must be of one length (one entry per step) and are not: the ones whose length
+    is not the most common one's."""
+    lengths = {name: len(x or []) for name, x in lists.items()}
+    common = Counter(lengths.values()).most_common(1)[0][0] if lengths else 0
+    odd = [f"{name} has {n}" for name, n in lengths.items() if n != common]
+    return (f"{key} differ in length: {', '.join(odd)} where the others have {common} steps (a "
+            f"record cut short)") if odd else None
+
+
+def _problem(doc: dict, kinds: dict[str, str], phases: bool = False) -> Optional[str]:
+    """The first key of ``doc`` whose value is not of the kind ``kinds`` names (and, with
+    ``phases``, a communication phase's key not of its kind), in one line; None when all are."""
+    for key, v in doc.items():
+        kind = kinds.get(key)
+        if kind is None and phases:
+            kind = next((k for prefix, k in _PHASE_KINDS.items() if _phase(key, prefix) is not None), None)
+        if kind is not None and (why := _why(key, v, kind)):
+            return why
+    return None
+
+
 # ---------------------------------------------------------------------------- an epoch
 @dataclass
 class Epoch:
@@ -126,7 +250,12 @@ class Epoch:
     _NULLABLE = ("avg_data_time", "data_wait_share", "mfu", "optimizer_state_bytes")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Epoch":
+    def from_dict(cls, d: dict, i: Optional[int] = None) -> "Epoch":
+        """An epoch as the file holds it (``i``: its place in the file's list); ResultError
+        (one line: 'epoch 2: train_loss is "abc", not a number') when a key is not of its
+        kind."""
+        if why := _problem(d, _EPOCH_KINDS, phases=True):
+            raise ResultError(f"{_epoch_name(d, i)}: {why}")
         known = {f.name for f in fields(cls)} - {"comm", "comm_times", "extra"}
         figures = {f.name for f in fields(cls) if "float" in str(f.type)}  # null: NaN; else None
         kw: dict[str, Any] = {"comm": {}, "comm_times": {}, "extra": {}}
@@ -191,6 +320,13 @@ class Epoch:
 _EPOCH_FIELDS = frozenset(f.name for f in fields(Epoch)) - {"comm", "comm_times", "extra"}
 
 
+def _epoch_name(d: dict, i: Optional[int] = None) -> str:
+    """An epoch as a message names it: by its number, else by its place in the file's list."""
+    if _whole(d.get("epoch")):
+        return f"epoch {d['epoch']}"
+    return "an epoch" if i is None else f"epochs[{i}]"
+
+
 # ---------------------------------------------------------------------------- the summary
 @dataclass
 class Summary:
@@ -224,6 +360,8 @@ class Summary:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Summary":
+        if why := _problem(d, _SUMMARY_KINDS, phases=True):
+            raise ResultError(f"summary: {why}")
         known = {f.name for f in fields(cls)} - {"comm", "extra"}
         kw: dict[str, Any] = {"comm": {}, "extra": {}}
         for k, v in d.items():
@@ -324,6 +462,8 @@ class Result:
         for e in d["epochs"]:
             if not isinstance(e, dict) or any(k not in e for k in needed):
                 raise ResultError(f"{where}: an epoch lacks the guide's keys ({', '.join(needed)})")
+        if why := _problem(d, _RESULT_KINDS):
+            raise ResultError(f"{where}: {why}")
         known = {f.name for f in fields(cls)} - cls._OBJECTS
         kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
         kw["extra"] = {k: v for k, v in d.items() if k not in known and k not in cls._OBJECTS}
@@ -334,8 +474,11 @@ class Result:
             kw["status"] = Status(d.get("status", Status.COMPLETED))
         except ValueError:
             kw["status"] = Status.FAILED  # a hand-edited word: not a result to trust
-        kw["epochs"] = [Epoch.from_dict(e) for e in d["epochs"]]
-        kw["summary"] = Summary.from_dict(d["summary"]) if isinstance(d.get("summary"), dict) else Summary()
+        try:  # each epoch and the summary checked as they are read: one line, naming the key
+            kw["epochs"] = [Epoch.from_dict(e, i) for i, e in enumerate(d["epochs"])]
+            kw["summary"] = Summary.from_dict(d["summary"]) if isinstance(d.get("summary"), dict) else Summary()
+        except ResultError as e:
+            raise ResultError(f"{where}: {e}") from None
         kw["all_losses"] = _num(d["all_losses"]) if isinstance(d.get("all_losses"), list) else []
         if isinstance(d.get("efficiency"), dict):
             kw["efficiency"] = Efficiency.from_dict(d["efficiency"])

@@ -26,7 +26,9 @@ from .lockfile import parse_lock
 from .results import Result, ResultError, read_result
 from .methods import METHOD_ORDER, RESULT_FILES, MethodSpec, is_name, register, result_file_of
 
-KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction")
+# "run": one method's run (`labkit run --out DIR`: its result file straight in the folder,
+# beside the resolved.json its launcher wrote), or the guide's scripts' loose result files
+KINDS = ("experiment", "repeats", "sweep", "bench", "reproduction", "run")
 # config fields that say where a run went or how it printed, not what it measured
 NOT_PARAMETERS = ("out", "progress", "runs_dir", "tag", "cell_timeout", "report", "nodes", "method")
 
@@ -192,8 +194,10 @@ class RunFolder:
             return "repeats"
         if self.has(layout.CONFIG) or self.has(layout.EXPERIMENT) or self.found_methods():
             return "experiment"
-        raise ValueError("not a run folder (no config.json, experiment.json, result file, "
-                         "sweep.json or bench.json)")
+        if self.loose_methods() or self.has(layout.resolved_file()):
+            return "run"
+        raise ValueError("not a run folder (no config.json, experiment.json, resolved.json, "
+                         "results_*.json, sweep.json or bench.json)")
 
     @property
     def repeats(self) -> list[Path]:
@@ -216,6 +220,11 @@ class RunFolder:
     def found_methods(self) -> list[str]:
         """The methods with a result file in their own folder (<run>/<method>/), in order."""
         return [m for m, f in RESULT_FILES.items() if (self.path / m / f).exists()]
+
+    def loose_methods(self) -> list[str]:
+        """The methods with a result file straight in the folder (<run>/<file>: a `labkit run`
+        folder, the guide's scripts'), in order."""
+        return [m for m, f in RESULT_FILES.items() if (self.path / f).is_file()]
 
     def result_paths(self, method: str) -> list[Path]:
         """Where ``method``'s result files are expected: one per repeat with repeats, else

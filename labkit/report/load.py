@@ -102,7 +102,24 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
         st = status.get(m, {})
         if st.get("status") not in (None, Status.COMPLETED):
             res.problems[m] = f"{st['status']}: {st.get('error', '').strip()}".strip(": ")
+    _variant_problems(folder, res)
     return res
+
+
+def _variant_problems(folder: RunFolder, res: RunResults) -> None:
+    """A variant's result file that is there but cannot be read (`labkit experiment --methods
+    ps,ps-async`): a problem of the run, in one line, as a method's is (its section, which reads
+    the variants through variant_runs, leaves the file out)."""
+    for v in VARIANTS:
+        if v in METHOD_ORDER:
+            continue
+        for d in [folder.path] + folder.repeats:
+            path = d / v / RESULT_FILES[VARIANTS[v]["method"]]
+            try:
+                if path.exists():
+                    load_result(path)
+            except ResultError as e:
+                res.problems.setdefault(v, str(e))
 
 
 def load_files(paths: list[str | os.PathLike]) -> RunResults:

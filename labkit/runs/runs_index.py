@@ -1,5 +1,6 @@
 """The lab notebook across runs: one row per run folder under runs/ (experiments, repeats,
-sweeps, benches, reproductions), for `labkit runs`, runs/index.html and notebooks/runs.ipynb.
+sweeps, benches, reproductions, one method's `labkit run`), for `labkit runs`, runs/index.html
+and notebooks/runs.ipynb.
 
 It only reads what is on disk and never fails on a folder: a folder it cannot read is a row
 that says why. Of the parameters, only those that differ between the listed runs are shown
@@ -126,6 +127,32 @@ def _experiment(folder: RunFolder, row: Row) -> None:
     _results(folder, row)
 
 
+def _run(folder: RunFolder, row: Row) -> None:
+    """One method's run (`labkit run --out DIR`): its result file straight in the folder, its
+    parameters from the resolved.json its launcher wrote; without a result file, failed where
+    launch.json records a failed launch, else stopped (it never wrote one). The guide's
+    scripts' loose result files read the same, without parameters."""
+    name = layout.resolved_file()
+    resolved = _json(folder, name) if folder.has(name) else {}
+    train = resolved.get("train") or {}
+    row.params = row_params({"train": train, "experiment": {
+        k: resolved[k] for k in ("nproc", "nodes") if k in resolved}}) if train else {}
+    row.methods = folder.loose_methods() or [str(train.get("method") or "?")]
+    row.nproc = resolved.get("nproc")
+    row.link = folder.link()
+    statuses = {m: {"status": read_result(folder.path / RESULT_FILES[m]).status.value}
+                for m in folder.loose_methods()}
+    if statuses:
+        row.status = experiment_status({"methods": statuses}).value
+    else:
+        launch = folder.get(layout.launch_file(), {})
+        failed = isinstance(launch, dict) and launch.get("returncode") not in (None, 0)
+        row.status = (Status.FAILED if failed else Status.STOPPED).value
+    html_report = folder.path / layout.REPORT_DIR / "report.html"
+    row.report = str(html_report) if html_report.exists() else None
+    _results(folder, row)
+
+
 def _sweep(folder: RunFolder, row: Row) -> None:
     doc = _json(folder, layout.SWEEP)
     row.status = status_of(doc, Status.RUNNING).value
@@ -174,7 +201,7 @@ def read_row(run: Path) -> Row:
         folder.discover()  # methods of one's own: their result files name them
         row.kind = folder.kind
         row.commit = _commit(folder)
-        {"sweep": _sweep, "bench": _bench}.get(row.kind, _experiment)(folder, row)
+        {"sweep": _sweep, "bench": _bench, "run": _run}.get(row.kind, _experiment)(folder, row)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         where = f" ({Path(e.filename).name})" if isinstance(e, OSError) and e.filename else ""
