@@ -193,12 +193,18 @@ def _model_parser(sub) -> None:
 
 
 def _report_parser(sub) -> None:
-    rp = sub.add_parser("report", help="tables, seven plots and performance_report.txt")
+    rp = sub.add_parser("report", help="tables, seven plots and performance_report.txt; with "
+                        "--html, a run folder's report.html and report.pdf")
     rp.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_FILES",
                     help="a run folder, a folder with results_*.json, or result files")
     rp.add_argument("--out", help="where plots/ and performance_report.txt go (default: "
                     "<run>/report for a run folder, else the current folder, as the guide's "
                     "analyze_results.py)")
+    rp.add_argument("--html", action="store_true",
+                    help="write the report labkit experiment writes (report.ipynb executed, "
+                         "report.html, report.pdf where Chromium is) into RUN_DIR/report/, for a "
+                         "run folder made with --no-report, moved or made by an older labkit; a "
+                         "previous report is replaced whole, and the command says so")
 
 
 def _reproduce_parser(sub) -> None:
@@ -376,6 +382,26 @@ def cmd_reproduce(args: dict) -> int:
     return 0 if doc["reproduced"] and status["status"] == Status.COMPLETED else 1
 
 
+def cmd_report(args: dict) -> int:
+    """`labkit report PATH...`: the guide's text report and plots (labkit.runs.readers); with
+    --html, a run folder's report notebook, HTML and PDF (labkit.orchestrate.render), the HTML's
+    path printed last."""
+    paths, out = args["paths"], args.get("out")
+    if not args.get("html"):
+        from .runs import readers
+        return readers.report_command(paths, out)
+    if len(paths) != 1 or out is not None:
+        raise ConfigError("--html takes one run folder and writes into its report/ folder, as "
+                          "labkit experiment does" + (f"; got {len(paths)} paths" if len(paths) != 1
+                                                       else "; --out is for the text report"))
+    from .orchestrate.render import remake_report
+    html, lines = remake_report(paths[0], transcript("labkit.orchestrate.render"))
+    if html is None:  # the notebook or the export failed: said in one line, the old report kept
+        return 1
+    print("\n".join([*lines, f"report: {html}"]))
+    return 0
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
@@ -392,7 +418,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .runs import readers  # report, runs, diff: the commands that only read run folders
     try:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
-                "report": lambda a: readers.report_command(a["paths"], a.get("out")),
+                "report": cmd_report,
                 "reproduce": cmd_reproduce, "runs": lambda a: readers.runs_command(**a),
                 "diff": lambda a: readers.diff_command(**a), "check": cmd_check}[command](args)
     except ConfigError as e:

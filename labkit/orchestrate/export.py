@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import nbformat
 from nbconvert import HTMLExporter
 
 from labkit.core.files import atomic_path
@@ -35,8 +36,10 @@ class ChromiumError(RuntimeError):
     """Chromium is missing, failed, timed out or wrote nothing."""
 
 
-def export_html(nb_path: str | os.PathLike, html_path: str | os.PathLike) -> Path:
-    """Write the notebook as one HTML file: outputs only (no code, no prompts), images inline."""
+def export_html(nb_path: str | os.PathLike, html_path: str | os.PathLike,
+                title: Optional[str] = None) -> Path:
+    """Write the notebook as one HTML file: outputs only (no code, no prompts), images inline.
+    ``title``: the page's title, when not the notebook file's name (a temp file's)."""
     exporter = HTMLExporter(
         template_name="offline",      # labkit/templates/offline: lab, minus CDN scripts
         extra_template_basedirs=[str(Path(__file__).parent / "templates")],
@@ -45,8 +48,11 @@ def export_html(nb_path: str | os.PathLike, html_path: str | os.PathLike) -> Pat
         exclude_output_prompt=True,   # "Out[3]:" means nothing once the code is hidden
         embed_images=True,            # markdown images too, not only outputs (which are inline)
     )
-    # from_filename, so that relative markdown images are found beside the notebook
-    body, _ = exporter.from_filename(os.fspath(nb_path))
+    # the notebook's folder, so that relative markdown images are found beside it
+    nb_path = Path(nb_path)
+    meta = {"name": title or nb_path.stem, "path": str(nb_path.parent)}
+    body, _ = exporter.from_notebook_node(nbformat.read(nb_path, as_version=4),
+                                          resources={"metadata": meta})
     html_path = Path(html_path)
     with atomic_path(str(html_path)) as tmp:
         Path(tmp).write_text(body, encoding="utf-8")
