@@ -143,8 +143,11 @@ def plan_lines(resolved: dict[str, TrainConfig], nproc: int, asked: Optional[int
     gpus = gpu_count()
     shared = c.device == "cuda" and nproc > gpus
     how = f"{nproc} processes" + (f" on each of {nnodes} nodes" if nnodes > 1 else "")
+    # what is trained: the data and model where the workload names them, else its class
+    what = (", ".join(w for w in (c.dataset and f"{c.dataset} data", c.model) if w)
+            or c.workload.rpartition(":")[2])
     first = (f"plan: {', '.join(resolved)}; {how}, backend {c.backend}, device {c.device}, "
-             f"{c.dataset} data, {c.model}, batch {c.batch_size} per trainer, {c.epochs} epochs")
+             f"{what}, batch {c.batch_size} per trainer, {c.epochs} epochs")
     if asked is not None:
         why = f"--nproc {asked} as asked, on a machine with {gpus or 'no'} GPU(s)"
     elif gpus == 0:
