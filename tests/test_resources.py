@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from helpers import TINY, labkit, leftovers, strict_json
-from labkit.core.resources import Need
+from labkit.core.resources import Need, oom_kills
 
 pytestmark = pytest.mark.xdist_group("resources")
 
@@ -209,16 +209,23 @@ def test_a_killed_loader_worker_is_one_line(tmp_path, how, said):
 @pytest.mark.slow
 def test_a_rank_killed_as_by_the_oom_killer_is_one_line(tmp_path):
     out = tmp_path / "ddp"
-    t0 = time.monotonic()
+    t0, kills = time.monotonic(), oom_kills()
     p = labkit(["run", "ddp", *RUN, "--epochs", "2", "--max-steps-per-epoch", "3", "--out", str(out)],
                tmp_path, env={"LABKIT_TEST_FAULT": "ddp:1:4:kill"})
+    after = oom_kills()
     assert p.returncode == 1, p.stdout + p.stderr
     assert time.monotonic() - t0 < 60  # the run stops: rank 0 does not wait out its timeout
     assert strict(out / "launch.json")["failed_rank"] == 1  # the launcher names the killed rank
     errs = lines(p.stderr)
     assert len(errs) == 1, errs
     assert errs[0].startswith("labkit: ddp failed: rank 1 exited with code -9 (SIGKILL): "), errs
-    assert "out-of-memory killer" in errs[0] and "--nproc" in errs[0]
+    # the hint follows the kernel's count of OOM kills (issue 71, item 3): the fault's kill is none
+    if kills is None or after is None:
+        assert "or by the kernel's out-of-memory killer" in errs[0] and "--nproc" in errs[0], errs
+    elif after > kills:  # another program's, on a kernel that counts for the whole machine
+        assert "out-of-memory killer killed it" in errs[0] and "--nproc" in errs[0], errs
+    else:
+        assert "no out-of-memory kill counted by the kernel" in errs[0], errs
     r = strict(out / "results_baseline_ddp.json")
     assert r["status"] == "failed" and [e["epoch"] for e in r["epochs"]] == [1]
     assert "rank 1 exited with code -9 (SIGKILL)" in r["error"]

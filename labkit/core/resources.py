@@ -119,18 +119,26 @@ def free_memory() -> Optional[int]:
     return min(known) if known else None
 
 
+#: where the kernel counts its out-of-memory kills: this cgroup's (v2, as a container sees its
+#: own), else the whole kernel's (cgroup v1 and hosts without a cgroup namespace: there the
+#: root cgroup has no memory.events). A count of the whole kernel also counts other programs'
+#: kills: it can blame memory wrongly only when one happened meanwhile, never miss one.
+OOM_COUNTERS = (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/proc/vmstat", "oom_kill"))
+
+
 def oom_kills() -> Optional[int]:
-    """How many processes the kernel's OOM killer has killed in this cgroup so far (cgroup v2
-    memory.events), or None where that is not kept. Read before and after a launch, it tells
-    a rank killed for memory from one killed by a person."""
-    try:
-        with open("/sys/fs/cgroup/memory.events") as f:
-            for line in f:
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
+    """How many processes the kernel's OOM killer has killed so far (OOM_COUNTERS: this
+    cgroup's count, else the kernel's), or None where neither can be read. Read before and
+    after a launch, it tells a rank killed for memory from one killed by a person."""
+    for path, key in OOM_COUNTERS:
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value)
+        except (OSError, ValueError):
+            continue
     return None
 
 

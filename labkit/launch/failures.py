@@ -286,17 +286,23 @@ def _blame(method: str, f: Failure, log_dir: str, oom: Optional[bool] = None) ->
 
 
 def killed(oom: Optional[bool]) -> str:
-    """Why a rank dies of SIGKILL, said once: host memory, almost always."""
+    """Why a rank died of SIGKILL, as far as the kernel's count of out-of-memory kills tells
+    (``oom``: one was counted while the run ran; None: the count cannot be read here)."""
     from labkit.core.resources import free_memory, size
 
+    if oom is False:
+        return ("killed from outside (a person or a program sent it SIGKILL): no out-of-memory "
+                "kill counted by the kernel")
     now = free_memory()
     left = f"; {size(now)} available now" if now is not None else ""
     if oom:
-        who = "the kernel's out-of-memory killer killed it: host memory ran out"
+        who = ("the kernel's out-of-memory killer killed it (the kernel counted an out-of-memory "
+               "kill meanwhile): host memory ran out")
     else:
-        who = ("killed from outside, as the kernel's out-of-memory killer does when host memory "
-               "runs out (dmesg names its victims)")
-    return f"{who}{left}; lower --nproc, --batch-size or --workers"
+        who = ("killed from outside: by a person or a program, or by the kernel's out-of-memory "
+               "killer if host memory ran out (its count cannot be read here; dmesg names its "
+               "victims)")
+    return f"{who}{left}; {'' if oom else 'if memory: '}lower --nproc, --batch-size or --workers"
 
 
 def _no_failed_rank(method: str, returncode: int, output: str, multi_node: bool) -> Explanation:
