@@ -168,13 +168,17 @@ def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int) -> Need:
                 "or enlarge /dev/shm (docker run --shm-size)")
 
 
-def memory_need(ranks: int, workers: int, model_bytes: int, data_bytes: int) -> Need:
-    """Host memory for the ranks on this node: each holds torch itself, the model several times
-    over (weights, gradients, optimizer state, communication buffers) and its copy of an
-    in-memory dataset; each worker its own interpreter."""
+def memory_need(ranks: int, workers: int, model_bytes: int, data_bytes: int,
+                nodes: int = 1) -> Need:
+    """Host memory for the ranks on this machine (of this node, or of the ``nodes`` nodes of
+    an emulated cluster, all on it): each holds torch itself, the model several times over
+    (weights, gradients, optimizer state, communication buffers) and its copy of an in-memory
+    dataset; each worker its own interpreter."""
     per_rank = RANK_BASE + 5 * model_bytes + data_bytes + workers * 2 * WORKER_BASE
-    detail = (f"{ranks} rank(s) x ({size(RANK_BASE)} for torch + 5 x the {size(model_bytes)} "
+    who = f"{ranks} rank(s)" if nodes == 1 else f"{ranks} ranks ({nodes} emulated nodes x {ranks // nodes})"
+    detail = (f"{who} x ({size(RANK_BASE)} for torch + 5 x the {size(model_bytes)} "
               f"model + {size(data_bytes)} of data" + (f" + {2 * workers} workers" if workers else "")
               + ")")
-    return Need("host memory", "this node", ranks * per_rank, free_memory(), detail,
-                "lower --nproc" + (" or --workers" if workers else "") + ", or free memory")
+    remedy = "lower --nproc" + (" or --emulate-nodes" if nodes > 1 else "")
+    return Need("host memory", "this node" if nodes == 1 else "this machine", ranks * per_rank,
+                free_memory(), detail, remedy + (" or --workers" if workers else "") + ", or free memory")

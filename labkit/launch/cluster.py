@@ -51,7 +51,8 @@ from labkit.core.procs import die_with_parent
 from . import cluster_node as node
 
 __all__ = ["Link", "ClusterSpec", "Goodput", "ClusterResult", "parse_link", "check_machine",
-           "netem_available", "run_cluster", "probe", "labkit_run_commands", "link_record"]
+           "netem_available", "run_cluster", "probe", "read_goodput", "labkit_run_commands",
+           "link_record"]
 
 MIN_BURST = 64 * 1024  # bytes: below this, tbf cannot keep a fast link busy
 BURST_S = 0.002  # the burst holds 2 ms at the rate: with less, 1gbit gave ~460 Mbit/s
@@ -334,12 +335,13 @@ def _result(spec: ClusterSpec, log_dir: Path, lines: list[str], wall_s: float,
             error = f"the emulated cluster could not be built: {rest} (logs: {log_dir})"
     if not error and "done" not in lines and not timed_out:
         error = f"the emulated cluster ended early (logs: {log_dir})"
-    goodput = _goodput(spec, log_dir) if probe_s > 0 and spec.nodes > 1 else None
+    goodput = read_goodput(spec, log_dir) if probe_s > 0 and spec.nodes > 1 else None
     return ClusterResult(spec, log_dir, codes, wall_s, goodput, error, timed_out)
 
 
-def _goodput(spec: ClusterSpec, log_dir: Path) -> Goodput:
-    """The probe's lines, ``from=NAME mbit=X cc=NAME`` or ``from=NAME error=... cc=NAME``."""
+def read_goodput(spec: ClusterSpec, log_dir: Path) -> Goodput:
+    """What the probe wrote in ``log_dir`` (``node<K>.probe``: ``from=NAME mbit=X cc=NAME``
+    or ``from=NAME error=... cc=NAME``)."""
     down: list[Optional[float]] = [None] * spec.nodes
     errors, cc = [], ""
     for k in range(spec.nodes):

@@ -17,6 +17,7 @@ import os
 import shlex
 import threading
 import time
+from pathlib import Path
 from typing import IO, Optional
 
 from labkit.core import layout
@@ -28,21 +29,25 @@ from labkit.core.resources import oom_kills
 from labkit.core.results import read_result
 from labkit.core.status import INTERRUPTED_WHY, Status
 
-from .cluster import RDZV_PORT, ClusterSpec, check_machine, link_record, parse_link, run_cluster
+from .cluster import (RDZV_PORT, ClusterSpec, Link, check_machine, link_record, parse_link,
+                      read_goodput, run_cluster)
 from .cluster_node import hostname
 from .failures import explain_failure
 from .launch_params import Nodes
-from .torchrun_job import (LaunchResult, Throttle, checked_config, environment, log_dir_of,
-                          mark_ended, shown_ranks, torchrun_command)
+from .torchrun_job import (LaunchResult, Throttle, checked_for_machine, environment, log_dir_of,
+                          mark_ended, shown_ranks, torchrun_command, warn, write_resolved)
 from .torchrun_output import TorchrunOutput
 
 PROBE_S = 2.0  # seconds the probe measures each link, both ways at once, before training
 CLUSTER_LOGS = "cluster"  # <out>/logs/cluster: each node's console, the probe's files
+#: a node's goodput below this share of the link's rate is this machine's limit, not the
+#: link's (the probe measures ~95% of the rate where the CPUs keep up: docs/emulated-cluster.md)
+CPU_BOUND = 0.8
 
 
-def cluster_spec(nodes: Nodes, nproc: int) -> Optional[ClusterSpec]:
-    """The emulated cluster ``nodes`` asks for, checked against this machine (ConfigError, one
-    line, before anything starts); None for none."""
+def cluster_spec(nodes: Nodes, nproc: int, machine: bool = True) -> Optional[ClusterSpec]:
+    """The emulated cluster ``nodes`` asks for, checked against this machine unless not
+    ``machine`` (ConfigError, one line, before anything starts); None for none."""
     if not nodes.emulated:  # a --link without --emulate-nodes: refused by Nodes itself
         return None
     if nodes.multi:
@@ -51,7 +56,8 @@ def cluster_spec(nodes: Nodes, nproc: int) -> Optional[ClusterSpec]:
     if nproc < 1:
         raise ConfigError(f"--nproc must be at least 1 (got {nproc}): the ranks of each emulated node")
     spec = ClusterSpec(nodes.emulate_nodes, nproc, parse_link(nodes.link or "unshaped"))
-    check_machine(spec)
+    if machine:
+        check_machine(spec)
     return spec
 
 
@@ -60,10 +66,15 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
                     extra: tuple[str, ...], resolved: Optional[str]) -> LaunchResult:
     """labkit.launch.launch.launch for ``nodes.emulated``: one torchrun per node, node 0's rank 0
     streamed, a failure explained from the node where it happened."""
-    spec = cluster_spec(nodes, nproc)
+    spec = cluster_spec(nodes, nproc, machine=False)
     endpoint = f"{hostname(0)}:{RDZV_PORT}"
+    # every node runs here: memory for all their ranks, then the namespaces (tried in
+    # throwaway ones); nothing is written before both pass
     if resolved is None:
-        cfg, resolved = checked_config(cfg, nproc, out_dir, nodes.node(0, endpoint), module)
+        cfg = checked_for_machine(cfg, nproc, out_dir, nodes.node(0, endpoint), module, spec.nodes)
+    check_machine(spec)
+    if resolved is None and module == "labkit.train":
+        resolved = write_resolved(cfg, nproc, out_dir, nodes.node(0, endpoint))
     show = shown_ranks(cfg, nproc)
     dirs = [log_dir_of(out_dir, nodes.node(k, endpoint)) for k in range(spec.nodes)]
     cmds = [torchrun_command(cfg, nproc, dirs[k], nodes.node(k, endpoint), show, module, extra,
@@ -189,8 +200,29 @@ class _Streamer:
         files = [os.path.join(self.logs, f"node{k}.probe") for k in range(self.spec.nodes)]
         if self.spec.nodes < 2 or not all(os.path.exists(f) for f in files):
             return self.spec.nodes < 2
-        got = [_read(f).split("mbit=")[-1].split()[0] if "mbit=" in _read(f) else "?" for f in files]
+        got = read_goodput(self.spec, Path(self.logs)).down_mbit
         self.out.line(f"emulated cluster: {self.spec.nodes} nodes x {self.spec.ranks_per_node} "
                       f"rank(s), link {self.spec.link} each way; measured "
-                      + ", ".join(f"node{k} received {g} Mbit/s" for k, g in enumerate(got)), False)
+                      + ", ".join(f"node{k} received {'?' if g is None else g} Mbit/s"
+                                  for k, g in enumerate(got)), False)
+        slow = probe_warning(self.spec, got)
+        if slow:
+            warn([slow])
         return True
+
+
+def probe_warning(spec: ClusterSpec, got: list[Optional[float]]) -> Optional[str]:
+    """The warning for a probe whose goodput (Mbit/s received per node, None: not measured)
+    falls far below the set rate on every node (under CPU_BOUND of it): this machine cannot
+    move the nodes' traffic as fast as the link would, so the run's times are its, not the
+    link's. One slow node alone is not that: at slow rates one node's 2 s probe can read
+    half the rate."""
+    seen = [g for g in got if g is not None]
+    rate = spec.link.rate_bit / 1e6
+    if not spec.link.shaped or not seen or max(seen) >= CPU_BOUND * rate:
+        return None
+    return (f"the probe measured {min(seen):g}-{max(seen):g} Mbit/s on the {Link(spec.link.rate_bit)} "
+            f"link, at most {max(seen) / rate:.0%} of its rate on every node: this machine "
+            f"({os.cpu_count()} cores for {spec.nodes} nodes x {spec.ranks_per_node} rank(s)), "
+            f"not the link, limits the traffic, so the run's communication times are not the "
+            f"link's; fewer --emulate-nodes or a slower --link measure the link")

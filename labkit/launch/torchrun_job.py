@@ -144,14 +144,23 @@ def checked_config(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes,
              module: str) -> tuple[TrainConfig, Optional[str]]:
     """``cfg`` validated for ``out_dir``; for the training ranks also the machine checked and
     the result written where they read it (the bench's ranks take flags: (cfg, None))."""
+    cfg = checked_for_machine(cfg, nproc, out_dir, nodes, module)
+    if module != "labkit.train":
+        return cfg, None
+    return cfg, write_resolved(cfg, nproc, out_dir, nodes)
+
+
+def checked_for_machine(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, module: str,
+                        here: int = 1) -> TrainConfig:
+    """``cfg`` validated for ``out_dir``, nothing written; for the training ranks also this
+    machine checked for the ranks of the ``here`` nodes it runs (an emulated cluster: all)."""
     # a method of one's own by its absolute file: the ranks and the record name it from anywhere
     cfg = validate(dataclasses.replace(cfg, out=out_dir, method=absolute(cfg.method),
                                        workload=workload_path(cfg.workload)), nproc, nodes)
-    if module != "labkit.train":
-        return cfg, None
-    # disk, /dev/shm, memory: refused before anything is created
-    warn(budget.machine(cfg, nproc, out_dir, flags="--out (or --runs-dir)"))
-    return cfg, write_resolved(cfg, nproc, out_dir, nodes)
+    if module == "labkit.train":
+        # disk, /dev/shm, memory: refused before anything is created
+        warn(budget.machine(cfg, nproc * here, out_dir, flags="--out (or --runs-dir)", nodes=here))
+    return cfg
 
 
 def write_resolved(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes) -> str:

@@ -26,9 +26,10 @@ def checkpoint_bytes(values: int, state_per_value: int) -> int:
 
 
 def needs(cfg: TrainConfig, workload: Workload, ranks: int, workers: int, where: str,
-          methods: int = 1, flags: str = "--out") -> list[Need]:
+          methods: int = 1, flags: str = "--out", nodes: int = 1) -> list[Need]:
     """What a resolved ``cfg`` needs: disk for ``methods`` runs in ``where``, /dev/shm for the
-    loader workers of the ``ranks`` on this node, host memory for those ranks."""
+    loader workers of the ``ranks`` on this machine, host memory for those ranks (of ``nodes``
+    nodes emulated on it, or of this one node)."""
     values = workload.state_values()
     model = FLOAT * values
     batch = cfg.batch_size * workload.sample_bytes() or cfg.batch_size * 8
@@ -36,7 +37,7 @@ def needs(cfg: TrainConfig, workload: Workload, ranks: int, workers: int, where:
     out = [disk_need(where, ckpt, model, methods, cfg.checkpoint, flags)]
     if workers:
         out.append(shm_need(workers, 2, ranks, batch))
-    out.append(memory_need(ranks, workers, model, workload.data_bytes()))
+    out.append(memory_need(ranks, workers, model, workload.data_bytes(), nodes))
     return out
 
 
@@ -52,11 +53,12 @@ def check(found: list[Need], only: Optional[tuple[str, ...]] = None) -> list[str
 
 
 def machine(cfg: TrainConfig, ranks: int, where: str, methods: int = 1, flags: str = "--out",
-            only: Optional[tuple[str, ...]] = None) -> list[str]:
+            only: Optional[tuple[str, ...]] = None, nodes: int = 1) -> list[str]:
     """Check a resolved, validated ``cfg`` against this machine: ConfigError on a shortfall,
-    the warnings of tight margins returned (the caller says them, once)."""
+    the warnings of tight margins returned (the caller says them, once). ``ranks``: every
+    rank this machine runs (an emulated cluster's ``nodes`` nodes' together)."""
     from .data import default_workers
 
     workload = make_workload(cfg)
-    workers = default_workers(cfg, workload.in_memory, ranks)
-    return check(needs(cfg, workload, ranks, workers, where, methods, flags), only)
+    workers = default_workers(cfg, workload.in_memory, ranks // nodes)  # as each node's ranks decide
+    return check(needs(cfg, workload, ranks, workers, where, methods, flags, nodes), only)
