@@ -41,7 +41,7 @@ import torch.distributed as dist
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_path, atomic_write_json
-from labkit.core.methods import spec
+from labkit.core.methods import moved_bytes
 from labkit.training import lifecycle
 from labkit.training.dist import env_world, is_distributed
 from labkit.training.instruments.timers import PARTS, Stopwatch, busy_figures
@@ -121,13 +121,6 @@ def measure_collectives(push_bytes: int, pull_bytes: int, dtype: torch.dtype,
                              "times": [r + b for r, b in zip(t_red, t_bc)]},
         "all_reduce_sweep": sweep,
     }
-
-
-def moved_bytes(cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
-    """(bytes a trainer pushes or all-reduces per step, bytes it pulls per step)."""
-    push = grad_bytes // 2 if cfg.compress != "none" else grad_bytes  # fp16, bf16: 2 bytes
-    pull = grad_bytes if spec(cfg.method).serves else 0  # a PS worker pulls fp32 parameters
-    return push, pull
 
 
 class StepTimer:

@@ -224,3 +224,12 @@ def result_file_of(method: str) -> str:
 def server_ranks(method: str, ps_servers: int) -> int:
     """How many ranks serve: ``ps_servers`` for a parameter server, none otherwise."""
     return ps_servers if spec(method).serves else 0
+
+
+def moved_bytes(cfg, grad_bytes: int) -> tuple[int, int]:
+    """(bytes a trainer pushes or all-reduces per step, bytes it pulls per step) for a
+    TrainConfig ``cfg`` whose model's gradients are ``grad_bytes``: the bench's collectives
+    (labkit.bench.bench_rank) and an emulated cluster's link check (labkit.training.budget)."""
+    push = grad_bytes // 2 if cfg.compress != "none" else grad_bytes  # fp16, bf16: 2 bytes
+    pull = grad_bytes if spec(cfg.method).serves else 0  # a PS worker pulls fp32 parameters
+    return push, pull
