@@ -142,6 +142,14 @@ def oom_kills() -> Optional[int]:
     return None
 
 
+def duration(seconds: float) -> str:
+    """Seconds for people: 40 s, 12.5 min, 4.4 h, 3.2 days."""
+    for unit, scale in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 # ------------------------------------------------------------------ what a run needs
 def disk_need(where: str, state_bytes: int, model_bytes: int, methods: int, checkpoint: bool,
               flags: str) -> Need:

@@ -25,14 +25,15 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json
 from labkit.core.methods import key_of
 from labkit.core.procs import EMULATED_NODES
-from labkit.core.resources import oom_kills
+from labkit.core.resources import duration, oom_kills, size
 from labkit.core.results import read_result
 from labkit.core.status import INTERRUPTED_WHY, Status
+from labkit.training.budget import STALL_TIMEOUTS, step_link_bytes
 
 from .cluster import (RDZV_PORT, ClusterSpec, Link, check_machine, link_record, parse_link,
                       read_goodput, run_cluster)
 from .cluster_node import hostname
-from .failures import explain_failure
+from .failures import Explanation, explain_failure, quote
 from .launch_params import Nodes
 from .torchrun_job import (LaunchResult, Throttle, checked_for_machine, environment, log_dir_of,
                           mark_ended, shown_ranks, torchrun_command, warn, write_resolved)
@@ -68,10 +69,11 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     streamed, a failure explained from the node where it happened."""
     spec = cluster_spec(nodes, nproc, machine=False)
     endpoint = f"{hostname(0)}:{RDZV_PORT}"
-    # every node runs here: memory for all their ranks, then the namespaces (tried in
-    # throwaway ones); nothing is written before both pass
+    # every node runs here: memory for all their ranks, a link a step can cross, then the
+    # namespaces (tried in throwaway ones); nothing is written before all of them pass
     if resolved is None:
         cfg = checked_for_machine(cfg, nproc, out_dir, nodes.node(0, endpoint), module, spec.nodes)
+    check_link(cfg, spec)
     check_machine(spec)
     if resolved is None and module == "labkit.train":
         resolved = write_resolved(cfg, nproc, out_dir, nodes.node(0, endpoint))
@@ -99,22 +101,62 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     if code != 0:
         after = oom_kills()
         oom = None if kills is None or after is None else after > kills
-        _explain(out, res.error, key_of(cfg.method), codes, texts, dirs, oom)
+        why = (Explanation(f"{key_of(cfg.method)} failed: {res.error}") if res.error
+               else explain_nodes(cfg, spec, codes, texts, dirs, oom))
+        out.message, out.failed_rank, out.log_tail = why.message, why.rank, why.lines
+        out.explained_from = why.error_file
     _record(out, cfg, nproc, spec, res, cmds, texts, dirs)
     return out
 
 
-def _explain(out: LaunchResult, error: str, key: str, codes: list[int], texts: list[str],
-             dirs: list[str], oom: Optional[bool]) -> None:
-    """The failure, from the node whose rank is blamed (the others only lost their peers)."""
-    if error:
-        out.message = f"{key} failed: {error}"
+def link_time(cfg: TrainConfig, spec: ClusterSpec) -> Optional[tuple[float, float]]:
+    """(bytes one step of the resolved ``cfg`` moves each way over a node's link, seconds
+    they need at the link's rate), where both are known (labkit.training.budget)."""
+    moved = step_link_bytes(cfg, spec.nodes, spec.ranks_per_node) if spec.link.shaped else None
+    return None if not moved else (moved, moved * 8 / spec.link.rate_bit)
+
+
+def _step_needs(cfg: TrainConfig, spec: ClusterSpec, moved: float, seconds: float) -> str:
+    return (f"one step of {key_of(cfg.method)} moves about {size(moved)} each way over a node's "
+            f"link, which needs about {duration(seconds)} at {Link(spec.link.rate_bit)}")
+
+
+def check_link(cfg: TrainConfig, spec: ClusterSpec) -> None:
+    """Refuse (ConfigError, one line) a link on which one step's bytes need longer than a
+    step may take (STALL_TIMEOUTS x --timeout, after which its rank ends the run): before
+    any namespace exists."""
+    need = link_time(cfg, spec)
+    bound = STALL_TIMEOUTS * cfg.timeout
+    if need is None or need[1] <= bound:
         return
-    whys = [explain_failure(key, c, t, d, True, oom)
-            for c, t, d in zip(codes, texts, dirs) if c != 0]
-    why = next((w for w in whys if w.rank is not None), whys[0])
-    out.message, out.failed_rank, out.log_tail = why.message, why.rank, why.lines
-    out.explained_from = why.error_file
+    raise ConfigError(f"--link {spec.link} is too slow: {_step_needs(cfg, spec, *need)}, and a step "
+                      f"may take at most {duration(bound)} ({STALL_TIMEOUTS} x --timeout "
+                      f"{cfg.timeout:g} s): give a faster --link, a smaller model or a longer "
+                      f"--timeout")
+
+
+def explain_nodes(cfg: TrainConfig, spec: ClusterSpec, codes: list[int], texts: list[str],
+                  dirs: list[str], oom: Optional[bool]) -> Explanation:
+    """A failed run's explanation from every node's output and logs (this launcher holds them
+    all): the rank blamed on whichever node it ran. Where no rank failed first (every node's
+    ranks only lost their peers or timed out waiting), that is said of the whole cluster, and
+    the link blamed where one step's bytes need longer than --timeout at its rate."""
+    key = key_of(cfg.method)
+    whys = [explain_failure(key, c, t, d, True, oom) for c, t, d in zip(codes, texts, dirs) if c != 0]
+    # a rank blamed, else a node that did not only lose its peers (its torchrun's own failure)
+    why = next((w for w in whys if w.rank is not None), None) or next(
+        (w for w in whys if not w.lost_peers), whys[0] if whys else None)
+    if why is None or not why.lost_peers:
+        return why or Explanation(f"{key} failed (logs: {os.path.dirname(dirs[0])})")
+    head = (f"{key} failed: no rank failed first: the ranks of all {spec.nodes} emulated nodes "
+            f"only lost their peers or timed out waiting for them (--timeout {cfg.timeout:g} s)")
+    need = link_time(cfg, spec)
+    if need is not None and need[1] > cfg.timeout:
+        return Explanation(f"{head}: {_step_needs(cfg, spec, *need)}, longer than --timeout; give "
+                           f"a faster --link, a smaller model or a longer --timeout (logs: "
+                           f"{os.path.dirname(dirs[0])})", None, why.lines, why.error_file)
+    return Explanation(f"{head}. One of them said:\n" + quote(why.lines), None, why.lines,
+                       why.error_file)
 
 
 def _record(out: LaunchResult, cfg: TrainConfig, nproc: int, spec: ClusterSpec, res,

@@ -68,6 +68,7 @@ class Explanation:
     rank: Optional[int] = None     # the rank blamed, if any
     lines: list[str] = field(default_factory=list)
     error_file: Optional[str] = None  # the torchrun error file the message rests on
+    lost_peers: bool = False       # this node's ranks only lost their peers or timed out waiting
 
 
 # ------------------------------------------------------------------ reading the evidence
@@ -190,15 +191,15 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
         return Explanation(
             f"{method} failed: rank {', '.join(map(str, hung))} hung: the other ranks timed out "
             f"waiting for it in a collective (--timeout){_positions(failures, log_dir)}; "
-            f"rank {who.rank} said:\n" + _quote(who.lines), hung[0], who.lines, who.error_file)
+            f"rank {who.rank} said:\n" + quote(who.lines), hung[0], who.lines, who.error_file)
     if multi_node:
         f = failures[0]
         ranks = ", ".join(str(x.rank) for x in failures)
         return Explanation(
             f"{method} failed on another node: rank {ranks} on this node only lost its peers "
             f"(or timed out waiting for them); the rank that failed first runs on another node: "
-            f"see that node's labkit output and logs. Rank {f.rank} said:\n" + _quote(f.lines),
-            None, f.lines, f.error_file)
+            f"see that node's labkit output and logs. Rank {f.rank} said:\n" + quote(f.lines),
+            None, f.lines, f.error_file, lost_peers=True)
     return _blame(method, failures[0], log_dir, oom)
 
 
@@ -281,7 +282,7 @@ def _blame(method: str, f: Failure, log_dir: str, oom: Optional[bool] = None) ->
     lines = f.lines if f.lines else ([f.error] if f.error else [])
     if f.error and not any(f.error.split(":")[0] in l for l in lines):
         lines = lines + [f.error]  # the exception, from torchrun's error file
-    return Explanation(f"{method} failed: rank {f.rank} {how}{where}\n" + _quote(lines),
+    return Explanation(f"{method} failed: rank {f.rank} {how}{where}\n" + quote(lines),
                        f.rank, lines, f.error_file)
 
 
@@ -315,5 +316,6 @@ def _no_failed_rank(method: str, returncode: int, output: str, multi_node: bool)
                        + "\n".join(last), None, last)
 
 
-def _quote(lines: list[str]) -> str:
+def quote(lines: list[str]) -> str:
+    """A rank's lines as a message quotes them, under its first line."""
     return "\n".join("  | " + l for l in lines)

@@ -13,10 +13,14 @@ from __future__ import annotations
 from typing import Optional
 
 from labkit.core.config import ConfigError, TrainConfig
+from labkit.core.methods import moved_bytes, server_ranks, spec
 from labkit.core.resources import Need, disk_need, memory_need, shm_need
 from labkit.workloads import Workload, make_workload
 
 FLOAT = 4  # bytes of a float32 value: weights, gradients and optimizer state are kept in fp32
+#: a training step that has not ended after this many --timeout is ended by its rank
+#: (labkit.training.rank's stall watchdog): the run then fails, whatever the step waits for
+STALL_TIMEOUTS = 2
 
 
 def checkpoint_bytes(values: int, state_per_value: int) -> int:
@@ -62,3 +66,24 @@ def machine(cfg: TrainConfig, ranks: int, where: str, methods: int = 1, flags: s
     workload = make_workload(cfg)
     workers = default_workers(cfg, workload.in_memory, ranks // nodes)  # as each node's ranks decide
     return check(needs(cfg, workload, ranks, workers, where, methods, flags, nodes), only)
+
+
+def step_link_bytes(cfg: TrainConfig, nodes: int, ranks_per_node: int) -> Optional[float]:
+    """About how many bytes one training step of a resolved ``cfg`` moves each way over a
+    node's link, its ranks on ``nodes`` nodes of ``ranks_per_node``: from the model's size
+    and what the method sends (labkit.core.methods.moved_bytes). An all-reduce of the
+    gradients (DDP, the hand-written all-reduce) carries 2 (N-1)/N of them over each of N
+    nodes' links, the least any all-reduce can (a ring's share); a parameter server's node
+    that holds no server pushes the gradients out and pulls the parameters in. None where
+    that is not known: one node, a method that sends less or not in every step (PowerSGD,
+    local SGD, DiLoCo, the bound, a method of one's own), an asynchronous parameter server,
+    or servers on every node."""
+    s = spec(cfg.method)
+    if nodes < 2 or not (s.builtin and s.exact) or cfg.ps_staleness:
+        return None
+    push, pull = moved_bytes(cfg, FLOAT * make_workload(cfg).state_values())
+    if not s.serves:
+        return 2 * (nodes - 1) / nodes * push
+    if server_ranks(cfg.method, cfg.ps_servers) > (nodes - 1) * ranks_per_node:
+        return None
+    return max(push, pull)
