@@ -5,9 +5,10 @@ namespace exists; a probe far below the set rate says so; and a run on which no 
 first is explained from every node's logs, naming the link where one step needs longer than
 --timeout, not as a failure "on another node".
 
-All in-process and CPU-cheap: the refusals run `labkit run` (labkit.cli.main) with the
-namespaces and the cluster replaced by a tripwire; the explanation reads node logs made the way
-a real run at a slow link left them (gloo's timeouts in DDP's first broadcast, 2026-11-29)."""
+All in-process and CPU-cheap: the refusals run `labkit run` and `labkit experiment`
+(labkit.cli.main) with the namespaces, the cluster and an experiment's methods replaced by a
+tripwire; the explanation reads node logs made the way a real run at a slow link left them
+(gloo's timeouts in DDP's first broadcast, 2026-11-29)."""
 from __future__ import annotations
 
 import json
@@ -31,36 +32,52 @@ GiB = resources.GiB
 
 @pytest.fixture
 def no_namespaces(monkeypatch):
-    """A refusal must come before the cluster is tried or built: either fails the test."""
+    """A refusal must come before the cluster is tried or built, and before any method of an
+    experiment starts: each fails the test."""
+    from labkit.launch import cluster
+    from labkit.orchestrate import experiment
+
     def tripwire(*a, **kw):
         raise AssertionError("a network namespace was made before the refusal")
     monkeypatch.setattr(emulated, "check_machine", tripwire)
     monkeypatch.setattr(emulated, "run_cluster", tripwire)
+    monkeypatch.setattr(cluster, "check_machine", tripwire)  # `labkit experiment` tries it
+    monkeypatch.setattr(experiment, "run_method_notebook", tripwire)
 
 
-def refused(argv: list, capsys) -> str:
-    """`labkit run ARGV` in-process: exit 2 and its one line on stderr, nothing on stdout."""
-    code = cli.main(["run", *map(str, argv)])
+def refused(command: str, flags: list, tmp_path: Path, capsys) -> str:
+    """`labkit run ddp FLAGS --out DIR` or `labkit experiment FLAGS --runs-dir DIR` (its
+    default methods, ddp first) in-process: exit 2 and its one line on stderr, nothing on
+    stdout, DIR not made."""
+    folder = tmp_path / "out"
+    argv = ["ddp", *flags, "--out", folder] if command == "run" else [*flags, "--runs-dir", folder]
+    code = cli.main([command, *map(str, argv)])
     out, err = capsys.readouterr()
     lines = [l for l in err.splitlines() if l.strip()]
     assert code == 2 and len(lines) == 1, (code, out, err)
     assert "Traceback" not in out + err
+    assert not folder.exists()
     return lines[0]
 
 
-def test_a_cluster_bigger_than_the_machine_is_refused_naming_every_rank(tmp_path, capsys,
+# the issue's commands; `labkit experiment` took them as one node's ranks, after the namespaces
+BIG = ["--emulate-nodes", 40, "--nproc", 2, "--link", "1gbit", "--model", "resnet50", "--dataset",
+       "synthetic", "--batch-size", 8]
+SLOW = ["--emulate-nodes", 2, "--nproc", 1, "--link", "10kbit", "--timeout", 20, "--model",
+        "resnet10_small", "--dataset", "digits"]
+
+
+@pytest.mark.parametrize("command", ["run", "experiment"])
+def test_a_cluster_bigger_than_the_machine_is_refused_naming_every_rank(command, tmp_path, capsys,
                                                                         monkeypatch, no_namespaces):
     """The issue's command: 40 nodes x 2 ranks of ResNet-50 on a machine with 22 GiB free."""
     monkeypatch.setattr(resources, "free_memory", lambda: 22 * GiB)
-    out = tmp_path / "ddp"
-    line = refused(["ddp", "--emulate-nodes", 40, "--nproc", 2, "--link", "1gbit", "--model",
-                    "resnet50", "--dataset", "synthetic", "--batch-size", 8, "--out", out], capsys)
+    line = refused(command, BIG, tmp_path, capsys)
     model = FLOAT * state_values("resnet50", 1000)
     need = resources.size(80 * (resources.RANK_BASE + 5 * model))
-    assert line.startswith(f"labkit run: error: not enough host memory in this machine: the run "
-                           f"needs about {need} (80 ranks (40 emulated nodes x 2) x "), line
+    assert line.startswith(f"labkit {command}: error: not enough host memory in this machine: the "
+                           f"run needs about {need} (80 ranks (40 emulated nodes x 2) x "), line
     assert "22.0 GiB free; lower --nproc or --emulate-nodes" in line, line
-    assert not out.exists()
 
 
 def step_bytes(model: str = "resnet10_small", classes: int = 10, nodes: int = 2) -> float:
@@ -68,19 +85,17 @@ def step_bytes(model: str = "resnet10_small", classes: int = 10, nodes: int = 2)
     return 2 * (nodes - 1) / nodes * FLOAT * state_values(model, classes)
 
 
-def test_a_link_too_slow_for_one_step_is_refused_before_anything_starts(tmp_path, capsys,
+@pytest.mark.parametrize("command", ["run", "experiment"])
+def test_a_link_too_slow_for_one_step_is_refused_before_anything_starts(command, tmp_path, capsys,
                                                                          no_namespaces):
     """The issue's command: 2 nodes at 10kbit, --timeout 20: one step needs hours."""
-    out = tmp_path / "ddp"
-    line = refused(["ddp", "--emulate-nodes", 2, "--nproc", 1, "--link", "10kbit", "--timeout", 20,
-                    "--model", "resnet10_small", "--dataset", "digits", "--out", out], capsys)
+    line = refused(command, SLOW, tmp_path, capsys)
     moved = step_bytes()
     hours = moved * 8 / 10_000 / 3600
-    assert line == (f"labkit run: error: --link 10kbit is too slow: one step of ddp moves about "
-                    f"{resources.size(moved)} each way over a node's link, which needs about "
+    assert line == (f"labkit {command}: error: --link 10kbit is too slow: one step of ddp moves "
+                    f"about {resources.size(moved)} each way over a node's link, which needs about "
                     f"{hours:.1f} h at 10kbit, and a step may take at most 40 s (2 x --timeout "
                     f"20 s): give a faster --link, a smaller model or a longer --timeout"), line
-    assert not out.exists()
 
 
 def resolved(method: str = "ddp", **kw) -> TrainConfig:
@@ -203,3 +218,4 @@ def test_a_probe_far_below_the_link_says_the_machine_limits_it():
     assert emulated.probe_warning(ClusterSpec(2, 1, parse_link("100mbit")), [95.5, 95.3]) is None
     assert emulated.probe_warning(ClusterSpec(2, 1, parse_link("5mbit")), [2.7, 4.8]) is None
     assert emulated.probe_warning(ClusterSpec(2, 1, parse_link("unshaped")), [6431.0, 20.0]) is None
+

@@ -22,7 +22,8 @@ from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name
 from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.stats import rotated_order
 from labkit.core.status import INTERRUPTED_WHY, Status, stamp
-from labkit.launch.emulated import cluster_spec
+from labkit.launch import cluster
+from labkit.launch.emulated import check_link, cluster_spec
 from labkit.launch.launch import check_out, mark_ended, validate, warn, write_resolved
 from labkit.launch.launch_params import Nodes, nproc_or_default, plan_lines, with_absolute_paths
 from labkit.runs.record import snapshot, write_record
@@ -70,8 +71,15 @@ def prepare(cfg: TrainConfig, exp: Experiment,
             resolved: Optional[dict[str, TrainConfig]] = None) -> Prepared:
     """All bad input fails here, in seconds, before a folder or a process exists."""
     p = plan(cfg, exp, resolved)
-    cluster_spec(p.exp.nodes, p.nproc)  # an emulated cluster this machine cannot build: one line
-    check_machine(p.resolved, p.nproc, p.exp)
+    # an emulated cluster runs every node here: memory for all their ranks, a link one step of
+    # each method can cross, then the namespaces (tried in throwaway ones), each refused in
+    # one line
+    spec = cluster_spec(p.exp.nodes, p.nproc, machine=False)
+    check_machine(p.resolved, p.nproc, p.exp, spec.nodes if spec else 1)
+    if spec is not None:
+        for c in p.resolved.values():
+            check_link(c, spec)
+        cluster.check_machine(spec)
     # a method of one's own that claims exactness: checked first (seconds), or nothing runs
     checked = [line for c in p.resolved.values()
                if (line := check_before_measuring(c.method, p.nproc, c.timeout, c.workload))]
@@ -110,15 +118,17 @@ def plan(cfg: TrainConfig, exp: Experiment,
                     plan_lines(resolved, nproc, exp.nproc, exp.nodes.node_count))
 
 
-def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment) -> None:
+def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment,
+                  nodes: int = 1) -> None:
     """Room for every method's checkpoints and final model in --runs-dir, /dev/shm and memory
-    for each: a shortfall is refused here, before the run folder exists; tight margins warned
-    about once."""
+    for each (for the ranks of all ``nodes`` nodes, an emulated cluster's on this machine): a
+    shortfall is refused here, before the run folder exists; tight margins warned about once."""
     runs = len(exp.methods) * exp.repeats
     said: list[str] = []
     where = str(layout.runs_root(exp.runs_dir))
     for c in resolved.values():
-        said += [w for w in budget.machine(c, nproc, where, runs, "--runs-dir") if w not in said]
+        said += [w for w in budget.machine(c, nproc * nodes, where, runs, "--runs-dir", nodes=nodes)
+                 if w not in said]
     warn(said)
 
 
