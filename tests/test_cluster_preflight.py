@@ -219,3 +219,14 @@ def test_a_probe_far_below_the_link_says_the_machine_limits_it():
     assert emulated.probe_warning(ClusterSpec(2, 1, parse_link("5mbit")), [2.7, 4.8]) is None
     assert emulated.probe_warning(ClusterSpec(2, 1, parse_link("unshaped")), [6431.0, 20.0]) is None
 
+
+def test_the_bound_a_refusal_names_is_the_one_the_ranks_watchdog_keeps(monkeypatch):
+    """"a step may take at most STALL_TIMEOUTS x --timeout": the rank's stall watchdog ends a
+    step after as long (labkit.training.rank), not after a figure of its own."""
+    from labkit.training import budget, rank, stackdump
+
+    monkeypatch.setattr(budget, "STALL_TIMEOUTS", 3)
+    kept = []
+    monkeypatch.setattr(stackdump, "watch", lambda progress, bound, give_up: kept.append(bound))
+    rank._watch_for_stalls(resolved(), 0, None, None)
+    assert kept == [3 * 20]

@@ -104,7 +104,7 @@ def _watch_for_stalls(cfg: TrainConfig, rank: int, trainer: Trainer,
     rank exits 1 (torchrun then stops the others, which dump theirs). Only training steps are
     watched: a long validation or checkpoint is not a stall, and its collectives are bounded
     by --timeout already."""
-    bound, key = 2 * cfg.timeout, key_of(cfg.method)
+    bound, key = budget.STALL_TIMEOUTS * cfg.timeout, key_of(cfg.method)
 
     def progress():
         return (trainer.doing, trainer.global_step) if trainer.doing == "train" else time.monotonic()
