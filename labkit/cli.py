@@ -333,6 +333,10 @@ def cmd_experiment(args: dict) -> int:
     print(f"report: {status['report']}")
     from .report import load_run, terminal_summary
     print("\n" + terminal_summary(load_run(run)))  # Table 1 with its CIs and the verdicts
+    from .report.accounting import account_text
+    # the lab's own time beside training's; -q: the summary alone
+    if logging.getLogger("labkit").isEnabledFor(logging.INFO) and (text := account_text(run)):
+        print("\n" + text)
     return 0 if status["status"] == Status.COMPLETED else 1
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -272,7 +273,9 @@ def wait_for(cond: Callable[[], object], timeout: float = 240.0, what: str = "co
 
 
 def processes_naming(marker: str) -> list[str]:
-    """Command lines of live processes (not zombies) that mention ``marker``, this one excluded."""
+    """Command lines of live processes (not zombies) that mention ``marker``, this one excluded,
+    in their command line or in a file they hold open: a warm rank's command line is that of
+    the fork server it was forked from (labkit.launch.agent), its log files are the run's."""
     import psutil
 
     found = []
@@ -281,11 +284,33 @@ def processes_naming(marker: str) -> list[str]:
             if p.info["pid"] == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             line = " ".join(p.info["cmdline"] or ())
-            if marker in line:
+            if marker in line or any(marker in f.path for f in p.open_files()):
                 found.append(f"{p.info['pid']} {line}")
         except psutil.Error:
             pass
     return found
+
+
+_RANK_LOG = re.compile(r"attempt_\d+/(\d+)/std(out|err)\.log$")
+
+
+def rank_of(p) -> int | None:
+    """The local rank a process (psutil.Process) runs as, or None when it is no rank. A rank
+    of torch's own torchrun runs ``-m labkit.train`` with LOCAL_RANK in its environment; a warm
+    rank (labkit.launch.agent) has the command line of the warm process it was forked from,
+    its environment set after the fork (not in /proc), and its log files open
+    (``attempt_K/<local rank>/stdout.log``), which no other process of the run holds as a
+    warm-process child (loader servers and workers have another command line)."""
+    line = " ".join(p.cmdline())
+    if "labkit.train" in line and "multiprocessing" not in line:
+        local = p.environ().get("LOCAL_RANK")
+        return int(local) if local is not None else None
+    if "multiprocessing.forkserver" in line and "labkit.training.rank" in line:
+        for f in p.open_files():
+            m = _RANK_LOG.search(f.path)
+            if m:
+                return int(m.group(1))
+    return None
 
 
 def leftovers(marker: str, deadline: float = 20.0) -> list[str]:

@@ -16,6 +16,9 @@ pytestmark = pytest.mark.e2e  # it starts Python processes (tiny ones: `-c pass`
 STARTS = {
     "rank": [sys.executable, "-c", "pass", "-m", "labkit.train", "--method", "ddp"],
     "torchrun agent": [sys.executable, "-c", "pass", "-m", "torch.distributed.run", "--standalone"],
+    # labkit's agent and the warm process it forks ranks from (labkit.launch.agent)
+    "warm process": [sys.executable, "-c", "pass", "from multiprocessing.forkserver import main; "
+                     "main(3, 4, ['torch', 'labkit.training.rank'])"],
     "kernel": [sys.executable, "-c", "pass", "-m", "ipykernel_launcher", "-f", "k.json"],
     "labkit command": [sys.executable, "-c", "pass", "-m", "labkit", "experiment"],
 }
@@ -38,12 +41,12 @@ def test_every_process_is_recorded_with_its_test_and_counted_by_kind(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     said = p.stdout.splitlines()
-    assert said[0] == "5 Python processes started by the tests:"
+    assert said[0] == f"{len(STARTS) + 1} Python processes started by the tests:"
     for kind in STARTS:
         assert f"  {kind:15s} {1:5d}" in said, (kind, said)
     assert f"  {'other Python':15s} {1:5d}" in said
     row = next(l for l in said if l.startswith("test_x.py::test_y "))
-    assert row.split()[1] == "4", row  # test_y started four, test_z one
+    assert row.split()[1] == str(len(STARTS)), row  # test_y started one of each kind, test_z one
     assert any(l.startswith("test_x.py::test_z[a/b] ") for l in said), said  # a path in its id kept
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import make_image_tree
+from helpers import make_image_tree, rank_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loader_workers")]
 
@@ -122,7 +122,7 @@ def torchrun(args: list[str]) -> list[str]:
 
 
 def is_rank(p: psutil.Process) -> bool:
-    return "labkit.train" in p.cmdline()  # python -u -m labkit.train ...
+    return rank_of(p) is not None  # -m labkit.train, or a warm rank (labkit.launch.agent)
 
 
 def worker_pids(tree: Tree) -> set[int]:
@@ -234,7 +234,7 @@ def test_a_stopped_worker_is_one_line_naming_its_rank_and_loader(tree, tmp_path,
     while time.monotonic() < deadline and proc.poll() is None and not stopped:
         for p in t.poll():
             try:
-                if is_rank(p) and p.environ().get("RANK") == "1" and _epochs_done(out) >= 1:
+                if rank_of(p) == 1 and _epochs_done(out) >= 1:
                     stopped = [c for c in p.children(recursive=True) if c.ppid() != p.pid]
             except psutil.Error:
                 pass

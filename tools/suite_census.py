@@ -20,14 +20,17 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-KINDS = ("rank", "warm rank", "torchrun agent", "labkit command", "kernel", "papermill",
+KINDS = ("rank", "warm rank", "torchrun agent", "warm process", "labkit command", "kernel", "papermill",
          "loader server", "pytest worker", "other Python")
 
 
 def kind(argv: str) -> str:
     """The kind of process a command line starts."""
-    if "torch.distributed.run" in argv or re.search(r"/torchrun\b", argv):
-        return "torchrun agent"
+    if ("torch.distributed.run" in argv or "labkit.launch.agent" in argv
+            or re.search(r"/torchrun\b", argv)):
+        return "torchrun agent"  # torch's, or labkit's with warm ranks (labkit.launch.agent)
+    if "multiprocessing.forkserver" in argv and "labkit.training.rank" in argv:
+        return "warm process"  # a node's fork server of ranks (labkit.launch.agent.PRELOAD)
     if re.search(r" warm -m labkit\.train\b", argv):
         return "warm rank"  # forked from a pytest worker's warm server (tests/warm.py)
     if re.search(r" -m labkit\.(train|training\.\w+)\b", argv):

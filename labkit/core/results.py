@@ -445,6 +445,9 @@ class Result:
     # figures a reader compares against); absent: the guide's image classification
     workload: Optional[dict] = None
     examples: Optional[dict] = None     # what the run shows a person at its end (lm: text)
+    # where rank 0's time went: its process's start, its end and the seconds of each phase
+    # (labkit.training.trainer.Trainer.timeline; labkit.report.accounting reads it)
+    timeline: Optional[dict] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _OBJECTS = {"epochs", "summary", "efficiency", "status", "all_losses", "extra"}

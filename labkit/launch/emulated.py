@@ -84,7 +84,7 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     logs = os.path.join(out_dir, layout.LOGS_DIR, CLUSTER_LOGS)
     os.makedirs(logs, exist_ok=True)
     streamer = _Streamer(logs, spec, set(show), Throttle(stream, throttle_s))
-    t0, kills = time.monotonic(), oom_kills()
+    t0, started, kills = time.monotonic(), time.time(), oom_kills()
     try:
         env = {**environment(nproc * spec.nodes, env, nodes.max_restarts),
                EMULATED_NODES: str(spec.nodes)}
@@ -97,7 +97,8 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     texts = [_read(res.log(k)) for k in range(spec.nodes)]
     codes = [1 if c is None else c for c in res.returncodes]
     code = next((c for c in codes if c != 0), 0 if res.ok else 1)
-    out = LaunchResult(cfg.method, code, out_dir, dirs[0], cmds[0], time.monotonic() - t0)
+    out = LaunchResult(cfg.method, code, out_dir, dirs[0], cmds[0], time.monotonic() - t0,
+                       started_at=started)
     if code != 0:
         after = oom_kills()
         oom = None if kills is None or after is None else after > kills
@@ -179,7 +180,7 @@ def _record(out: LaunchResult, cfg: TrainConfig, nproc: int, spec: ClusterSpec, 
             "method": cfg.method, "nproc": nproc, "emulated": link, "commands": cmds,
             "command": cmds[0], "command_line": " && ".join(shlex.join(c) for c in cmds), "returncodes": res.returncodes, "returncode": out.returncode,
             "wall_time": out.wall_time, "failed_rank": out.failed_rank, "message": out.message,
-            "explained_from": out.explained_from}, out.out_dir))
+            "explained_from": out.explained_from, **out.times()}, out.out_dir))
     except (OSError, ValueError) as e:
         if out.ok:
             raise

@@ -171,6 +171,9 @@ def explain_failure(method: str, returncode: int, output: str, log_dir: str,
     """One message naming the rank that failed first (never one that only lost its peers);
     with several nodes, ``output`` and ``log_dir`` cover this node's ranks only. ``oom``: whether
     the kernel's out-of-memory killer killed a process meanwhile (None: not known here)."""
+    gone = re.search(r"labkit: error: (the warm process .*)", output)  # labkit.launch.agent
+    if gone:  # every rank stopped with the process they were forked from: nothing else to blame
+        return Explanation(f"{method} failed: {gone.group(1)}", None, [gone.group(1)])
     failures = collect(output, log_dir)
     differ = _differ(method, failures, log_dir)
     if differ is not None:

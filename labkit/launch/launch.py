@@ -61,14 +61,15 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     log_dir = log_dir_of(out_dir, nodes)
     show = shown_ranks(cfg, nproc)
     cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra, resolved)
-    t0, kills = time.monotonic(), oom_kills()
+    t0, started, kills = time.monotonic(), time.time(), oom_kills()
     try:
         returncode, text = _run(cmd, environment(nproc, env, nodes.max_restarts),
                                 Throttle(stream, throttle_s))
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         raise
-    res = LaunchResult(cfg.method, returncode, out_dir, log_dir, cmd, time.monotonic() - t0)
+    res = LaunchResult(cfg.method, returncode, out_dir, log_dir, cmd, time.monotonic() - t0,
+                       started_at=started)
     if not res.ok:
         after = oom_kills()
         why = explain_failure(key_of(cfg.method), returncode, text, log_dir, nodes.multi,
@@ -93,7 +94,7 @@ def _record(res: LaunchResult, cfg: TrainConfig, nproc: int, nodes: Nodes, text:
         atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
             "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
             "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
-            "message": res.message, "explained_from": res.explained_from}, out_dir))
+            "message": res.message, "explained_from": res.explained_from, **res.times()}, out_dir))
     except OSError as e:
         if res.ok:
             raise

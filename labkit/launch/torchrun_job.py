@@ -52,6 +52,12 @@ class LaunchResult:
     failed_rank: Optional[int] = None
     log_tail: list[str] = field(default_factory=list)
     explained_from: Optional[str] = None  # torchrun's error file the message rests on
+    started_at: float = 0.0  # seconds since the epoch when the launcher started torchrun
+
+    def times(self) -> dict:
+        """When torchrun started and ended (seconds since the epoch: the ranks' clock), for the
+        launch file (labkit.report.accounting)."""
+        return {"started_at": self.started_at, "ended_at": self.started_at + self.wall_time}
 
     @property
     def ok(self) -> bool:
@@ -98,10 +104,11 @@ def check_out(cfg: TrainConfig) -> None:
 def torchrun_command(cfg: TrainConfig, nproc: int, log_dir: str, nodes: Nodes = Nodes(),
                      show_ranks: tuple[int, ...] = (0,), module: str = "labkit.train",
                      extra: tuple[str, ...] = (), resolved: Optional[str] = None) -> list[str]:
-    """The torchrun command line for ``module`` (labkit.train, or the bench's ranks:
-    labkit.bench.bench_rank): ``--resolved FILE`` when the config was written there (the
+    """The torchrun command line (labkit's agent, labkit.launch.agent, whose ranks start warm)
+    for ``module`` (labkit.train, or the bench's ranks: labkit.bench.bench_rank): ``--resolved FILE`` when the config was written there (the
     ranks read it instead of resolving the flags again), else ``cfg`` as flags."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    # torchrun's agent with ranks forked warm (labkit.launch.agent): the same flags
+    cmd = [sys.executable, "-m", "labkit.launch.agent", f"--nproc-per-node={nproc}"]
     if nodes.multi:
         cmd += [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes.rdzv_endpoint}",

@@ -275,10 +275,12 @@ class ExperimentFolder:
         if before_report is not None:
             before_report(self.run, st)
         if self.p.exp.report:
+            t0 = time.monotonic()
             html, why = report_or_why(
                 lambda: make_report(self.run, kernel, self.p.exp.cell_timeout, stream),
                 self.run, stream)
             st["report"] = str(html) if html else f"report failed: {why}"
+            st["report_s"] = round(time.monotonic() - t0, 2)
             if why:
                 st["status"] = Status.FAILED
         else:
@@ -305,6 +307,7 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
     stream.write(f"\n=== {label}: {p.nproc} processes ===\n")
     stream.flush()
     t0 = time.monotonic()
+    entry["started_at"] = time.time()  # the lab's own time, accounted (labkit.report.accounting)
     try:
         # resolved and checked by plan(); only the method's folder is new. The notebook and
         # the ranks read this file and decide nothing again; its values are passed beside it
@@ -328,6 +331,7 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
         entry["status"] = Status.INTERRUPTED
         raise
     entry["wall_time"] = time.monotonic() - t0
+    entry["ended_at"] = entry["started_at"] + entry["wall_time"]
 
 
 def _write_resolved(cfg: TrainConfig, mdir: Path, p: Prepared) -> dict:

@@ -18,7 +18,9 @@ And how a rank that finished ends: :func:`leave`, without the interpreter's tear
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
+import runpy
 import signal
 import sys
 import threading
@@ -112,7 +114,10 @@ def leave(code: int) -> None:
     sys.stderr.flush()
     if code == 0 and not workers.running():
         workers.remove_temp_dir()  # the one finaliser of the teardown skipped here that matters
-        os._exit(code)
+        if multiprocessing.parent_process() is None:
+            os._exit(code)
+        # a warm rank (warm_rank) returns to the agent's multiprocessing context, which reads its
+        # return and ends the process with os._exit itself: no teardown either
     if code != 0:
         workers.kill_all()
     sys.exit(code)
@@ -148,6 +153,19 @@ def start_rank(module: str) -> None:
 
     steady_malloc()  # before the model and the data allocate anything (dist.py says why)
     leave(importlib.import_module(module).main())
+
+
+def warm_rank(module: str, *argv: str) -> None:
+    """A rank started warm (labkit.launch.agent): forked from the node's fork server, which
+    imported torch, torchvision and labkit once. Runs ``module`` as ``python -m module argv``
+    would (labkit.train, labkit.bench.bench_rank: each calls :func:`start_rank`); an exit 0
+    returns to the agent's multiprocessing context, any other code exits with it."""
+    # the process object came pickled from the agent, with the agent's multiprocessing
+    # directory (where the fork server's socket lives): this rank makes its own (its loaders'
+    # fork server), which it removes at its end (workers.remove_temp_dir), not the agent's
+    multiprocessing.current_process()._config.pop("tempdir", None)  # util.get_temp_dir's
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def run_rank(work: Callable[[], object], prog: str) -> int:

@@ -79,6 +79,7 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
         _watch_for_stalls(cfg, ctx.rank, trainer, results)
         trainer.fit(results, start)
         if results is not None:
+            results.update(timeline=trainer.timeline())
             results.finish(Status.COMPLETED)
             print(f"results: {results.path}", flush=True)
         return out

@@ -78,6 +78,9 @@ class Trainer:
         self.efficiency = Efficiency(cfg, ctx, w, data)
         self.global_step = 0
         # where the run is, for a one-line failure (labkit.training.exhaustion): see position()
+        # the phases' seconds (``doing`` is a clock: see its setter), for timeline()
+        self.spent: dict[str, float] = {}
+        self._doing, self._since = "start", time.perf_counter()
         self.epoch, self.step, self.doing = 0, 0, "start"
         self._local_opt: Optional[torch.optim.Optimizer] = None
         # called as fn(trainer, global_step) before each training step (labkit.training.extensions)
@@ -85,6 +88,29 @@ class Trainer:
         if w.lr_at(0, 1) is not None:  # the workload's schedule, set before every step
             self.step_callbacks.append(Trainer._schedule)
         extensions.trainer_built(self)
+
+    @property
+    def doing(self) -> str:
+        """What the rank is doing now: start, train, validation, checkpoint, calibration, final."""
+        return self._doing
+
+    @doing.setter
+    def doing(self, what: str) -> None:
+        """Move to phase ``what``; the phase left is charged the time since it began."""
+        now = time.perf_counter()
+        self.spent[self._doing] = self.spent.get(self._doing, 0.0) + now - self._since
+        self._doing, self._since = what, now
+
+    def timeline(self) -> dict:
+        """Where this rank's time went, for the result file (labkit.report.accounting): the
+        process's start and this moment (seconds since the epoch: the launcher's clock) and the
+        seconds of each phase since the Trainer was built; what lies between the process's start
+        and the first phase (imports, the data, the model, the process group) is the rank's start."""
+        import psutil
+
+        self.doing = self._doing  # the phase now running, charged up to now
+        return {"process_start": psutil.Process().create_time(), "now": time.time(),
+                "spent": {k: round(v, 4) for k, v in self.spent.items()}}
 
     def _schedule(self, _global_step: int) -> None:
         """The workload's learning rate for this step of the run (counted from the epoch, so a

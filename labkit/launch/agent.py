@@ -1,0 +1,121 @@
+"""A node's torchrun agent whose ranks start warm: torch, torchvision and labkit imported once per
+node, not once per rank.
+
+    python -m labkit.launch.agent --nproc-per-node=4 --standalone ... -m labkit.train --resolved F
+
+takes torchrun's own flags and does what ``torchrun`` does (torch.distributed.run: the same
+LaunchConfig, rendezvous, restarts, log files, ``--tee``, prefixes, error files, the failure
+summary), with one change: each rank is a function entry point started by multiprocessing's
+``forkserver`` method (``elastic_launch`` runs function entry points under
+torch.distributed.elastic's MultiprocessContext), whose server process imports :data:`PRELOAD`
+once, before the first rank, and forks every rank from there. A rank then runs the module given
+after ``-m`` as ``python -m`` would (labkit.training.lifecycle.warm_rank), so nothing in a rank
+knows how it started.
+
+Why this way, not a warm process of our own with thin clients under torchrun: the agent,
+its supervision of each rank and the fork server are torch's and Python's, kept by them; what
+labkit adds is the preload and the entry point. The fork server is started by this agent
+(single-threaded, no torch op run, no CUDA initialised), so a fork from it is safe where a fork
+from the agent (the rendezvous store's threads, the log tailers) is not.
+
+The server is this agent's child and dies with it; each rank asks to get SIGTERM when the server
+dies (labkit.training.lifecycle), so a killed server stops its ranks, and the agent, which then
+sees every rank gone, says so in one line (:data:`SERVER_KILLED`).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import sys
+import uuid
+
+#: what a rank imports before its first step, measured with ``python -X importtime``: torch and
+#: its distributed packages, the models' libraries, labkit's training layer and its methods
+PRELOAD = [
+    "torch", "torch._dynamo", "torch.distributed", "torch.distributed.elastic.multiprocessing.errors",
+    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook", "torch.nn.parallel",
+    "torch.utils.flop_counter", "torch.utils.data", "torchvision", "sklearn.datasets", "psutil",
+    "labkit.training.lifecycle", "labkit.training.rank", "labkit.training.trainer",
+    "labkit.training.data", "labkit.training.sync.registry", "labkit.workloads.catalog",
+    "labkit.workloads.images.models", "labkit.workloads.images.image_sets",
+    "labkit.workloads.lm.model", "labkit.workloads.lm.corpus",
+]
+#: the line the agent prints when the fork server died under its ranks
+SERVER_KILLED = "the warm process that forks this node's ranks"
+
+
+def main(argv: list[str] | None = None) -> None:
+    # the fork server first: its imports run while this agent imports torch for itself
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from labkit.training.lifecycle import warm_rank
+
+    args = torchrun.parse_args(argv)
+    if not args.module:
+        sys.exit("labkit.launch.agent: give the ranks' module with -m (e.g. -m labkit.train)")
+    if args.standalone:  # as torch.distributed.run.run does
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _, _ = torchrun.config_from_args(args)
+    config.start_method = "forkserver"
+    _report_every_failed_rank()
+    try:
+        elastic_launch(config=config, entrypoint=warm_rank)(args.training_script,
+                                                             *args.training_script_args)
+    except ChildFailedError:
+        _say_if_server_died()
+        raise
+
+
+def _report_every_failed_rank() -> None:
+    """torch's MultiprocessContext reports the first rank that failed, and not the ranks it
+    stopped after it (torchrun's SubprocessContext lists every rank that ended badly, SIGTERM
+    included): where a rank hung outside a collective, the failure summary must name it
+    (labkit.launch.failures tells the hung rank from the ones that timed out by it). So this
+    agent's function entry points get a context that lists them all."""
+    import torch.distributed.elastic.multiprocessing as tem
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, ProcessFailure
+
+    class EveryFailure(MultiprocessContext):
+        def _poll(self):
+            result = super()._poll()
+            if result is not None and result.failures:  # the others stopped by now (close())
+                for local, proc in enumerate(self._pc.processes):
+                    if local not in result.failures and proc.exitcode not in (0, None):
+                        result.failures[local] = ProcessFailure(
+                            local_rank=local, pid=proc.pid, exitcode=proc.exitcode,
+                            error_file=self.error_files[local])
+            return result
+
+    tem.MultiprocessContext = EveryFailure  # start_processes reads it from its module
+
+
+def _say_if_server_died() -> None:
+    """One line on stderr when the fork server is gone: its ranks' exits then read 255."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001 - no public API
+    if pid is None:
+        return
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        done, status = pid, 0
+    if done != pid:
+        return
+    how = (f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+           else f"gone (exit code {os.waitstatus_to_exitcode(status)})")
+    print(f"labkit: error: {SERVER_KILLED} (pid {pid}) was {how}; its ranks were stopped with "
+          f"it", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(main)()

@@ -1,0 +1,133 @@
+"""Where an experiment's wall time went, per method: the lab's own time beside training's.
+
+Three clocks, all seconds since the epoch on the machine that ran them: experiment.json's entry
+of each method (papermill's start and end: ``started_at``, ``ended_at``), the method's launch
+file (torchrun's start and end, labkit.launch.torchrun_job.LaunchResult.times) and rank 0's
+result file (``timeline``: its process's start, its end, and the seconds of each phase the
+Trainer went through, labkit.training.trainer.Trainer.timeline). Each phase below is the
+difference of two of them, so the phases add up to the method's wall time exactly; a method
+whose files lack a clock (an older run, one that failed before its first step) has no account.
+
+    account(run_folder)  ->  {method: {phase: seconds, ..., "total": s}}
+    account_table(accounts)  ->  the rows the terminal and the report print
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from labkit.core import layout
+from labkit.core.run_folder import read_json
+
+#: (key, what the row says), in the order the time is spent
+PHASES = (
+    ("kernel", "notebook kernel start (papermill, the kernel, its imports, the checks)"),
+    ("agent", "torchrun agent, rendezvous and the warm process's imports"),
+    ("rank", "rank start (data, model, process group)"),
+    ("setup", "method set-up before the first step"),
+    ("train", "training epochs"),
+    ("validation", "validation and replica checks"),
+    ("checkpoint", "checkpoints"),
+    ("calibration", "calibration (compute-only steps)"),
+    ("final", "final model, what the run shows, result file"),
+    ("rank_end", "ranks' and agent's end"),
+    ("notebook_end", "notebook's end (saving the executed notebook)"),
+)
+#: the Trainer's phases (its ``doing``) and the row each is charged to
+_TRAINER = {"start": "setup", "train": "train", "validation": "validation",
+            "checkpoint": "checkpoint", "calibration": "calibration", "final": "final"}
+
+
+def method_account(entry: dict, launch: dict, timeline: dict) -> Optional[dict]:
+    """One method's phases in seconds (and ``total``), from its experiment entry, launch file
+    and rank 0's timeline; None when a clock is missing."""
+    try:
+        t0, t_end = float(entry["started_at"]), float(entry["ended_at"])
+        l0, l_end = float(launch["started_at"]), float(launch["ended_at"])
+        r0, r_end = float(timeline["process_start"]), float(timeline["now"])
+        spent = {k: float(v) for k, v in timeline["spent"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    acc = dict.fromkeys((k for k, _ in PHASES), 0.0)
+    for phase, s in spent.items():
+        row = _TRAINER.get(phase, "final")  # a phase of a newer Trainer: with the end
+        acc[row] += s
+    acc["kernel"] = l0 - t0
+    acc["agent"] = r0 - l0
+    acc["rank"] = (r_end - r0) - sum(spent.values())
+    acc["rank_end"] = l_end - r_end
+    acc["notebook_end"] = t_end - l_end
+    acc["total"] = t_end - t0
+    return acc
+
+
+def account(run: Path) -> dict[str, dict]:
+    """Each method of the experiment in folder ``run`` that can be accounted (one repeat: the
+    first), in the order they ran."""
+    exp = _read(Path(run) / layout.EXPERIMENT) or {}
+    out: dict[str, dict] = {}
+    for m, entry in (exp.get("methods") or {}).items():
+        entry = (entry.get("repeats") or [entry])[0]
+        mdir = layout.method_dir(Path(run), m, entry.get("repeat", 1), exp.get("repeats", 1))
+        launch = _read(mdir / layout.launch_file()) or {}
+        result = _result(mdir)
+        acc = method_account(entry, launch, (result or {}).get("timeline") or {})
+        if acc is not None:
+            out[m] = acc
+    return out
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        doc = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _result(mdir: Path) -> Optional[dict]:
+    """Rank 0's result file in a method's folder (its timeline is all this module reads)."""
+    for path in sorted(mdir.glob("results_*.json")):
+        doc = _read(path)
+        if doc is not None:
+            return doc
+    return None
+
+
+def training_share(acc: dict) -> float:
+    """The share of the method's wall time that was training epochs."""
+    return acc["train"] / acc["total"] if acc.get("total") else float("nan")
+
+
+def account_rows(accounts: dict[str, dict]) -> list[dict]:
+    """One row per phase, a column per method (seconds), then the total and training's share."""
+    rows = [{"where the time went": what, **{m: f"{a[k]:.1f}" for m, a in accounts.items()}}
+            for k, what in PHASES]
+    rows.append({"where the time went": "total (s)",
+                 **{m: f"{a['total']:.1f}" for m, a in accounts.items()}})
+    rows.append({"where the time went": "share that was training",
+                 **{m: f"{training_share(a):.0%}" for m, a in accounts.items()}})
+    return rows
+
+
+def all_methods_line(accounts: dict[str, dict]) -> str:
+    """One line over every method: their wall time and training's share of it."""
+    total = sum(a["total"] for a in accounts.values())
+    train = sum(a["train"] for a in accounts.values())
+    return (f"{len(accounts)} method{'s' if len(accounts) != 1 else ''}: {total:.1f} s, of which "
+            f"training epochs {train:.1f} s ({train / total:.0%})" if total else "")
+
+
+def account_text(run: Path) -> str:
+    """The table and its line, as the terminal's end of ``labkit experiment`` prints them
+    ("" when no method can be accounted)."""
+    from labkit.core.texttable import text_table
+
+    accounts = account(run)
+    if not accounts:
+        return ""
+    report_s = (_read(Path(run) / layout.EXPERIMENT) or {}).get("report_s")
+    line = all_methods_line(accounts)
+    if isinstance(report_s, (int, float)):
+        line += f"; then the report, {report_s:.1f} s"
+    return f"where each method's wall time went (s):\n{text_table(account_rows(accounts), right=True)}\n{line}"

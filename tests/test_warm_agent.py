@@ -1,0 +1,117 @@
+"""Ranks that start warm (labkit.launch.agent): one interpreter per node imports torch,
+torchvision and labkit, and every rank is forked from it; the steps are those of the guide's
+bare torchrun command, bit for bit; a killed warm process ends the run in one line, nothing
+left; and the run's result file says where rank 0's time went (labkit.report.accounting)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from helpers import ROOT, Pause, as_flags, leftovers, load_json, tiny_cfg
+from labkit.core.config import TrainConfig
+from labkit.launch.launch import launch
+
+pytestmark = pytest.mark.xdist_group("warm_agent")
+
+CFG = tiny_cfg(epochs=1, max_steps_per_epoch=2, max_val_steps=1)
+RESULT = "results_baseline_ddp.json"
+
+
+def _census_kinds(folder) -> list[str]:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from suite_census import kind
+    finally:
+        sys.path.pop(0)
+    return [kind(line.split("\t")[3]) for line in (folder / "starts.tsv").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def warm_run(tmp_path_factory):
+    """ddp on 2 ranks launched by labkit (the warm agent), with the suite's census of every
+    Python process started: (its folder, the census's folder)."""
+    tmp = tmp_path_factory.mktemp("warm")
+    census = tmp / "census"
+    census.mkdir()
+    os.environ["LABKIT_TEST_CENSUS"] = str(census)
+    try:
+        launch(TrainConfig(**CFG), 2, str(tmp / "warm"), stream=open(os.devnull, "w")).check()
+    finally:
+        os.environ.pop("LABKIT_TEST_CENSUS")
+    return tmp / "warm", census
+
+
+def test_ranks_are_forked_from_one_warm_process_per_node(warm_run):
+    out, census = warm_run
+    kinds = _census_kinds(census)
+    # the agent and its fork server start Python; the two ranks are forks, not interpreters
+    assert kinds.count("torchrun agent") == 1 and kinds.count("warm process") == 1, kinds
+    assert "rank" not in kinds, kinds
+    doc = load_json(out / RESULT)
+    assert doc["status"] == "completed" and doc["world_size"] == 2
+
+
+def test_warm_ranks_take_the_same_steps_as_the_guides_torchrun_command(warm_run, tmp_path):
+    """The guide's bare command (torch's own torchrun, a fresh interpreter per rank) and the
+    warm agent train the same parameters, bit for bit, in the same number of steps."""
+    out, _ = warm_run
+    flags = ["--method", "ddp", "--out", str(tmp_path / "cold"), *as_flags(CFG)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "labkit.train", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    warm = torch.load(out / "final_model.pt", weights_only=True)
+    cold = torch.load(tmp_path / "cold" / "final_model.pt", weights_only=True)
+    assert warm.keys() == cold.keys()
+    assert all(torch.equal(warm[k], cold[k]) for k in warm), "the warm ranks trained other parameters"
+    steps = [len(load_json(d / RESULT)["all_losses"]) for d in (out, tmp_path / "cold")]
+    assert steps[0] == steps[1] > 0
+
+
+def test_the_result_file_accounts_for_rank_0s_time(warm_run):
+    from labkit.report.accounting import method_account
+
+    out, _ = warm_run
+    doc, launched = load_json(out / RESULT), load_json(out / "launch.json")
+    tl = doc["timeline"]
+    assert launched["started_at"] < tl["process_start"] < tl["now"] < launched["ended_at"]
+    assert tl["spent"]["train"] > 0 and tl["spent"]["validation"] > 0
+    entry = {"started_at": launched["started_at"] - 1.0, "ended_at": launched["ended_at"] + 2.0}
+    acc = method_account(entry, launched, tl)
+    phases = sum(v for k, v in acc.items() if k != "total")
+    assert abs(phases - acc["total"]) < 1e-6 and acc["kernel"] == 1.0 and acc["notebook_end"] == 2.0
+    assert all(v >= 0 for v in acc.values()), acc
+
+
+def test_a_killed_warm_process_ends_the_run_in_one_line_with_nothing_left(tmp_path):
+    pause = Pause(tmp_path, method="ddp", rank="*", epoch=1, step=1)
+    out = tmp_path / "killed"
+    os.environ.update(pause.env)
+    got = {}
+    try:
+        t = threading.Thread(target=lambda: got.update(res=launch(
+            TrainConfig(**CFG), 2, str(out), stream=open(os.devnull, "w"))))
+        t.start()
+        held = pause.wait(count=2)
+        import psutil
+
+        server = {psutil.Process(pid).ppid() for pid in held.values()}
+        assert len(server) == 1, server  # both ranks forked by the same process
+        os.kill(server.pop(), signal.SIGKILL)
+        pause.release()
+        t.join(120)
+    finally:
+        os.environ.pop("LABKIT_TEST_PAUSE")
+    assert not t.is_alive(), "the launch did not end"
+    res = got["res"]
+    assert not res.ok
+    first = res.message.splitlines()[0]
+    assert "the warm process that forks this node's ranks" in first and "SIGKILL" in first, res.message
+    assert load_json(out / RESULT)["status"] == "failed"
+    assert not leftovers(str(out))
