@@ -3,7 +3,9 @@ kill (issue 71, item 3). The launcher reads the kernel's count of OOM kills befo
 run (labkit.core.resources.oom_kills): this cgroup's (v2 memory.events), else the kernel's
 (/proc/vmstat, which a cgroup v1 machine and a host without a cgroup namespace have: there
 memory.events is missing, the count read None, and every kill -9 was said to be the OOM
-killer's). The hint follows what the count says: counted, none counted, or unreadable."""
+killer's). The hint follows what the count says: counted, none counted, or unreadable; and so
+does a rank's line for one of its DataLoader workers killed with SIGKILL, from the count as its
+workers started (labkit.training.workers)."""
 from __future__ import annotations
 
 import json
@@ -103,3 +105,45 @@ def test_a_kill_where_no_count_can_be_read_names_both_causes(tmp_path, monkeypat
     assert "killed from outside: by a person or a program, or by the kernel's out-of-memory " \
            "killer if host memory ran out" in line, line
     assert "if memory: lower --nproc, --batch-size or --workers" in line
+
+
+def killed_worker(tmp_path: Path, monkeypatch, before: tuple, after: tuple) -> str:
+    """The one line a rank says for a loader worker that SIGKILL ended, the OOM counters being
+    ``before`` (cgroup, kernel) as the rank's workers start and ``after`` as it explains."""
+    from labkit.training import workers
+    from labkit.training.exhaustion import translate
+
+    monkeypatch.setattr(workers, "_OOM_KILLS", None)  # this rank's count: put back afterwards
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    counters(tmp_path / "before", monkeypatch, *before)
+    workers.count_oom_kills()  # as the rank's fork server starts
+    counters(tmp_path / "after", monkeypatch, *after)
+    # labkit.training.workers.batches' words for a worker the signal ended
+    e = RuntimeError("DataLoader worker (pid 12) is killed by signal: Killed. ")
+    line = str(translate(e, "ddp", 1, "at epoch 1, step 3 of 5", str(tmp_path)))
+    assert line.startswith("ddp failed: rank 1: a DataLoader worker (pid 12) was killed by SIGKILL "
+                           "at epoch 1, step 3 of 5: ") and "\n" not in line, line
+    return line.split("step 3 of 5: ", 1)[1]
+
+
+def test_a_worker_killed_with_no_oom_kill_counted_is_not_blamed_on_memory(tmp_path, monkeypatch):
+    why = killed_worker(tmp_path, monkeypatch, (None, 40), (None, 40))  # kill -9 on cgroup v1
+    assert why == ("killed from outside (a person or a program sent it SIGKILL): no out-of-memory "
+                   "kill counted by the kernel"), why
+
+
+def test_a_worker_killed_as_the_kernel_counted_an_oom_kill_is_blamed_on_memory(tmp_path, monkeypatch):
+    why = killed_worker(tmp_path, monkeypatch, (3, 40), (4, 41))
+    assert why.startswith("the kernel's out-of-memory killer killed it (the kernel counted an "
+                          "out-of-memory kill meanwhile): host memory ran out ("), why
+    assert why.endswith(" available now): --workers 0, a smaller --batch-size or a lower --nproc")
+
+
+def test_a_worker_killed_where_no_count_can_be_read_names_both_causes(tmp_path, monkeypatch):
+    why = killed_worker(tmp_path, monkeypatch, (None, None), (None, None))
+    assert why.startswith("killed from outside: by a person or a program, or by the kernel's "
+                          "out-of-memory killer if host memory ran out (its count cannot be read "
+                          "here; dmesg names its victims; "), why
+    assert why.endswith(" available now): if memory: --workers 0, a smaller --batch-size or a "
+                        "lower --nproc"), why

@@ -21,6 +21,8 @@ from typing import Iterator, Optional
 from labkit.core.errors import Exhausted
 from labkit.core.resources import free_disk, free_memory, free_shm, size
 
+from .workers import oom_killed
+
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 _WORKER = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)? (?:is killed by signal: "
                      r"([^.]+)|exited unexpectedly)")
@@ -95,10 +97,26 @@ def _worker(pids: str, signal: Optional[str], at: str) -> str:
         return (f"{head}: its shared memory ran out (/dev/shm: {size(free_shm() or 0)} free): "
                 f"--workers 0, a smaller --batch-size, or a larger /dev/shm (docker run --shm-size)")
     if name == "SIGKILL":
-        return (f"{head}: killed from outside, as the kernel's out-of-memory killer does when host "
-                f"memory runs out ({size(free_memory() or 0)} available now; dmesg names its "
-                f"victims): --workers 0, a smaller --batch-size or a lower --nproc")
+        return _killed(head)
     return f"{head}: the rank's log may say why; --workers 0 loads the data in the rank itself"
+
+
+def _killed(head: str) -> str:
+    """A worker's SIGKILL, as far as the kernel's count of out-of-memory kills since the rank's
+    workers started tells (labkit.training.workers.oom_killed; labkit.launch.failures.killed
+    says it of a rank)."""
+    oom = oom_killed()
+    if oom is False:
+        return (f"{head}: killed from outside (a person or a program sent it SIGKILL): no "
+                f"out-of-memory kill counted by the kernel")
+    left, remedy = (f"{size(free_memory() or 0)} available now",
+                    "--workers 0, a smaller --batch-size or a lower --nproc")
+    if oom:
+        return (f"{head}: the kernel's out-of-memory killer killed it (the kernel counted an "
+                f"out-of-memory kill meanwhile): host memory ran out ({left}): {remedy}")
+    return (f"{head}: killed from outside: by a person or a program, or by the kernel's "
+            f"out-of-memory killer if host memory ran out (its count cannot be read here; dmesg "
+            f"names its victims; {left}): if memory: {remedy}")
 
 
 def _stalled(seconds: float, at: str) -> str:

@@ -28,9 +28,9 @@ turns it into one line naming the rank and the loader, instead of the collective
 peers would report minutes later, blaming this rank as hung. (DataLoader's own ``timeout``
 covers only the wait on its queue: a worker stopped after it queued a batch, but before it
 handed over the batch's shared memory, leaves the rank waiting in that hand-over for ever.) And
-a worker killed by a signal (SIGBUS when /dev/shm is full, SIGKILL from the OOM killer) is not
-the rank's child, so :func:`batches` names the signal from the worker's exit code, as torch
-does for forked workers.
+a worker killed by a signal (SIGBUS when /dev/shm is full, SIGKILL from the OOM killer or a
+person) is not the rank's child, so :func:`batches` names the signal from the worker's exit
+code, as torch does for forked workers; :func:`oom_killed` tells which SIGKILL it was.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ from typing import Any, Iterable, Iterator, Optional
 import psutil
 
 from labkit.core.procs import die_with_parent
+from labkit.core.resources import oom_kills
 
 SERVER_PRELOAD = ["labkit.training.worker_server"]
 
@@ -76,6 +77,7 @@ def context() -> multiprocessing.context.BaseContext:
     tracker.join()
     multiprocessing.forkserver.ensure_running()
     if not _SERVER_READY:
+        count_oom_kills()  # before this rank's first worker exists
         # the server imports torch before it forks anything (seconds on a busy machine): one
         # process started and joined now waits for that here, while the loaders are built,
         # not in the first step's data wait, where --loader-timeout would count it
@@ -87,6 +89,23 @@ def context() -> multiprocessing.context.BaseContext:
 
 
 _SERVER_READY = False
+#: the kernel's count of out-of-memory kills before this rank's first loader worker started
+#: (labkit.core.resources.oom_kills; None: not read, or not readable here)
+_OOM_KILLS: Optional[int] = None
+
+
+def count_oom_kills() -> None:
+    """Read the kernel's count of out-of-memory kills now, before this rank's loader workers
+    start: a worker killed later is put on memory only where the count grew (oom_killed)."""
+    global _OOM_KILLS
+    _OOM_KILLS = oom_kills()
+
+
+def oom_killed() -> Optional[bool]:
+    """Whether the kernel counted an out-of-memory kill since this rank's workers began
+    (count_oom_kills); None where either count is not known."""
+    now = oom_kills()
+    return None if _OOM_KILLS is None or now is None else now > _OOM_KILLS
 
 
 # A Unix socket's path holds at most 107 bytes: the server's is <tempdir>/pymp-XXXXXXXX/
