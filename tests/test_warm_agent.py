@@ -115,3 +115,20 @@ def test_a_killed_warm_process_ends_the_run_in_one_line_with_nothing_left(tmp_pa
     assert "the warm process that forks this node's ranks" in first and "SIGKILL" in first, res.message
     assert load_json(out / RESULT)["status"] == "failed"
     assert not leftovers(str(out))
+
+
+@pytest.mark.unit
+def test_every_module_the_warm_process_preloads_imports():
+    """multiprocessing's fork server passes over a preload module that fails to import: a name
+    that moved would silently make every rank import it again, cold."""
+    import importlib
+
+    from labkit.launch.agent import PRELOAD
+
+    missing = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            missing.append(f"{name}: {e}")
+    assert not missing, missing

@@ -38,21 +38,12 @@ from pathlib import Path
 
 from helpers import HOOKS, ONE_THREAD, free_port
 
-# what a TINY rank imports, measured with `python -X importtime -m labkit.train` (2026-12):
-# torch, torchvision (through the models), torch._dynamo (through torch.optim and DDP), the
-# distributed packages, labkit's training layer and every built-in method
+# what a rank imports: the product's own list (labkit.launch.agent, whose warm process forks
+# the ranks of every labkit launch), and this module (each rank's target, unpickled in the child)
+from labkit.launch.agent import PRELOAD as _PRODUCT  # noqa: E402
+
 PRELOAD = [
-    "torch", "torchvision", "torch._dynamo", "torch.distributed",
-    "torch.distributed.elastic.multiprocessing.errors",
-    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
-    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook",
-    "torch.nn.parallel", "torch.utils.flop_counter", "torch.utils.serialization",
-    "labkit.training.rank", "labkit.training.trainer", "labkit.workloads.images.models",
-    "labkit.training.data", "labkit.workloads.images.image_sets", "labkit.workloads.lm.model",
-    "labkit.workloads.lm.corpus", "labkit.training.instruments.exactness", "labkit.training.sync.registry",
-    *(f"labkit.training.sync.{m}" for m in (
-        "ddp", "allreduce", "ps", "ps_async", "ps_collective", "ps_p2p", "ps_sharded",
-        "powersgd", "local_sgd", "diloco", "nosync")),
+    *_PRODUCT,
     "warm",  # this module: each rank's target, unpickled in the child
 ]
 GRACE = 15.0  # seconds between SIGTERM and SIGKILL for the ranks left when one failed
@@ -111,9 +102,6 @@ def _rank(env: dict, argv: list[str], cwd: str, log: str) -> None:
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                   errors="backslashreplace")
-    # the Process object carries the pytest worker's multiprocessing config: its temp dir holds
-    # the server's socket, and a rank removes its own at exit (labkit.training.workers)
-    multiprocessing.current_process()._config.pop("tempdir", None)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -125,7 +113,11 @@ def _rank(env: dict, argv: list[str], cwd: str, log: str) -> None:
     hooks = Path(HOOKS) / "sitecustomize.py"
     if any(k.startswith(_TEST_VARS) for k in env) and hooks.is_file():
         runpy.run_path(str(hooks), run_name="sitecustomize")  # as at start-up, now with the env
-    runpy.run_module("labkit.train", run_name="__main__", alter_sys=True)
+    # then as a rank of the product's warm agent: labkit.train run as `python -m` runs it (its
+    # own multiprocessing directory, not the pytest worker's, whose holds the server's socket)
+    from labkit.training.lifecycle import warm_rank
+
+    warm_rank("labkit.train", *argv)
 
 
 # ------------------------------------------------------------------ the launch

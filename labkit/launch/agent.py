@@ -42,6 +42,10 @@ PRELOAD = [
     "labkit.training.data", "labkit.training.sync.registry", "labkit.workloads.catalog",
     "labkit.workloads.images.models", "labkit.workloads.images.image_sets",
     "labkit.workloads.lm.model", "labkit.workloads.lm.corpus",
+    "labkit.training.instruments.exactness",
+    *(f"labkit.training.sync.{m}" for m in (
+        "ddp", "allreduce", "ps", "ps_async", "ps_collective", "ps_p2p", "ps_sharded",
+        "powersgd", "local_sgd", "diloco", "nosync")),
 ]
 #: the line the agent prints when the fork server died under its ranks
 SERVER_KILLED = "the warm process that forks this node's ranks"
