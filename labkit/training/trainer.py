@@ -36,6 +36,12 @@ from .sync import make_strategy
 from .workers import LoaderWatch, batches
 
 
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process (a forked rank's count starts at its fork)."""
+    t = os.times()
+    return t.user + t.system
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
                  model: torch.nn.Module, steps: int, workload: Optional[Workload] = None):
@@ -81,6 +87,7 @@ class Trainer:
         # the phases' seconds (``doing`` is a clock: see its setter), for timeline()
         self.spent: dict[str, float] = {}
         self._doing, self._since = "start", time.perf_counter()
+        self._start_cpu = _cpu_seconds()  # this process's CPU so far: the rank's start
         self.epoch, self.step, self.doing = 0, 0, "start"
         self._local_opt: Optional[torch.optim.Optimizer] = None
         # called as fn(trainer, global_step) before each training step (labkit.training.extensions)
@@ -105,11 +112,13 @@ class Trainer:
         """Where this rank's time went, for the result file (labkit.report.accounting): the
         process's start and this moment (seconds since the epoch: the launcher's clock) and the
         seconds of each phase since the Trainer was built; what lies between the process's start
-        and the first phase (imports, the data, the model, the process group) is the rank's start."""
+        and the first phase (imports, the data, the model, the process group) is the rank's start,
+        whose CPU seconds are ``start_cpu_s`` (a warm rank's counted from its fork)."""
         import psutil
 
         self.doing = self._doing  # the phase now running, charged up to now
         return {"process_start": psutil.Process().create_time(), "now": time.time(),
+                "start_cpu_s": round(self._start_cpu, 3),
                 "spent": {k: round(v, 4) for k, v in self.spent.items()}}
 
     def _schedule(self, _global_step: int) -> None:
