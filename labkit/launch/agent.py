@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     except ChildFailedError:
         _say_if_server_died()
         raise
+    finally:
+        _stop_server()
 
 
 def _report_every_failed_rank() -> None:
@@ -100,6 +102,30 @@ def _report_every_failed_rank() -> None:
             return result
 
     tem.MultiprocessContext = EveryFailure  # start_processes reads it from its module
+
+
+def _stop_server(wait_s: float = 5.0) -> None:
+    """End the fork server (it leaves when the agent's end of its pipe closes) and reap it, so
+    that its CPU time and its ranks' (it reaped them) count as this agent's children's: what a
+    process's parent measures of it (resource.getrusage, the tests' CPU count) stays whole."""
+    import time
+
+    server = multiprocessing.forkserver._forkserver  # noqa: SLF001 - no public API
+    pid, alive = getattr(server, "_forkserver_pid", None), getattr(server, "_forkserver_alive_fd", None)
+    if pid is None:
+        return
+    try:
+        os.close(alive)
+    except (OSError, TypeError):
+        pass
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # reaped already (_say_if_server_died)
+            return
+        time.sleep(0.02)
 
 
 def _say_if_server_died() -> None:
