@@ -50,7 +50,7 @@ def test_experiment_makes_a_complete_run_folder(experiment):
     import torchvision
     assert (env["torch"], env["torchvision"]) == (torch.__version__, torchvision.__version__)
     assert set(env["torchrun_commands"]) == {f"{r}/{m}" for r in REPEATS for m in EXPERIMENT_METHODS}
-    assert "torch.distributed.run" in env["torchrun_commands"]["repeat-1/ps"]
+    assert "labkit.launch.agent" in env["torchrun_commands"]["repeat-1/ps"]  # torchrun's, ranks warm
     status = load_json(run / "experiment.json")
     assert {m: e["status"] for m, e in status["methods"].items()} == dict.fromkeys(EXPERIMENT_METHODS, "completed")
 

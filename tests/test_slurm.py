@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TINY, free_port, load_json
+from helpers import ROOT, TINY, free_port, load_json, rank_of
 
 pytestmark = [pytest.mark.xdist_group("slurm")]  # one worker owns the daemons
 
@@ -65,6 +65,16 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
     except OSError:
         return "(gone)"
+
+
+def _is_rank(pid: int) -> bool:
+    """A training rank: under torch's torchrun, or forked warm by labkit's agent (helpers.rank_of)."""
+    import psutil
+
+    try:
+        return rank_of(psutil.Process(pid)) is not None
+    except psutil.Error:
+        return False
 
 
 class Cluster:
@@ -319,7 +329,7 @@ def test_scancel_stops_every_rank(cluster, tmp_path, record_property):
         if cluster.job(job).get("JobState") in ENDED:  # its rendezvous port was taken: again
             assert port_taken((tmp_path / f"labkit-{job}.out").read_text()), cluster.job(job)
             job = submit_script(cluster, tmp_path, "allreduce", ["--epochs", "200"])
-        ranks = [p for p in pids_with(f"SLURM_JOB_ID={job}") if "labkit.train" in cmdline(p)]
+        ranks = [p for p in pids_with(f"SLURM_JOB_ID={job}") if _is_rank(p)]
     assert len(pids_with(f"SLURM_JOB_ID={job}")) >= 6  # batch shell, srun, 2 x (labkit, torchrun, rank)
     assert cluster.run("scancel", job).returncode == 0
     st = cluster.wait(job, 60)
