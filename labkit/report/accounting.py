@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from labkit.core import layout
-from labkit.core.run_folder import read_json
+from labkit.core.run_folder import RunFolder
 
 #: (key, what the row says), in the order the time is spent
 PHASES = (
@@ -64,12 +64,12 @@ def method_account(entry: dict, launch: dict, timeline: dict) -> Optional[dict]:
 def account(run: Path) -> dict[str, dict]:
     """Each method of the experiment in folder ``run`` that can be accounted (one repeat: the
     first), in the order they ran."""
-    exp = _read(Path(run) / layout.EXPERIMENT) or {}
+    exp = RunFolder(run).get(layout.EXPERIMENT) or {}
     out: dict[str, dict] = {}
     for m, entry in (exp.get("methods") or {}).items():
         entry = (entry.get("repeats") or [entry])[0]
         mdir = layout.method_dir(Path(run), m, entry.get("repeat", 1), exp.get("repeats", 1))
-        launch = _read(mdir / layout.launch_file()) or {}
+        launch = RunFolder(mdir).get(layout.launch_file()) or {}
         result = _result(mdir)
         acc = method_account(entry, launch, (result or {}).get("timeline") or {})
         if acc is not None:
@@ -77,19 +77,11 @@ def account(run: Path) -> dict[str, dict]:
     return out
 
 
-def _read(path: Path) -> Optional[dict]:
-    try:
-        doc = read_json(path)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _result(mdir: Path) -> Optional[dict]:
     """Rank 0's result file in a method's folder (its timeline is all this module reads)."""
     for path in sorted(mdir.glob("results_*.json")):
-        doc = _read(path)
-        if doc is not None:
+        doc = RunFolder(mdir).get(path.name)
+        if isinstance(doc, dict):
             return doc
     return None
 
@@ -126,7 +118,7 @@ def account_text(run: Path) -> str:
     accounts = account(run)
     if not accounts:
         return ""
-    report_s = (_read(Path(run) / layout.EXPERIMENT) or {}).get("report_s")
+    report_s = (RunFolder(run).get(layout.EXPERIMENT) or {}).get("report_s")
     line = all_methods_line(accounts)
     if isinstance(report_s, (int, float)):
         line += f"; then the report, {report_s:.1f} s"
