@@ -37,7 +37,7 @@ PRELOAD = [
     "torch", "torch._dynamo", "torch.distributed", "torch.distributed.elastic.multiprocessing.errors",
     "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
     "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook", "torch.nn.parallel",
-    "torch.utils.flop_counter", "torch.utils.data", "torchvision", "sklearn.datasets", "psutil",
+    "torch.utils.flop_counter", "torch.utils.data", "torchvision", "psutil",
     "labkit.training.lifecycle", "labkit.training.rank", "labkit.training.trainer",
     "labkit.training.data", "labkit.training.sync.registry", "labkit.workloads.catalog",
     "labkit.workloads.images.models", "labkit.workloads.images.image_sets",
