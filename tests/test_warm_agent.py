@@ -141,7 +141,7 @@ def test_every_module_the_warm_process_preloads_imports():
 def test_the_warm_process_preloads_nothing_labkit_never_imports():
     """Every module the warm process imports is one a rank uses: named in an import statement
     somewhere in labkit (at the top or inside a function), or pulled in by those of a package
-    labkit imports (torch._dynamo: torchvision.ops imports it). A preload no rank needs costs
+    labkit imports (torch._dynamo: torch.optim's optimizers and torchvision.ops import it). A preload no rank needs costs
     each node's start its import (scikit-learn's datasets: 1.3 CPU s on VM F, for a digits file
     read without it) and finds nothing to warm."""
     import ast
@@ -163,3 +163,39 @@ def test_the_warm_process_preloads_nothing_labkit_never_imports():
     unused = [m for m in PRELOAD if m not in by_name
               and (m.split(".")[0] not in tops or m not in sys.modules)]
     assert not unused, f"preloaded, but no rank imports them: {unused}"
+
+
+@pytest.mark.unit
+def test_the_warm_process_imports_what_the_launchs_workload_needs(tmp_path):
+    """preload_for reads the workload (and a method of one's own) from the ranks' resolved file
+    or --workload flag: a language model's node does not import torchvision;
+    a module named as package.module:Class is preloaded, one named by its file is not; where
+    nothing says, every built-in's; the built-ins are labkit.workloads.catalog's."""
+    import json
+
+    from labkit.launch.agent import BY_WORKLOAD, COMMON, PRELOAD, preload_for
+    from labkit.workloads.catalog import BUILTIN
+
+    assert set(BY_WORKLOAD) == set(BUILTIN)
+
+    def resolved(workload, source="labkit.training.sync.ddp:DDPStrategy", builtin=True):
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps({"train": {"workload": workload}, "nproc": 2,
+                                    "method_spec": {"source": source, "builtin": builtin}}))
+        return ["--nproc-per-node=2", "--standalone", "-m", "labkit.train", "--resolved", str(path)]
+
+    lm = preload_for(resolved("lm"))
+    assert "labkit.workloads.lm.model" in lm and "torchvision" not in lm
+    assert "torchvision" in preload_for(resolved("images"))
+    mine = preload_for(resolved("mypkg.work:Mine", "mypkg.sync:Mine", builtin=False))
+    assert mine == COMMON + ["mypkg.sync", "mypkg.work"]
+    assert preload_for(resolved("/x/my_work.py:Mine", "/x/my_sync.py:S", builtin=False)) == COMMON
+    flags = ["--standalone", "-m", "labkit.train", "--method", "ddp"]
+    assert preload_for([*flags, "--workload=lm"]) == lm
+    assert preload_for([*flags, "--workload", "images"]) == preload_for(resolved("images"))
+    assert preload_for(flags) == PRELOAD  # the default workload, not named: every built-in's
+    broken = resolved("lm")
+    (tmp_path / broken[-1]).write_text("{")
+    assert preload_for(broken) == PRELOAD  # the ranks say what is wrong with it
+    assert preload_for(resolved("lm", "mypkg.sync:M", builtin=False)) == lm + ["mypkg.sync"]
+    assert preload_for(resolved("lm")) == lm  # and the table itself was not changed by that

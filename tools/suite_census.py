@@ -30,7 +30,7 @@ def kind(argv: str) -> str:
             or re.search(r"/torchrun\b", argv)):
         return "torchrun agent"  # torch's, or labkit's with warm ranks (labkit.launch.agent)
     if "multiprocessing.forkserver" in argv and "labkit.training.rank" in argv:
-        return "warm process"  # a node's fork server of ranks (labkit.launch.agent.PRELOAD)
+        return "warm process"  # a node's fork server of ranks (labkit.launch.agent.preload_for)
     if re.search(r" warm -m labkit\.train\b", argv):
         return "warm rank"  # forked from a pytest worker's warm server (tests/warm.py)
     if re.search(r" -m labkit\.(train|training\.\w+)\b", argv):

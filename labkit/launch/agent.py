@@ -7,8 +7,9 @@ takes torchrun's own flags and does what ``torchrun`` does (torch.distributed.ru
 LaunchConfig, rendezvous, restarts, log files, ``--tee``, prefixes, error files, the failure
 summary), with one change: each rank is a function entry point started by multiprocessing's
 ``forkserver`` method (``elastic_launch`` runs function entry points under
-torch.distributed.elastic's MultiprocessContext), whose server process imports :data:`PRELOAD`
-once, before the first rank, and forks every rank from there. A rank then runs the module given
+torch.distributed.elastic's MultiprocessContext), whose server process imports what the ranks
+will (:func:`preload_for`: torch, labkit's training layer, the launch's workload) once, before
+the first rank, and forks every rank from there. A rank then runs the module given
 after ``-m`` as ``python -m`` would (labkit.training.lifecycle.warm_rank), so nothing in a rank
 knows how it started.
 
@@ -32,29 +33,37 @@ import signal
 import sys
 import uuid
 
-#: what a rank imports before its first step, measured with ``python -X importtime``: torch and
-#: its distributed packages, the models' libraries, labkit's training layer and its methods
-PRELOAD = [
+#: what every rank imports before its first step, measured with ``python -X importtime``: torch
+#: and its distributed packages, labkit's training layer and its methods; torch._dynamo too,
+#: which the first call of any torch.optim optimizer imports (torch._disable_dynamo: 1.4 s)
+COMMON = [
     "torch", "torch._dynamo", "torch.distributed", "torch.distributed.elastic.multiprocessing.errors",
     "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
     "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook", "torch.nn.parallel",
-    "torch.utils.flop_counter", "torch.utils.data", "torchvision", "psutil",
+    "torch.utils.flop_counter", "torch.utils.data", "psutil",
     "labkit.training.lifecycle", "labkit.training.rank", "labkit.training.trainer",
     "labkit.training.data", "labkit.training.sync.registry", "labkit.workloads.catalog",
-    "labkit.workloads.images.models", "labkit.workloads.images.image_sets",
-    "labkit.workloads.lm.model", "labkit.workloads.lm.corpus",
     "labkit.training.instruments.exactness",
     *(f"labkit.training.sync.{m}" for m in (
         "ddp", "allreduce", "ps", "ps_async", "ps_collective", "ps_p2p", "ps_sharded",
         "powersgd", "local_sgd", "diloco", "nosync")),
 ]
+#: what a built-in workload's ranks import beyond COMMON (labkit.workloads.catalog.BUILTIN):
+#: the language model's need no torchvision
+BY_WORKLOAD = {
+    "images": ["torchvision", "labkit.workloads.images.models",
+               "labkit.workloads.images.image_sets"],
+    "lm": ["labkit.workloads.lm.model", "labkit.workloads.lm.corpus"],
+}
+#: what the warm process imports when the launch's workload is not known: every built-in's
+PRELOAD = COMMON + [m for mods in BY_WORKLOAD.values() for m in mods]
 #: the line the agent prints when the fork server died under its ranks
 SERVER_KILLED = "the warm process that forks this node's ranks"
 
 
 def main(argv: list[str] | None = None) -> None:
     # the fork server first: its imports run while this agent imports torch for itself
-    multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.set_forkserver_preload(preload_for(sys.argv[1:] if argv is None else argv))
     multiprocessing.forkserver.ensure_running()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -80,6 +89,45 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         _stop_server()
+
+
+def preload_for(argv: list[str]) -> list[str]:
+    """What this launch's warm process imports: COMMON, its workload's modules and those of a
+    workload or method of one's own named as ``package.module:Class`` (one named by its file
+    is loaded from that file in each rank). Read from the ranks' ``--resolved`` file, else
+    their ``--workload`` flag, without importing anything (the server starts before the agent
+    imports torch); where neither says, every built-in's (:data:`PRELOAD`). A module that does
+    not import is passed over by the server and fails in the rank, as without the preload."""
+    from labkit.core.run_folder import read_json
+
+    ranks = argv[argv.index("-m") + 2:] if "-m" in argv else []
+    workload, own, path = _flag(ranks, "--workload"), [], _flag(ranks, "--resolved")
+    if path:
+        try:
+            doc = read_json(path)
+            workload, method = doc["train"]["workload"], doc["method_spec"]
+            if not method.get("builtin"):
+                own.append(method.get("source") or "")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            workload = None  # the ranks say what is wrong with the file
+    own.append(workload or "")
+    if workload in BY_WORKLOAD:
+        extra = list(BY_WORKLOAD[workload])
+    else:
+        extra = [m for mods in BY_WORKLOAD.values() for m in mods] if workload is None else []
+    extra += [ref.partition(":")[0] for ref in own
+              if ":" in ref and not ref.partition(":")[0].endswith(".py")]
+    return COMMON + extra
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``name`` in ``argv`` (``--name V`` or ``--name=V``), else None."""
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1:]
+    return None
 
 
 def _report_every_failed_rank() -> None:
