@@ -92,32 +92,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def preload_for(argv: list[str]) -> list[str]:
-    """What this launch's warm process imports: COMMON, its workload's modules and those of a
-    workload or method of one's own named as ``package.module:Class`` (one named by its file
-    is loaded from that file in each rank). Read from the ranks' ``--resolved`` file, else
-    their ``--workload`` flag, without importing anything (the server starts before the agent
-    imports torch); where neither says, every built-in's (:data:`PRELOAD`). A module that does
-    not import is passed over by the server and fails in the rank, as without the preload."""
+    """What this launch's warm process imports: COMMON and its built-in workload's modules, the
+    workload read from the ranks' ``--resolved`` file, else their ``--workload`` flag, without
+    importing anything (the server starts before the agent imports torch); where neither says,
+    every built-in's (:data:`PRELOAD`). A workload or method of one's own is not preloaded: each
+    rank imports it, as before. labkit's modules are known not to touch CUDA or start threads
+    at import, which a fork from the server relies on; a module of one's own may (a device
+    chosen with torch.cuda.is_available() at import), and multiprocessing's fork server dies of
+    any exception a preload raises but an ImportError."""
     from labkit.core.run_folder import read_json
 
     ranks = argv[argv.index("-m") + 2:] if "-m" in argv else []
-    workload, own, path = _flag(ranks, "--workload"), [], _flag(ranks, "--resolved")
+    workload, path = _flag(ranks, "--workload"), _flag(ranks, "--resolved")
     if path:
         try:
-            doc = read_json(path)
-            workload, method = doc["train"]["workload"], doc["method_spec"]
-            if not method.get("builtin"):
-                own.append(method.get("source") or "")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            workload = read_json(path)["train"]["workload"]
+        except (OSError, ValueError, KeyError, TypeError):
             workload = None  # the ranks say what is wrong with the file
-    own.append(workload or "")
-    if workload in BY_WORKLOAD:
-        extra = list(BY_WORKLOAD[workload])
-    else:
-        extra = [m for mods in BY_WORKLOAD.values() for m in mods] if workload is None else []
-    extra += [ref.partition(":")[0] for ref in own
-              if ":" in ref and not ref.partition(":")[0].endswith(".py")]
-    return COMMON + extra
+    if workload is None:
+        return list(PRELOAD)
+    return COMMON + BY_WORKLOAD.get(workload, [])
 
 
 def _flag(argv: list[str], name: str) -> str | None:
