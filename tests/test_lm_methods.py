@@ -74,9 +74,14 @@ def test_every_built_in_method_trains_the_language_model(lm_runs, name):
     assert e["train_accuracy"] is None and e.get("val_accuracy") is None
     assert "best_val_accuracy" not in doc["summary"]
     assert doc["summary"]["final_val_loss"] == e["val_loss"]
-    # a step's tokens over its time: trainers x batch x window per steady-state step
+    # a step's tokens over its time: trainers x batch x window per steady-state step. The
+    # throughput's window closes after the last step's mark (the step parts' close-out), so on
+    # a busy machine a stall there counts in it and not in the steps: 12% of these runs' ~0.1 s
+    # windows seen in a full-suite run. A wrong unit (a factor of trainers, batch or window) is
+    # 2x or more.
     steady = e["step_times"]
-    assert e["train_throughput"] == pytest.approx(2 * 8 * SEQ * len(steady) / sum(steady), rel=0.05)
+    assert e["train_throughput"] == pytest.approx(2 * 8 * SEQ * len(steady) / sum(steady), rel=0.25)
+    assert e["train_throughput"] <= 2 * 8 * SEQ * len(steady) / sum(steady) * 1.001
 
 
 @pytest.mark.parametrize("name", EXACT)
