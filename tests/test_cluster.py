@@ -130,7 +130,7 @@ SHOW = textwrap.dedent("""
 
 @needs_namespaces
 @pytest.mark.e2e
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(100)
 def test_nodes_have_their_names_and_shaped_links_and_the_probe_measures_the_rate(tmp_path):
     spec = ClusterSpec(2, 1, parse_link("100mbit"))
     with no_leftovers():
@@ -144,7 +144,17 @@ def test_nodes_have_their_names_and_shaped_links_and_the_probe_measures_the_rate
         assert "default" not in log.split("routes", 1)[1]  # no route out
     g = res.goodput
     assert g.congestion_control and not g.errors
-    assert all(90 <= v <= 100 for v in g.up_mbit + g.down_mbit), g  # both ways at once
+    # both ways at once, in one of two probes: a probe on a machine busy with another test's
+    # ranks read 81-82 Mbit/s (a full suite's start, 2026-11-29), and a busy machine only ever
+    # slows one; never above the rate
+    if not all(90 <= v <= 100 for v in g.up_mbit + g.down_mbit):
+        assert all(v <= 100 for v in g.up_mbit + g.down_mbit), g
+        with no_leftovers():
+            again = run_cluster(spec, [[sys.executable, "-c", "pass"]] * 2, tmp_path / "again",
+                                probe_s=1.5, timeout=40)
+        assert again.ok, again
+        g = again.goodput
+    assert all(90 <= v <= 100 for v in g.up_mbit + g.down_mbit), g
 
 
 @needs_namespaces
