@@ -116,6 +116,24 @@ def test_torchruns_options_are_read_from_its_help_not_argparse_internals():
     assert private == []
 
 
+def test_torchruns_options_read_from_its_file_are_those_its_parser_takes():
+    """knows() reads torch/distributed/run.py as text (a kernel need not import torch for it):
+    every option the parser takes is found there, and an option it does not take is not."""
+    import sys
+
+    from torch.distributed.run import get_args_parser
+
+    from labkit.launch import torchrun_output
+
+    taken = [o for a in get_args_parser()._actions for o in a.option_strings  # noqa: SLF001
+             if o not in ("-h", "--help")]  # argparse's own, not declared in the file
+    assert len(taken) > 30 and "--log-line-prefix-template" in taken
+    torchrun_output._torchrun_help.cache_clear()
+    assert [o for o in taken if not knows(o)] == []
+    assert not knows("--no-such-option") and not knows("--te")
+    assert "torch" in sys.modules  # (imported above, by this test: knows itself reads a file)
+
+
 # ------------------------------------------------------------------ the console and its levels
 @pytest.fixture
 def levels(monkeypatch):

@@ -22,6 +22,8 @@ launcher says itself.
 """
 from __future__ import annotations
 
+import functools
+import os
 import re
 from typing import Iterator, NamedTuple
 
@@ -109,7 +111,23 @@ def knows(flag: str) -> bool:
     text, not its private tables). An older torchrun (torch 2.11's, for one) takes an unknown
     option for the script to run, and every rank then dies in ``python --log-line-prefix-
     template=...``; without the prefix its lines read ``[default0]:`` instead of ``[rank0]:``."""
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", _torchrun_help()) is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _torchrun_help() -> str:
+    """The text torchrun's options are declared in, torch/distributed/run.py read as a file where
+    it is one: importing torch to ask its parser took 1.7 s of every method's notebook kernel
+    (2-vCPU VM), which imports torch for nothing else. Else the parser's help."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+    if spec is not None and spec.origin:
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "distributed", "run.py")) as f:
+                return f.read()
+        except OSError:
+            pass
     from torch.distributed.run import get_args_parser
 
-    usage = get_args_parser().format_help()  # every alias, where usage names one
-    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", usage) is not None
+    return get_args_parser().format_help()  # every alias, where usage names one
