@@ -62,6 +62,7 @@ def test_four_gpus_are_four_nccl_processes(monkeypatch):
 
 def test_the_plan_is_printed_first_and_recorded(monkeypatch, tmp_path):
     """run_experiment writes the plan right after the run folder's line, and config.json keeps it."""
+    import contextlib
     import io
     import json
 
@@ -69,6 +70,7 @@ def test_the_plan_is_printed_first_and_recorded(monkeypatch, tmp_path):
     monkeypatch.setattr(experiment.ExperimentFolder, "run_method", lambda *a, **k: None)
     monkeypatch.setattr(experiment.ExperimentFolder, "finish", lambda *a, **k: None)
     monkeypatch.setattr(experiment, "write_record", lambda run, snap: {})
+    monkeypatch.setattr(experiment, "warm_node", lambda p: contextlib.nullcontext())  # no methods run
     out = io.StringIO()
     run, _ = experiment.run_experiment(p.cfg, p.exp, out, prepared=p, run=tmp_path / "run")
     lines = out.getvalue().splitlines()

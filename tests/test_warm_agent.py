@@ -4,6 +4,7 @@ bare torchrun command, bit for bit; a killed warm process ends the run in one li
 left; and the run's result file says where rank 0's time went (labkit.report.accounting)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -93,32 +94,43 @@ def test_the_result_file_accounts_for_rank_0s_time(warm_run):
     assert all(v >= 0 for v in acc.values()), acc
 
 
-def test_a_killed_warm_process_ends_the_run_in_one_line_with_nothing_left(tmp_path):
+def _kill_the_warm_process(tmp_path, around=contextlib.nullcontext):
+    """A ddp launch (inside ``around()``) whose ranks are held at their first step while the
+    process that forked them is SIGKILLed: (its LaunchResult, its folder, every process that
+    process had forked: their command lines are its own, which leftovers() cannot see)."""
+    import psutil
+
     pause = Pause(tmp_path, method="ddp", rank="*", epoch=1, step=1)
     out = tmp_path / "killed"
     os.environ.update(pause.env)
     got = {}
     try:
-        t = threading.Thread(target=lambda: got.update(res=launch(
-            TrainConfig(**CFG), 2, str(out), stream=open(os.devnull, "w"))))
-        t.start()
-        held = pause.wait(count=2)
-        import psutil
-
-        server = {psutil.Process(pid).ppid() for pid in held.values()}
-        assert len(server) == 1, server  # both ranks forked by the same process
-        os.kill(server.pop(), signal.SIGKILL)
-        pause.release()
-        t.join(120)
+        with around():
+            t = threading.Thread(target=lambda: got.update(res=launch(
+                TrainConfig(**CFG), 2, str(out), stream=open(os.devnull, "w"))))
+            t.start()
+            held = pause.wait(count=2)
+            server = {psutil.Process(pid).ppid() for pid in held.values()}
+            assert len(server) == 1, server  # both ranks forked by the same process
+            forked = psutil.Process(next(iter(server))).children(recursive=True)
+            os.kill(server.pop(), signal.SIGKILL)
+            pause.release()
+            t.join(120)
     finally:
         os.environ.pop("LABKIT_TEST_PAUSE")
     assert not t.is_alive(), "the launch did not end"
-    res = got["res"]
-    assert not res.ok
-    first = res.message.splitlines()[0]
-    assert "the warm process that forks this node's ranks" in first and "SIGKILL" in first, res.message
+    assert not got["res"].ok
     assert load_json(out / RESULT)["status"] == "failed"
     assert not leftovers(str(out))
+    assert not psutil.wait_procs(forked, timeout=20)[1], "a forked process was left running"
+    return got["res"], out, forked
+
+
+def test_a_killed_warm_process_ends_the_run_in_one_line_with_nothing_left(tmp_path):
+    res, _, forked = _kill_the_warm_process(tmp_path)
+    first = res.message.splitlines()[0]
+    assert "the warm process that forks this node's ranks" in first and "SIGKILL" in first, res.message
+    assert len(forked) >= 2, forked  # both ranks
 
 
 @pytest.mark.unit
@@ -199,3 +211,50 @@ def test_the_warm_process_imports_what_the_launchs_workload_needs(tmp_path):
     assert preload_for(broken) == PRELOAD  # the ranks say what is wrong with it
     preload_for(resolved("images")).append("x")
     assert "x" not in preload_for(resolved("images"))  # a caller's list, not the table
+
+
+# ------------------------------------------------------------------ an experiment's warm process
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    """The same ddp run inside an experiment's warm process (labkit.launch.warm, as `labkit
+    experiment` starts it), with the census: (its folder, the census's folder)."""
+    from labkit.launch import warm
+    from labkit.launch.agent import AGENT, PRELOAD
+
+    tmp = tmp_path_factory.mktemp("shared")
+    census = tmp / "census"
+    census.mkdir()
+    os.environ["LABKIT_TEST_CENSUS"] = str(census)
+    try:
+        with warm.node(PRELOAD + AGENT):
+            launch(TrainConfig(**CFG), 2, str(tmp / "run"), stream=open(os.devnull, "w")).check()
+    finally:
+        os.environ.pop("LABKIT_TEST_CENSUS")
+    return tmp / "run", census
+
+
+def test_an_experiments_warm_process_forks_the_agent_and_every_rank(shared_run, warm_run):
+    """One interpreter imports for the agent and both ranks: each is a thin client's fork, and
+    trains the parameters the agent's own fork server's ranks train (those are the guide's
+    command's, bit for bit: the test above), in as many steps."""
+    out, census = shared_run
+    kinds = _census_kinds(census)
+    assert kinds.count("warm process") == 1 and kinds.count("warm client") == 3, kinds
+    assert "torchrun agent" not in kinds and "rank" not in kinds, kinds
+    doc = load_json(out / RESULT)
+    assert doc["status"] == "completed" and doc["timeline"]["started_by"] == "experiment's warm process"
+    assert load_json(warm_run[0] / RESULT)["timeline"]["started_by"] == "agent's fork server"
+    shared = torch.load(out / "final_model.pt", weights_only=True)
+    alone = torch.load(warm_run[0] / "final_model.pt", weights_only=True)
+    assert shared.keys() == alone.keys() and all(torch.equal(shared[k], alone[k]) for k in shared)
+    assert len(doc["all_losses"]) == len(load_json(warm_run[0] / RESULT)["all_losses"]) > 0
+
+
+def test_a_killed_experiment_warm_process_ends_the_run_in_one_line_with_nothing_left(tmp_path):
+    from labkit.launch import warm
+    from labkit.launch.agent import AGENT, PRELOAD
+
+    res, _, forked = _kill_the_warm_process(tmp_path, lambda: warm.node(PRELOAD + AGENT))
+    first = res.message.splitlines()[0]
+    assert "the warm process that forks this experiment's processes" in first, res.message
+    assert len(forked) >= 3, forked  # the agent and both ranks

@@ -26,6 +26,10 @@ KINDS = ("rank", "warm rank", "torchrun agent", "warm process", "labkit command"
 
 def kind(argv: str) -> str:
     """The kind of process a command line starts."""
+    if "labkit.launch.warm_client" in argv:
+        return "warm client"  # an agent or rank forked by an experiment's warm process
+    if re.search(r"-m labkit\.launch\.warm\b", argv):
+        return "warm process"  # an experiment's (labkit.launch.warm)
     if ("torch.distributed.run" in argv or "labkit.launch.agent" in argv
             or re.search(r"/torchrun\b", argv)):
         return "torchrun agent"  # torch's, or labkit's with warm ranks (labkit.launch.agent)

@@ -8,7 +8,12 @@ rank, the ranks' loader-worker fork server and each loader worker ask for it
 """
 from __future__ import annotations
 
+import os
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: in a process forked by an experiment's warm process (labkit.launch.warm, which sets it): that
+#: process's socket; None in a process started any other way
+warm_server: str | None = None
 #: set (to the node count) in every process of an emulated cluster (labkit.launch.emulated), whose
 #: PID namespace holds the whole run: its ranks count every node's processes as the run's own
 EMULATED_NODES = "LABKIT_EMULATED_NODES"
@@ -25,3 +30,23 @@ def die_with_parent(sig: int) -> bool:
     except (OSError, AttributeError):  # not Linux: no such call
         return False
 
+
+
+def started_at() -> float:
+    """When this process started, in seconds since the epoch, to a clock tick: its age (the
+    system's uptime less its start in ticks since boot, /proc) taken from now. psutil's
+    create_time adds the start to /proc/stat's boot time, which is whole seconds: up to a second
+    early, the same for every process of one boot (1.0 s on a VM here), which moved a second
+    from the accounting's rank start to its agent row."""
+    import time
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # not Linux
+        import psutil
+
+        return psutil.Process().create_time()

@@ -57,14 +57,22 @@ BY_WORKLOAD = {
 }
 #: what the warm process imports when the launch's workload is not known: every built-in's
 PRELOAD = COMMON + [m for mods in BY_WORKLOAD.values() for m in mods]
+#: what an experiment's warm process (labkit.launch.warm) imports beyond a workload's preload:
+#: what this agent imports, so that the agent it forks starts with nothing left to import
+AGENT = ["torch.distributed.run", "torch.distributed.launcher.api",
+         "torch.distributed.elastic.agent.server.local_elastic_agent", "labkit.launch.agent"]
 #: the line the agent prints when the fork server died under its ranks
 SERVER_KILLED = "the warm process that forks this node's ranks"
 
 
 def main(argv: list[str] | None = None) -> None:
-    # the fork server first: its imports run while this agent imports torch for itself
-    multiprocessing.set_forkserver_preload(preload_for(sys.argv[1:] if argv is None else argv))
-    multiprocessing.forkserver.ensure_running()
+    from labkit.launch import warm
+
+    shared = warm.served_by()  # this agent was forked by an experiment's warm process
+    if not shared:
+        # the fork server first: its imports run while this agent imports torch for itself
+        multiprocessing.set_forkserver_preload(preload_for(sys.argv[1:] if argv is None else argv))
+        multiprocessing.forkserver.ensure_running()
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -79,11 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = torchrun.config_from_args(args)
-    config.start_method = "forkserver"
-    _report_every_failed_rank()
     try:
-        elastic_launch(config=config, entrypoint=warm_rank)(args.training_script,
-                                                             *args.training_script_args)
+        if shared:  # each rank a thin client that the same warm process forks for
+            elastic_launch(config=config, entrypoint=sys.executable)(
+                "-u", "-m", "labkit.launch.warm_client", "-m", args.training_script,
+                *args.training_script_args)
+        else:
+            config.start_method = "forkserver"
+            _report_every_failed_rank()
+            elastic_launch(config=config, entrypoint=warm_rank)(args.training_script,
+                                                                 *args.training_script_args)
     except ChildFailedError:
         _say_if_server_died()
         raise
@@ -109,6 +122,12 @@ def preload_for(argv: list[str]) -> list[str]:
             workload = read_json(path)["train"]["workload"]
         except (OSError, ValueError, KeyError, TypeError):
             workload = None  # the ranks say what is wrong with the file
+    return preload_for_workload(workload)
+
+
+def preload_for_workload(workload: str | None) -> list[str]:
+    """COMMON and built-in ``workload``'s modules; every built-in's where it is None; COMMON
+    alone for a workload of one's own (:func:`preload_for` says why)."""
     if workload is None:
         return list(PRELOAD)
     return COMMON + BY_WORKLOAD.get(workload, [])

@@ -25,6 +25,7 @@ from labkit.core.procs import die_with_parent
 from labkit.core.resources import oom_kills
 from labkit.core.status import INTERRUPTED_WHY, Status
 
+from . import warm
 from .emulated import launch_emulated
 from .failures import explain_failure
 from .launch_params import Nodes
@@ -63,8 +64,10 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     cmd = torchrun_command(cfg, nproc, log_dir, nodes, show, module, extra, resolved)
     t0, started, kills = time.monotonic(), time.time(), oom_kills()
     try:
-        returncode, text = _run(cmd, environment(nproc, env, nodes.max_restarts),
-                                Throttle(stream, throttle_s))
+        full_env = environment(nproc, env, nodes.max_restarts)
+        # the agent forked by the experiment's warm process, where there is one (labkit.launch.warm)
+        returncode, text = _run(warm.through(cmd, full_env) if not nodes.multi else cmd,
+                                full_env, Throttle(stream, throttle_s))
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         raise

@@ -6,6 +6,7 @@ runs/<YYYY-MM-DD_HH-MM-SS>[_<tag>]/ (its files: labkit.core.layout).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -22,7 +23,8 @@ from labkit.core.methods import DEFAULT_METHODS, METHOD_ORDER, absolute, is_name
 from labkit.core.run_folder import RunFolder, read_json
 from labkit.core.stats import rotated_order
 from labkit.core.status import INTERRUPTED_WHY, Status, stamp
-from labkit.launch import cluster
+from labkit.launch import cluster, warm
+from labkit.launch.agent import AGENT, preload_for_workload
 from labkit.launch.emulated import check_link, cluster_spec
 from labkit.launch.launch import check_out, mark_ended, validate, warn, write_resolved
 from labkit.launch.launch_params import Nodes, nproc_or_default, plan_lines, with_absolute_paths
@@ -160,14 +162,28 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     kernel = kernel_name()
     stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
     try:
-        for i, seed, order in folder.plan:
-            for m in order:
-                folder.run_method(m, i, seed, kernel, stream)
+        with warm_node(p):
+            for i, seed, order in folder.plan:
+                for m in order:
+                    folder.run_method(m, i, seed, kernel, stream)
         folder.finish(kernel, stream, before_report)
     finally:  # interrupted too: the lab notebook lists the run as it was left
         if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
             write_index(run.parent)
     return run, folder.status
+
+
+def warm_node(p: Prepared) -> contextlib.AbstractContextManager:
+    """One warm process for every method's agent and ranks (labkit.launch.warm): torch and the
+    workload imported once per experiment, not twice per method. Where the ranks run on this
+    machine alone: an emulated node's run in network namespaces of their own, a real cluster's
+    on other machines."""
+    nodes = p.exp.nodes
+    if nodes.multi or nodes.emulated:
+        return contextlib.nullcontext()
+    workloads = {c.workload for c in p.resolved.values()}
+    workload = workloads.pop() if len(workloads) == 1 else None
+    return warm.node(preload_for_workload(workload) + AGENT)
 
 
 class ExperimentFolder:

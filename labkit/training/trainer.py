@@ -8,6 +8,7 @@ runs it.
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import os
 import time
 from contextlib import nullcontext
@@ -114,10 +115,12 @@ class Trainer:
         seconds of each phase since the Trainer was built; what lies between the process's start
         and the first phase (imports, the data, the model, the process group) is the rank's start,
         whose CPU seconds are ``start_cpu_s`` (a warm rank's counted from its fork)."""
-        import psutil
+        from labkit.core import procs
 
         self.doing = self._doing  # the phase now running, charged up to now
-        return {"process_start": psutil.Process().create_time(), "now": time.time(),
+        how = ("experiment's warm process" if procs.warm_server else
+               "agent's fork server" if multiprocessing.parent_process() else "interpreter")
+        return {"process_start": procs.started_at(), "now": time.time(), "started_by": how,
                 "start_cpu_s": round(self._start_cpu, 3),
                 "spent": {k: round(v, 4) for k, v in self.spent.items()}}
 

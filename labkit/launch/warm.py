@@ -1,0 +1,325 @@
+"""A warm process shared by a whole experiment: torch, labkit and the workload's modules imported
+once, then a fork for every torchrun agent and every rank that asks (``labkit experiment``
+starts one for its methods and stops it at its end).
+
+    with warm.node(preload_for_workload("images")):   # LABKIT_WARM names its socket meanwhile
+        launch(...)                                    # agent and ranks forked, not started
+
+labkit.launch.agent alone keeps a fork server per launch (its own child, Python's
+multiprocessing forkserver): every method then pays torch's imports twice more, once in the
+agent and once in its fork server, about 4 s of a 2-vCPU VM per method
+(docs/where-the-time-goes.md). Here the imports are paid once per experiment, and what asks
+for a process is a thin client (labkit.launch.warm_client, the standard library only) that
+torchrun starts and watches as it would the rank: its stdin, stdout and stderr, environment,
+working directory and arguments go to the forked process, signals sent to the client are
+passed on, and the client ends as the forked process did (exit code or signal). So torchrun's
+supervision, log files, ``--tee``, error files and restarts see what they saw of a cold rank.
+
+The protocol, one Unix stream connection per process: the client sends its three standard
+streams as file descriptors with an 8-byte length, then its directory, arguments and environment
+(labkit.launch.warm_client.encode); the
+server forks and answers ``pid N``, then ``exit S`` (the wait status) when the process ended.
+A client that goes away first (killed) takes its process with it (SIGKILL). The server keeps
+no threads (a fork is safe) and imports nothing that touches CUDA (labkit.launch.agent's
+preload lists); it ends when its owner's pipe closes, and each forked process gets SIGTERM when
+the server dies.
+
+Only a launch on this machine alone uses it: an emulated node's agent runs in its own network
+namespace (labkit.launch.emulated), a real node's under Slurm or by hand on that node.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import io
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from typing import Iterator, Optional
+
+from labkit.core import procs
+
+#: the environment variable that names the warm process's socket for what runs meanwhile
+ENV = "LABKIT_WARM"
+
+
+def served_by() -> Optional[str]:
+    """The socket of the warm process that forked this process, else None (started cold)."""
+    return procs.warm_server
+
+
+def through(cmd: list[str], env: dict) -> list[str]:
+    """``cmd`` (``python -m module ...``) as the thin client runs it, where ``env`` names a warm
+    process; else ``cmd`` unchanged."""
+    if not env.get(ENV) or cmd[1:2] != ["-m"]:
+        return cmd
+    return [cmd[0], "-m", "labkit.launch.warm_client", *cmd[1:]]
+
+
+@contextlib.contextmanager
+def node(preload: list[str]) -> Iterator[str]:
+    """A warm process for what runs inside the ``with``: its socket in :data:`ENV` meanwhile
+    (what this process starts inherits it); stopped, and ENV restored, at the end. The imports
+    run while the caller goes on; the first client's connection waits for them."""
+    folder = tempfile.mkdtemp(prefix="labkit-warm-")
+    address = os.path.join(folder, "socket")
+    proc = subprocess.Popen([sys.executable, "-m", "labkit.launch.warm", address, *preload],
+                            stdin=subprocess.PIPE, start_new_session=True)
+    _wait_for(address, proc)
+    before = os.environ.get(ENV)
+    os.environ[ENV] = address
+    try:
+        yield address
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+        proc.stdin.close()  # the server's cue to end
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+def _wait_for(address: str, proc: subprocess.Popen, limit_s: float = 30.0) -> None:
+    """Until the server listens (it binds before its imports: a tenth of a second), or has
+    ended; then a client that finds nothing starts cold and says so."""
+    import time
+
+    end = time.monotonic() + limit_s
+    while not os.path.exists(address) and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------ the server
+def serve(address: str, preload: list[str], owner: int = 0) -> None:
+    """Listen on ``address``, import ``preload``, then fork a process per request until the
+    ``owner`` pipe (stdin) closes."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)  # first: a client that connects meanwhile waits in the backlog
+    listener.listen(128)
+    for module in preload:
+        importlib.import_module(module)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    sel.register(owner, selectors.EVENT_READ, "owner")
+    clients: dict[int, socket.socket] = {}  # pid -> its client's connection
+    while True:
+        for key, _ in sel.select():
+            if key.data == "owner":
+                if not os.read(owner, 4096):
+                    return  # the owner is gone: the children get SIGTERM (die_with_parent)
+            elif key.data == "accept":
+                _accept(listener, address, sel, clients, closing=[listener, wake_r, wake_w])
+            elif key.data == "child":
+                os.read(wake_r, 4096)
+                _reap(sel, clients)
+            else:  # a client's connection: data (none is expected) or gone
+                _client_said(key.fileobj, key.data, sel, clients)
+
+
+def _accept(listener: socket.socket, address: str, sel: selectors.BaseSelector,
+            clients: dict, closing: list) -> None:
+    conn, _ = listener.accept()
+    try:
+        conn.settimeout(10)  # the client sends its request at once
+        request, fds = _read_request(conn)
+    except (OSError, ValueError) as e:
+        print(f"labkit.launch.warm: a bad request ({e}); ignored", file=sys.stderr, flush=True)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:  # the new process: never returns
+        code = 70
+        try:
+            others = [s.fileobj for s in sel.get_map().values()]
+            sel.close()
+            _become(request, fds, address, [conn, *closing, *others])
+            code = run_main(request["argv"])
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    clients[pid] = conn
+    conn.settimeout(None)
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+        sel.register(conn, selectors.EVENT_READ, pid)
+    except OSError:  # the client is gone already
+        os.kill(pid, signal.SIGKILL)
+
+
+def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    if len(head) != 8 or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("no stdin, stdout and stderr")
+    size, body = struct.unpack("!Q", head)[0], b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ValueError("a request cut short")
+        body += chunk
+    return decode(body), fds
+
+
+def decode(body: bytes) -> dict:
+    """A request's directory, arguments and environment (labkit.launch.warm_client.encode)."""
+    cwd, n, *rest = body.decode("utf-8", "surrogateescape").split("\0")
+    argv, env = rest[:int(n)], rest[int(n):]
+    return {"cwd": cwd, "argv": argv, "env": dict(e.split("=", 1) for e in env if "=" in e)}
+
+
+def _reap(sel: selectors.BaseSelector, clients: dict) -> None:
+    """Every child that ended: its wait status to its client, the connection closed."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = clients.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(f"exit {status}\n".encode())
+            _forget(conn, sel)
+
+
+def _client_said(conn: socket.socket, pid: int, sel: selectors.BaseSelector, clients: dict) -> None:
+    try:
+        data = conn.recv(4096)
+    except OSError:
+        data = b""
+    if data:
+        return
+    # the client is gone while its process runs (torchrun SIGKILLed it): the process goes too
+    if clients.pop(pid, None) is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _forget(conn, sel)
+
+
+def _forget(conn: socket.socket, sel: selectors.BaseSelector) -> None:
+    with contextlib.suppress(KeyError, ValueError):
+        sel.unregister(conn)
+    conn.close()
+
+
+# ------------------------------------------------------------------ the forked process
+def _become(request: dict, fds: list[int], address: str, closing: list) -> None:
+    """Turn this fork into the client's process: the server's files closed, its signals
+    reset, the client's streams, environment, directory and search path taken."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for f in closing:
+        with contextlib.suppress(OSError):
+            f.close() if hasattr(f, "close") else os.close(f)
+    procs.die_with_parent(signal.SIGTERM)  # the server killed: this process stops
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request["cwd"])
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:1] = [request["cwd"], *extra]  # as `python -m` starts it
+    _streams(bool(env.get("PYTHONUNBUFFERED")))
+    _threads(env.get("OMP_NUM_THREADS", ""))
+    procs.warm_server = address
+
+
+def _threads(omp: str) -> None:
+    """torch's threads as the client's OMP_NUM_THREADS sets them: OpenMP read the server's
+    environment once, when torch was imported (4 ranks of 2 threads each on 2 cores made every
+    step 5x slower)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and omp.isdigit() and int(omp) > 0:
+        torch.set_num_threads(int(omp))
+
+
+def _streams(unbuffered: bool) -> None:
+    """sys.stdin, stdout and stderr on the client's descriptors, buffered as Python would
+    buffer them for that environment."""
+    def out(fd: int, **kw) -> io.TextIOWrapper:
+        raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+        return io.TextIOWrapper(raw, encoding="utf-8", write_through=unbuffered,
+                                line_buffering=kw.pop("line", os.isatty(fd)), **kw)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False, encoding="utf-8")  # noqa: SIM115
+    sys.stdout = sys.__stdout__ = out(1)
+    sys.stderr = sys.__stderr__ = out(2, errors="backslashreplace", line=True)
+
+
+def run_main(argv: list[str]) -> int:
+    """Run ``argv`` (``-m module args...``) as ``python`` would run it; its exit code. Exit
+    functions run (as at Python's exit), the interpreter's teardown does not."""
+    if argv[:1] == ["-u"]:
+        argv = argv[1:]
+    if argv[:1] != ["-m"] or len(argv) < 2:
+        print(f"labkit.launch.warm: cannot run {argv[:2]}: give -m MODULE", file=sys.stderr)
+        return 2
+    import importlib.util
+    import runpy
+
+    try:
+        found = importlib.util.find_spec(argv[1]) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        print(f"{sys.executable}: No module named {argv[1]}", file=sys.stderr)  # as python -m
+        return 1
+    sys.argv = [argv[1], *argv[2:]]
+    code = 0
+    try:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 128 + signal.SIGINT
+    except BaseException:  # noqa: BLE001 - as Python's own top level: the traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()  # noqa: SLF001 - what Python's exit runs
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return code
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m labkit.launch.warm SOCKET [MODULE ...]")
+    serve(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,142 @@
+"""The thin client of a warm process (labkit.launch.warm): what torchrun, or labkit's launcher,
+starts in place of a cold ``python -m module ...``.
+
+    python -m labkit.launch.warm_client -m labkit.train --resolved resolved.json
+
+It imports the standard library only (a start of about 30 ms), hands its stdin, stdout and
+stderr, environment, working directory and arguments to the warm process named by
+``LABKIT_WARM``, which forks the process that runs them, passes on every signal it gets, and
+ends as that process ended: its exit code, or killed by the same signal. Where no warm process
+answers, it runs the same command cold (``exec``), and says so in one line.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import sys
+
+ENV = "LABKIT_WARM"  # labkit.launch.warm.ENV (not imported: this module stays light)
+#: the signals passed on to the forked process (SIGKILL and SIGSTOP cannot be caught: a
+#: SIGKILLed client's process is killed by the warm process, which sees the client gone)
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+           signal.SIGUSR2)
+#: what the client says when the warm process died under the process it forked
+GONE = "the warm process that forks this experiment's processes"
+
+
+def main(argv: list[str]) -> None:
+    address = os.environ.get(ENV, "")
+    sock = _connect(address)
+    if sock is None:
+        print(f"labkit: note: no warm process answers at {address or '(none)'} ({ENV}); "
+              f"starting cold", file=sys.stderr, flush=True)
+        os.execv(sys.executable, [sys.executable, *argv])
+    _die_with_parent()  # torchrun SIGKILLed: this client gets SIGTERM, and passes it on
+    server = _peer_pid(sock)
+    pending: list[int] = []
+    child = [0]
+
+    def relay(sig: int, _frame: object) -> None:
+        if child[0]:
+            try:
+                os.kill(child[0], sig)
+            except ProcessLookupError:
+                pass
+        else:
+            pending.append(sig)
+
+    for sig in RELAYED:
+        signal.signal(sig, relay)
+    body = encode(argv, dict(os.environ), os.getcwd())
+    socket.send_fds(sock, [struct.pack("!Q", len(body))], [0, 1, 2])
+    sock.sendall(body)
+    status = None
+    for word, value in _messages(sock):
+        if word == "pid":
+            child[0] = value
+            for sig in pending:
+                relay(sig, None)
+        elif word == "exit":
+            status = value
+    if status is None:
+        print(f"labkit: error: {GONE} (pid {server}) is gone; what it forked for this run "
+              f"(pid {child[0] or '?'}) was stopped with it", file=sys.stderr, flush=True)
+        os._exit(1)
+    _end_as(status)
+
+
+def encode(argv: list[str], env: dict, cwd: str) -> bytes:
+    """A request's body (labkit.launch.warm.decode): NUL-separated strings, none of which can
+    hold a NUL: the directory, the number of arguments, the arguments, then ``NAME=value`` for
+    each variable."""
+    return "\0".join([cwd, str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]).encode(
+        "utf-8", "surrogateescape")
+
+
+def _connect(address: str) -> socket.socket | None:
+    if not address:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(address)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    try:
+        return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                    struct.calcsize("3i")))[0]
+    except (OSError, AttributeError):
+        return 0
+
+
+def _messages(sock: socket.socket):
+    """``(word, number)`` for each line the warm process sends, until it closes."""
+    buf = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            word, _, value = line.decode().partition(" ")
+            yield word, int(value)
+
+
+def _end_as(status: int) -> None:
+    """Exit as the forked process did: its code, or its signal (a SIGKILLed rank reads as a
+    SIGKILLed process to torchrun)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,108 @@
+"""An experiment's warm process (labkit.launch.warm) and its thin client
+(labkit.launch.warm_client): the forked process gets the client's arguments, environment,
+directory and streams; the client ends as it did (code or signal), passes signals on, takes it
+along when killed, and starts cold where no warm process answers. A warm process that imports
+only the standard library: these are the protocol's checks; test_warm_agent.py trains under it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from labkit.launch import warm
+from labkit.launch.warm_client import encode
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("warm_node")]
+
+SCRIPT = """import os, sys, time
+print(os.environ["GREETING"], os.getcwd(), sys.argv[1:], flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+what = sys.argv[1]
+if what == "kill":
+    os.kill(os.getpid(), 9)
+if what == "sleep":
+    time.sleep(60)
+sys.exit(int(what))
+"""
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mods")
+    (folder / "warm_probe.py").write_text(SCRIPT)
+    with warm.node(["json"]) as address:
+        yield address, folder
+
+
+def _client(node, *args, **kw):
+    address, folder = node
+    env = dict(os.environ, LABKIT_WARM=address, GREETING="hello",
+               PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    return [sys.executable, "-m", "labkit.launch.warm_client", "-m", "warm_probe", *args], env
+
+
+@pytest.mark.unit
+def test_a_request_reads_back_as_it_was_sent():
+    env = {"A": "1", "WITH_EQUALS": "x=y", "EMPTY": "", "ODD": "caf\udce9"}
+    argv = ["-m", "labkit.train", "--resolved", "a b.json", ""]
+    assert warm.decode(encode(argv, env, "/tmp/some where")) == {
+        "cwd": "/tmp/some where", "argv": argv, "env": env}
+
+
+def test_the_forked_process_runs_with_the_clients_arguments_environment_and_streams(node, tmp_path):
+    cmd, env = _client(node, "3")
+    p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout == f"hello {tmp_path} ['3']\n" and p.stderr == "to stderr\n"
+    assert _forked_pid(node, wait_s=0) is None  # nothing left forked once the client ended
+
+
+def test_a_forked_process_killed_by_a_signal_ends_its_client_by_the_same(node, tmp_path):
+    cmd, env = _client(node, "kill")
+    p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+
+
+def test_signals_are_passed_on_and_a_killed_client_takes_its_process_along(node, tmp_path):
+    cmd, env = _client(node, "sleep")
+    for sig, code in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        p = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().startswith("hello")
+        forked = psutil.Process(_forked_pid(node))
+        p.send_signal(sig)
+        assert p.wait(30) == code
+        assert not psutil.wait_procs([forked], timeout=10)[1], "left running"
+
+
+def test_without_a_warm_process_the_client_starts_cold_and_says_so(node, tmp_path):
+    cmd, env = _client(node, "0")
+    env["LABKIT_WARM"] = str(tmp_path / "no-socket")
+    p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("hello")
+    assert p.stderr.splitlines()[0].startswith("labkit: note: no warm process answers at")
+
+
+def test_the_warm_process_ends_with_its_owner(tmp_path):
+    before = os.environ.get("LABKIT_WARM")
+    with warm.node([]) as address:
+        server = [c for c in psutil.Process().children() if address in " ".join(c.cmdline())]
+        assert len(server) == 1 and os.environ["LABKIT_WARM"] == address
+    assert not psutil.wait_procs(server, timeout=10)[1]
+    assert os.environ.get("LABKIT_WARM") == before and not os.path.exists(address)
+
+
+def _forked_pid(node, wait_s: float = 5.0):
+    """The one process the module's warm process has forked now, else None."""
+    address, _ = node
+    server = [c for c in psutil.Process().children() if address in " ".join(c.cmdline())][0]
+    end = time.monotonic() + wait_s
+    while True:
+        kids = [c.pid for c in server.children() if c.status() != psutil.STATUS_ZOMBIE]
+        if kids or time.monotonic() > end:
+            return kids[0] if kids else None
+        time.sleep(0.05)
