@@ -82,9 +82,9 @@ def node(preload: list[str]) -> Iterator[str]:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = before
-        proc.stdin.close()  # the server's cue to end
+        proc.stdin.close()  # the server's cue to end, once what runs has ended (serve's grace)
         try:
-            proc.wait(5)
+            proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -105,14 +105,16 @@ def _wait_for(address: str, proc: subprocess.Popen, limit_s: float = 30.0) -> No
 
 
 # ------------------------------------------------------------------ the server
-def serve(address: str, preload: list[str], owner: int = 0) -> None:
+def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.0) -> None:
     """Listen on ``address``, import ``preload``, then fork a process per request until the
-    ``owner`` pipe (stdin) closes."""
+    ``owner`` pipe (stdin) closes; then no more, and at most ``grace_s`` for those running to
+    end their own way (a Ctrl-C stops the experiment's launch while its runs are stopping)."""
+    import time
+
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)  # first: a client that connects meanwhile waits in the backlog
     listener.listen(128)
-    for module in preload:
-        importlib.import_module(module)
+    _preload(preload)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -122,18 +124,32 @@ def serve(address: str, preload: list[str], owner: int = 0) -> None:
     sel.register(wake_r, selectors.EVENT_READ, "child")
     sel.register(owner, selectors.EVENT_READ, "owner")
     clients: dict[int, socket.socket] = {}  # pid -> its client's connection
-    while True:
-        for key, _ in sel.select():
-            if key.data == "owner":
-                if not os.read(owner, 4096):
-                    return  # the owner is gone: the children get SIGTERM (die_with_parent)
+    ending = None
+    while ending is None or (clients and time.monotonic() < ending):
+        for key, _ in sel.select(timeout=None if ending is None else 0.1):
+            if key.data == "owner" and not os.read(owner, 4096):
+                # the owner is gone: what runs gets its grace, then SIGTERM (die_with_parent)
+                ending = time.monotonic() + grace_s
+                _forget(listener, sel)
+                sel.unregister(owner)
             elif key.data == "accept":
                 _accept(listener, address, sel, clients, closing=[listener, wake_r, wake_w])
             elif key.data == "child":
                 os.read(wake_r, 4096)
                 _reap(sel, clients)
-            else:  # a client's connection: data (none is expected) or gone
+            elif isinstance(key.data, int):  # a client's connection: data (none expected) or gone
                 _client_said(key.fileobj, key.data, sel, clients)
+
+
+def _preload(modules: list[str]) -> None:
+    """Import ``modules``; one that fails is said in one line and left to the processes."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - the forked processes import it and say why
+            print(f"labkit: warning: the warm process could not import {module} "
+                  f"({type(e).__name__}: {e}); what it forks imports it again", file=sys.stderr,
+                  flush=True)
 
 
 def _accept(listener: socket.socket, address: str, sel: selectors.BaseSelector,
