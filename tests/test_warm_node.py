@@ -74,6 +74,7 @@ def test_signals_are_passed_on_and_a_killed_client_takes_its_process_along(node,
         p = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().startswith("hello")
         forked = psutil.Process(_forked_pid(node))
+        assert "-m warm_probe sleep" in " ".join(forked.cmdline())  # its own command, in ps too
         p.send_signal(sig)
         assert p.wait(30) == code
         assert not psutil.wait_procs([forked], timeout=10)[1], "left running"
@@ -106,3 +107,14 @@ def _forked_pid(node, wait_s: float = 5.0):
         if kids or time.monotonic() > end:
             return kids[0] if kids else None
         time.sleep(0.05)
+
+
+@pytest.mark.unit
+def test_nothing_a_client_runs_as_main_is_imported_before_the_fork():
+    """runpy warns ("found in sys.modules ... prior to execution") when the module it runs as
+    __main__ was imported already: the warm process preloads none of the modules the launcher
+    and the agent run that way (the warning reached an experiment's output once)."""
+    from labkit.launch.agent import AGENT, PRELOAD
+
+    entries = {"labkit.launch.agent", "labkit.train", "labkit.bench.bench_rank"}
+    assert not entries & set(PRELOAD + AGENT)

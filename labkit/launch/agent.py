@@ -58,9 +58,10 @@ BY_WORKLOAD = {
 #: what the warm process imports when the launch's workload is not known: every built-in's
 PRELOAD = COMMON + [m for mods in BY_WORKLOAD.values() for m in mods]
 #: what an experiment's warm process (labkit.launch.warm) imports beyond a workload's preload:
-#: what this agent imports, so that the agent it forks starts with nothing left to import
+#: what this agent imports, so that the agent it forks starts with nothing left to import (not
+#: this module itself: it runs as __main__, which runpy warns of for a module imported before)
 AGENT = ["torch.distributed.run", "torch.distributed.launcher.api",
-         "torch.distributed.elastic.agent.server.local_elastic_agent", "labkit.launch.agent"]
+         "torch.distributed.elastic.agent.server.local_elastic_agent", "labkit.launch.warm"]
 #: the line the agent prints when the fork server died under its ranks
 SERVER_KILLED = "the warm process that forks this node's ranks"
 

@@ -114,7 +114,8 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)  # first: a client that connects meanwhile waits in the backlog
     listener.listen(128)
-    _preload(preload)
+    _title(sys.orig_argv[1:])  # set up here: it finds the command line from the environment,
+    _preload(preload)  # which a fork replaces; each fork then names itself (_title)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -262,9 +263,20 @@ def _become(request: dict, fds: list[int], address: str, closing: list) -> None:
     os.chdir(request["cwd"])
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:1] = [request["cwd"], *extra]  # as `python -m` starts it
+    _title(request["argv"])
     _streams(bool(env.get("PYTHONUNBUFFERED")))
     _threads(env.get("OMP_NUM_THREADS", ""))
     procs.warm_server = address
+
+
+def _title(argv: list[str]) -> None:
+    """This process's command line as ps, top and psutil show it: the command it runs
+    (``python -m labkit.train ...``), not the warm process's it was forked from."""
+    import shlex
+
+    import setproctitle
+
+    setproctitle.setproctitle(shlex.join([sys.executable, *argv]))
 
 
 def _threads(omp: str) -> None:
@@ -307,6 +319,7 @@ def run_main(argv: list[str]) -> int:
         print(f"{sys.executable}: No module named {argv[1]}", file=sys.stderr)  # as python -m
         return 1
     sys.argv = [argv[1], *argv[2:]]
+    sys.modules.pop(argv[1], None)  # run fresh, as in a new interpreter (runpy warns otherwise)
     code = 0
     try:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
