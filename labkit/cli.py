@@ -410,8 +410,20 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
 
+def _without_iri_grammars() -> None:
+    """papermill and nbconvert import nbformat, which imports jsonschema, whose optional IRI
+    format checks import rfc3987_syntax where it is installed (JupyterLab's jupyter_events asks
+    for it), and that builds 38 Lark grammars at import: 2.0 of the 2.4 CPU s of `import
+    papermill` on a 2-vCPU VM, in every command that runs a notebook. Nothing in this process
+    checks an IRI's format (nbformat validates without a format checker), so the import is
+    refused here: jsonschema then leaves those formats unchecked, as it does where the package
+    is not installed. The JupyterLab server (`make lab`) is its own process and keeps it."""
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
+    _without_iri_grammars()
     argv = sys.argv[1:] if argv is None else argv
     args = vars(build_parser().parse_args(argv))
     setup_logging(args.pop("verbose") - args.pop("quiet"))
