@@ -74,7 +74,11 @@ def node(preload: list[str]) -> Iterator[str]:
                             stdin=subprocess.PIPE, start_new_session=True)
     _wait_for(address, proc)
     before = os.environ.get(ENV)
-    os.environ[ENV] = address
+    if proc.poll() is None:
+        os.environ[ENV] = address
+    else:  # said once here, rather than by every process that would have asked it
+        print(f"labkit: warning: the warm process did not start (exit code {proc.returncode}); "
+              f"each method starts its own processes", file=sys.stderr, flush=True)
     try:
         yield address
     finally:
@@ -171,6 +175,8 @@ def _accept(listener: socket.socket, address: str, sel: selectors.BaseSelector,
             sel.close()
             _become(request, fds, address, [conn, *closing, *others])
             code = run_main(request["argv"])
+        except BaseException:  # noqa: BLE001 - could not become the client's (its directory gone)
+            traceback.print_exc()
         finally:
             os._exit(code)
     for fd in fds:
