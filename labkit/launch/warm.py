@@ -81,6 +81,11 @@ def node(preload: list[str]) -> Iterator[str]:
               f"each method starts its own processes", file=sys.stderr, flush=True)
     try:
         yield address
+    except KeyboardInterrupt:
+        raise  # what runs is stopping: the grace below lets it end its own way
+    except BaseException:
+        proc.kill()  # bad input found meanwhile: nothing of the caller's runs in it
+        raise
     finally:
         if before is None:
             os.environ.pop(ENV, None)
