@@ -118,23 +118,3 @@ def test_nothing_a_client_runs_as_main_is_imported_before_the_fork():
 
     entries = {"labkit.launch.agent", "labkit.train", "labkit.bench.bench_rank"}
     assert not entries & set(PRELOAD + AGENT)
-
-
-def test_labkits_commands_validate_notebooks_without_the_iri_grammars():
-    """labkit.cli refuses rfc3987_syntax's import (2 of papermill's 2.4 CPU s): nbformat still
-    accepts a good notebook and names what is wrong with a bad one."""
-    code = """
-import sys
-from labkit.cli import _without_iri_grammars
-_without_iri_grammars()
-import nbformat, papermill
-nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
-nbformat.validate(nb)
-nb.cells[0]["cell_type"] = "no such type"
-try:
-    nbformat.validate(nb)
-except nbformat.ValidationError:
-    print("refused", sys.modules.get("rfc3987_syntax"))
-"""
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout == "refused None\n", p.stderr[-2000:]
