@@ -118,3 +118,13 @@ def test_nothing_a_client_runs_as_main_is_imported_before_the_fork():
 
     entries = {"labkit.launch.agent", "labkit.train", "labkit.bench.bench_rank"}
     assert not entries & set(PRELOAD + AGENT)
+
+
+def test_bad_input_to_the_client_and_the_server_is_one_line(tmp_path):
+    client = subprocess.run([sys.executable, "-m", "labkit.launch.warm_client"], capture_output=True,
+                            text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert client.returncode == 1 and client.stderr.startswith("usage:"), client.stderr
+    server = subprocess.run([sys.executable, "-m", "labkit.launch.warm", str(tmp_path / "no" / "s")],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert server.returncode == 2 and server.stderr.count("\n") == 1, server.stderr
+    assert "cannot listen on" in server.stderr

@@ -46,8 +46,7 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-#: the environment variable that names the warm process's socket for what runs meanwhile
-ENV = "LABKIT_WARM"
+from .warm_client import ENV  # noqa: F401 - the variable naming the socket, one definition
 
 
 def served_by() -> Optional[str]:
@@ -362,5 +361,10 @@ def _exit_code(code: object) -> int:
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: python -m labkit.launch.warm SOCKET [MODULE ...]")
-    serve(sys.argv[1], sys.argv[2:])
+    try:
+        serve(sys.argv[1], sys.argv[2:])
+    except OSError as e:  # the socket cannot be made there
+        print(f"labkit.launch.warm: error: cannot listen on {sys.argv[1]}: {e.strerror}",
+              file=sys.stderr, flush=True)
+        os._exit(2)
     os._exit(0)  # nothing to flush or save: Python's teardown of torch took 1.5 s here

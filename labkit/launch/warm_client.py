@@ -3,7 +3,7 @@ starts in place of a cold ``python -m module ...``.
 
     python -m labkit.launch.warm_client -m labkit.train --resolved resolved.json
 
-It imports the standard library only (a start of tens of milliseconds), hands its stdin, stdout and
+It imports the standard library and labkit.core.procs only (a start of tens of milliseconds), hands its stdin, stdout and
 stderr, environment, working directory and arguments to the warm process named by
 ``LABKIT_WARM``, which forks the process that runs them, passes on every signal it gets, and
 ends as that process ended: its exit code, or killed by the same signal. Where no warm process
@@ -17,7 +17,10 @@ import socket
 import struct
 import sys
 
-ENV = "LABKIT_WARM"  # labkit.launch.warm.ENV (not imported: this module stays light)
+from labkit.core.procs import die_with_parent  # (the standard library's os only)
+
+#: the environment variable that names the warm process's socket (labkit.launch.warm.node sets it)
+ENV = "LABKIT_WARM"
 #: the signals passed on to the forked process (SIGKILL and SIGSTOP cannot be caught: a
 #: SIGKILLed client's process is killed by the warm process, which sees the client gone)
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -27,13 +30,15 @@ GONE = "the warm process that forks this experiment's processes"
 
 
 def main(argv: list[str]) -> None:
+    if [a for a in argv if a != "-u"][:1] != ["-m"] or len(argv) < 2:
+        sys.exit("usage: python -m labkit.launch.warm_client -m MODULE [ARG ...]")
     address = os.environ.get(ENV, "")
     sock = _connect(address)
     if sock is None:
         print(f"labkit: note: no warm process answers at {address or '(none)'} ({ENV}); "
               f"starting cold", file=sys.stderr, flush=True)
         os.execv(sys.executable, [sys.executable, *argv])
-    _die_with_parent()  # torchrun SIGKILLed: this client gets SIGTERM, and passes it on
+    die_with_parent(signal.SIGTERM)  # torchrun SIGKILLed: this client gets SIGTERM, passes it on
     server = _peer_pid(sock)
     pending: list[int] = []
     child = [0]
@@ -127,15 +132,6 @@ def _end_as(status: int) -> None:
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(os.waitstatus_to_exitcode(status))
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 if __name__ == "__main__":
