@@ -37,10 +37,10 @@ HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
 # the notebooks' parameters). A test changes only what it needs: tiny_flags(epochs=2).
 # pin_cpus False: two xdist workers run jobs at once, and each job binding its ranks as if it
 # had the machine to itself stacks them on the same cores (the suite took 10 min 33 s bound,
-# 2026-11-23); the runs that check binding ask for it. calibrate_steps 2, not the default 6:
-# the compute-only steps after the last epoch (2 untimed + N) outnumbered the 5 training
-# steps, and a two-rank TINY run costs 0.4 CPU s less with 2 (docs/performance.md); the tests
-# that weigh the calibration against the step (test_breakdown, the session experiment) keep 6
+# 2026-11-23); the runs that check binding ask for it. calibrate_steps 2, not the default 4:
+# the compute-only steps after the last epoch (1 untimed + N) would nearly match the 5 training
+# steps (a two-rank TINY run cost 0.4 CPU s less with 2 than with 6, docs/performance.md); the
+# tests that weigh the calibration against the step (test_breakdown) ask for 6
 TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,
                 max_steps_per_epoch=5, lr=0.01, max_val_steps=2, progress=False, timeout=120,
                 pin_cpus=False, calibrate_steps=2)

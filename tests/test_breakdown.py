@@ -22,9 +22,9 @@ from labkit.training.instruments.timers import StepParts, busy_figures
 # does not swamp: 41 steps in 6 blocks of about 7 (with 12 steps in 4 blocks of 3, the overlap
 # interval of a full suite run once reached down to 0). Steps of 16 images take tens of ms:
 # the launch, not the steps, is what these runs cost.
-# the calibration's default 6 steps: these runs weigh each rank's compute-only time against its
-# steps
-STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=None)
+# 6 calibration steps (the default is 4): these runs weigh each rank's compute-only time against
+# its steps
+STEPS = tiny_flags(max_steps_per_epoch=44, batch_size=16, calibrate_steps=6)
 
 
 # ------------------------------------------------------------------ the definitions, by hand

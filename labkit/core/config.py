@@ -161,9 +161,10 @@ class TrainConfig:
                               "and buffers (a checksum per tensor: the integer sum of its 32-bit "
                               "words); a rank whose copy differs stops the run, naming the rank "
                               "and the tensor (--no-check-replicas: for timing studies)")
-    calibrate_steps: int = _f("measurement", 6, "compute-only steps after the last epoch (synchronisation "
-                              "skipped, the model restored afterwards): the compute time the "
-                              "report's breakdown of a step starts from (0: none)")
+    calibrate_steps: int = _f("measurement", 4, "compute-only steps after the last epoch (synchronisation "
+                              "skipped, the model restored afterwards; one untimed step before "
+                              "them): the compute time the report's breakdown of a step starts "
+                              "from (0: none)")
     compress: Compress = _f("method", "none", "gradient compression for communication: none | fp16 | "
                             "bf16 (allreduce and ps send fp16 gradients; ddp uses PyTorch's "
                             "fp16_compress_hook or bf16_compress_hook)")
