@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, Pause, as_flags, leftovers, load_json, tiny_cfg
+from helpers import ROOT, TINY, Pause, as_flags, leftovers, load_json, start_labkit, tiny_cfg
 from labkit.core.config import TrainConfig
 from labkit.launch.launch import launch
 
@@ -136,13 +136,15 @@ def test_a_killed_warm_process_ends_the_run_in_one_line_with_nothing_left(tmp_pa
 @pytest.mark.unit
 def test_every_module_the_warm_process_preloads_imports():
     """multiprocessing's fork server passes over a preload module that fails to import: a name
-    that moved would silently make every rank import it again, cold."""
+    that moved would silently make every rank import it again, cold (and an experiment's warm
+    process, every agent and kernel)."""
     import importlib
 
-    from labkit.launch.agent import PRELOAD
+    from labkit.launch.agent import AGENT, PRELOAD
+    from labkit.orchestrate.kernels import KERNEL
 
     missing = []
-    for name in PRELOAD:
+    for name in PRELOAD + AGENT + KERNEL:
         try:
             importlib.import_module(name)
         except ImportError as e:
@@ -258,3 +260,56 @@ def test_a_killed_experiment_warm_process_ends_the_run_in_one_line_with_nothing_
     first = res.message.splitlines()[0]
     assert "the warm process that forks this experiment's processes" in first, res.message
     assert len(forked) >= 3, forked  # the agent and both ranks
+
+
+@pytest.mark.unit
+def test_a_notebooks_kernel_is_a_thin_client_where_an_experiment_has_a_warm_process():
+    """papermill's kernels (labkit.orchestrate.kernels): forked by the experiment's warm process
+    when there is one, with ipykernel's own default backend named for the fork; a backend the
+    user chose stands; any other kernel, or no warm process, starts as its spec says."""
+    from labkit.launch.warm import ENV
+    from labkit.orchestrate.kernels import INLINE, warm_kernel
+
+    spec = ["/venv/bin/python", "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "/k.json"]
+    env = {ENV: "/tmp/warm/socket"}
+    assert warm_kernel(spec, env) == ["/venv/bin/python", "-m", "labkit.launch.warm_client",
+                                      "-m", "ipykernel_launcher", "-f", "/k.json"]
+    assert env["MPLBACKEND"] == INLINE
+    mine = {ENV: "/tmp/warm/socket", "MPLBACKEND": "svg"}
+    warm_kernel(spec, mine)
+    assert mine["MPLBACKEND"] == "svg"
+    assert warm_kernel(spec, {}) == spec and warm_kernel(spec, None) == spec
+    other = ["/usr/bin/R", "--slave", "-e", "IRkernel::main()", "--args", "/k.json"]
+    untouched = {ENV: "/tmp/warm/socket"}
+    assert warm_kernel(other, untouched) == other and "MPLBACKEND" not in untouched
+
+
+def test_a_killed_warm_process_fails_the_experiments_method_in_one_line_and_the_rest_start_cold(tmp_path):
+    """labkit experiment forks every notebook's kernel from its warm process too: killed while
+    ddp trains, it takes the kernel with the agent and ranks; ddp fails saying why in one line
+    (its result file too), nosync then starts cold, and nothing is left running."""
+    import psutil
+
+    pause = Pause(tmp_path, method="ddp", rank="*", epoch=1, step=1)
+    proc = start_labkit(["experiment", *TINY, "--nproc", "2", "--methods", "ddp,nosync",
+                         "--no-report", "--runs-dir", "runs"], tmp_path, env=pause.env)
+    try:
+        held = pause.wait(240, proc, count=2)
+        server = {psutil.Process(pid).ppid() for pid in held.values()}
+        assert len(server) == 1, server
+        forked = psutil.Process(next(iter(server))).children(recursive=True)
+        assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in forked), forked
+        os.kill(server.pop(), signal.SIGKILL)
+    finally:
+        pause.release()
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    failed = [line for line in out.splitlines() if "ddp FAILED" in line]
+    assert len(failed) == 1 and "warm process ended (killed by SIGKILL)" in failed[0], out[-3000:]
+    run = (tmp_path / "runs" / "latest").resolve()
+    methods = load_json(run / "experiment.json")["methods"]
+    assert (methods["ddp"]["status"], methods["nosync"]["status"]) == ("failed", "completed")
+    assert load_json(run / "ddp" / RESULT)["status"] == "failed"
+    assert load_json(run / "nosync" / "launch.json")["launched_from"] == "interpreter"
+    assert not psutil.wait_procs(forked, timeout=20)[1], "a forked process was left running"
+    assert not leftovers(str(run))

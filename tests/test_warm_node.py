@@ -27,6 +27,10 @@ if what == "kill":
     os.kill(os.getpid(), 9)
 if what == "sleep":
     time.sleep(60)
+if what == "backend":
+    import matplotlib
+    print(matplotlib.rcParams["backend"], flush=True)
+    what = "0"
 sys.exit(int(what))
 """
 
@@ -35,7 +39,7 @@ sys.exit(int(what))
 def node(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mods")
     (folder / "warm_probe.py").write_text(SCRIPT)
-    with warm.node(["json"]) as address:
+    with warm.node(["json", "matplotlib"]) as address:
         yield address, folder
 
 
@@ -78,6 +82,17 @@ def test_signals_are_passed_on_and_a_killed_client_takes_its_process_along(node,
         p.send_signal(sig)
         assert p.wait(30) == code
         assert not psutil.wait_procs([forked], timeout=10)[1], "left running"
+
+
+def test_a_module_that_read_the_environment_when_preloaded_follows_the_clients(node, tmp_path):
+    """What the warm process imported read its environment then: the fork applies the client's
+    where the module allows (matplotlib's backend: a Jupyter kernel's inline one;
+    test_warm_agent trains under torch's threads)."""
+    cmd, env = _client(node, "backend")
+    for backend in ("svg", "pdf"):
+        env["MPLBACKEND"] = backend
+        p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.splitlines()[-1] == backend, p.stderr
 
 
 def test_without_a_warm_process_the_client_starts_cold_and_says_so(node, tmp_path):

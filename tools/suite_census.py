@@ -27,7 +27,7 @@ KINDS = ("rank", "warm rank", "torchrun agent", "warm process", "labkit command"
 def kind(argv: str) -> str:
     """The kind of process a command line starts."""
     if "labkit.launch.warm_client" in argv:
-        return "warm client"  # an agent or rank forked by an experiment's warm process
+        return "warm client"  # a kernel, agent or rank forked by an experiment's warm process
     if re.search(r"-m labkit\.launch\.warm\b", argv):
         return "warm process"  # an experiment's (labkit.launch.warm)
     if ("torch.distributed.run" in argv or "labkit.launch.agent" in argv

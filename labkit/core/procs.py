@@ -31,6 +31,14 @@ def die_with_parent(sig: int) -> bool:
         return False
 
 
+def started_by() -> str:
+    """How this process started: forked by an experiment's warm process (labkit.launch.warm),
+    by a launch's own fork server of ranks (labkit.launch.agent), or as an interpreter."""
+    import multiprocessing
+
+    return ("experiment's warm process" if warm_server else
+            "agent's fork server" if multiprocessing.parent_process() else "interpreter")
+
 
 def started_at() -> float:
     """When this process started, in seconds since the epoch, to a clock tick: its age (the

@@ -21,7 +21,7 @@ from labkit.core.config import TrainConfig
 from labkit.core.files import atomic_write_json
 from labkit.core.log import transcript
 from labkit.core.methods import key_of
-from labkit.core.procs import die_with_parent
+from labkit.core.procs import die_with_parent, started_by
 from labkit.core.resources import oom_kills
 from labkit.core.status import INTERRUPTED_WHY, Status
 
@@ -97,7 +97,8 @@ def _record(res: LaunchResult, cfg: TrainConfig, nproc: int, nodes: Nodes, text:
         atomic_write_json(os.path.join(out_dir, layout.launch_file(nodes.node_rank)), layout.portable({
             "method": cfg.method, "nproc": nproc, "command": cmd, "command_line": shlex.join(cmd),
             "returncode": res.returncode, "wall_time": res.wall_time, "failed_rank": res.failed_rank,
-            "message": res.message, "explained_from": res.explained_from, **res.times()}, out_dir))
+            "message": res.message, "explained_from": res.explained_from, **res.times(),
+            "launched_from": started_by()}, out_dir))  # the notebook's kernel: cold, or forked warm
     except OSError as e:
         if res.ok:
             raise

@@ -1,6 +1,7 @@
-"""A warm process shared by a whole experiment: torch, labkit and the workload's modules imported
-once, then a fork for every torchrun agent and every rank that asks (``labkit experiment``
-starts one for its methods and stops it at its end).
+"""A warm process shared by a whole experiment: torch, labkit, the workload's modules and a
+notebook kernel's imported once, then a fork for every notebook kernel, torchrun agent and rank
+that asks (``labkit experiment`` starts one for its methods and report and stops it at its end;
+labkit.orchestrate.kernels runs the kernels through it).
 
     with warm.node(preload_for_workload("images")):   # LABKIT_WARM names its socket meanwhile
         launch(...)                                    # agent and ranks forked, not started
@@ -49,6 +50,10 @@ from labkit.core import procs
 from .warm_client import ENV  # noqa: F401 - the variable naming the socket, one definition
 
 
+#: the warm process node() started in this process, while it runs
+_node: Optional[subprocess.Popen] = None
+
+
 def served_by() -> Optional[str]:
     """The socket of the warm process that forked this process, else None (started cold)."""
     return procs.warm_server
@@ -72,9 +77,11 @@ def node(preload: list[str]) -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "labkit.launch.warm", address, *preload],
                             stdin=subprocess.PIPE, start_new_session=True)
     _wait_for(address, proc)
+    global _node
     before = os.environ.get(ENV)
     if proc.poll() is None:
         os.environ[ENV] = address
+        _node = proc
     else:  # said once here, rather than by every process that would have asked it
         print(f"labkit: warning: the warm process did not start (exit code {proc.returncode}); "
               f"each method starts its own processes", file=sys.stderr, flush=True)
@@ -86,6 +93,7 @@ def node(preload: list[str]) -> Iterator[str]:
         proc.kill()  # bad input found meanwhile: nothing of the caller's runs in it
         raise
     finally:
+        _node = None
         if before is None:
             os.environ.pop(ENV, None)
         else:
@@ -100,6 +108,22 @@ def node(preload: list[str]) -> Iterator[str]:
             os.unlink(address)
         with contextlib.suppress(OSError):
             os.rmdir(folder)
+
+
+def ended() -> Optional[str]:
+    """Why the warm process of this process's node() ended while it was wanted, in a few words
+    (a kill -9, the machine's OOM killer); None while it runs, or where there is none. What
+    starts after this call starts cold: the processes it forked died with it (a notebook's
+    kernel too), and a client that found no server would say so each time."""
+    if _node is None or _node.poll() is None:
+        return None
+    os.environ.pop(ENV, None)
+    code = _node.returncode
+    try:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    except ValueError:
+        how = f"killed by signal {-code}"
+    return f"the experiment's warm process ended ({how}), and every process it had forked with it"
 
 
 def _wait_for(address: str, proc: subprocess.Popen, limit_s: float = 30.0) -> None:
@@ -276,6 +300,7 @@ def _become(request: dict, fds: list[int], address: str, closing: list) -> None:
     _title(request["argv"])
     _streams(bool(env.get("PYTHONUNBUFFERED")))
     _threads(env.get("OMP_NUM_THREADS", ""))
+    _backend(env.get("MPLBACKEND"))
     procs.warm_server = address
 
 
@@ -296,6 +321,14 @@ def _threads(omp: str) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and omp.isdigit() and int(omp) > 0:
         torch.set_num_threads(int(omp))
+
+
+def _backend(name: Optional[str]) -> None:
+    """matplotlib's backend as the client's MPLBACKEND names it (a Jupyter kernel's inline
+    one): matplotlib read the server's environment once, when it was imported."""
+    matplotlib = sys.modules.get("matplotlib")
+    if matplotlib is not None and name:
+        matplotlib.rcParams["backend"] = name
 
 
 def _streams(unbuffered: bool) -> None:

@@ -33,7 +33,7 @@ from labkit.runs.runs_dir import new_run_dir, write_index
 from labkit.training import budget
 
 from .check import check_before_measuring
-from .kernels import kernel_name
+from .kernels import KERNEL, kernel_name
 from .render import execute, make_report, report_or_why
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
             for i, seed, order in folder.plan:
                 for m in order:
                     folder.run_method(m, i, seed, kernel, stream)
-        folder.finish(kernel, stream, before_report)
+            folder.finish(kernel, stream, before_report)
     finally:  # interrupted too: the lab notebook lists the run as it was left
         if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
             write_index(run.parent)
@@ -174,16 +174,16 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
 
 
 def warm_node(p: Prepared) -> contextlib.AbstractContextManager:
-    """One warm process for every method's agent and ranks (labkit.launch.warm): torch and the
-    workload imported once per experiment, not twice per method. Where the ranks run on this
-    machine alone: an emulated node's run in network namespaces of their own, a real cluster's
-    on other machines."""
+    """One warm process for every notebook's kernel, method's agent and ranks
+    (labkit.launch.warm): torch, the workload, IPython and matplotlib imported once per
+    experiment, not in every process. Where the ranks run on this machine alone: an emulated
+    node's run in network namespaces of their own, a real cluster's on other machines."""
     nodes = p.exp.nodes
     if nodes.multi or nodes.emulated:
         return contextlib.nullcontext()
     workloads = {c.workload for c in p.resolved.values()}
     workload = workloads.pop() if len(workloads) == 1 else None
-    return warm.node(preload_for_workload(workload) + AGENT)
+    return warm.node(preload_for_workload(workload) + AGENT + KERNEL)
 
 
 class ExperimentFolder:
@@ -319,6 +319,7 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
                         stream: IO[str], entry: dict, label: str) -> None:
     """papermill runs run_method.ipynb for one method into ``mdir``; ``entry`` gets its status."""
     import papermill as pm
+    from nbclient.exceptions import DeadKernelError
 
     stream.write(f"\n=== {label}: {p.nproc} processes ===\n")
     stream.flush()
@@ -337,6 +338,10 @@ def run_method_notebook(cfg: TrainConfig, mdir: Path, p: Prepared, kernel: str,
         log.error("\n%s FAILED: %s", label, entry["error"])
     except pm.PapermillExecutionError as e:
         entry.update(status=Status.FAILED, error=f"{e.ename}: {e.evalue}".strip())
+        log.error("\n%s FAILED: %s", label, entry["error"])
+    except DeadKernelError:  # killed under the notebook: by the OOM killer, by hand, with the warm process
+        entry.update(status=Status.FAILED, error=f"the notebook's kernel died: {warm.ended() or 'killed'}")
+        mark_ended(str(mdir), cfg.result_file, Status.FAILED, entry["error"])
         log.error("\n%s FAILED: %s", label, entry["error"])
     except OSError as e:  # papermill could not write the executed notebook: a full disk
         entry.update(status=Status.FAILED, error=f"cannot write {e.filename or mdir}: {e.strerror}")

@@ -3,6 +3,7 @@ and stops (labkit.orchestrate.experiment runs the experiment's notebooks with th
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 # the project's named kernel (make setup installs it into the venv)
 KERNEL_NAME = "labkit"
@@ -32,6 +33,7 @@ def kernel_options() -> dict:
 
     - IPC (Unix socket) transport: a local kernel needs no TCP, and ipykernel warns on every
       start about unencrypted TCP, into the experiment's output.
+    - Forked by the experiment's warm process where there is one (:func:`warm_kernel`).
     - The kernel is killed when its last cell is done (nbclient's shutdown_kernel="immediate"):
       all it makes is on disk by then, and a graceful shutdown waited seconds per notebook for
       Python's teardown of torch and matplotlib (docs/performance.md).
@@ -39,7 +41,8 @@ def kernel_options() -> dict:
       interrupts a kernel before it kills it, and the kill came before launch could stop
       torchrun's process group; torchrun, left to its parent-death SIGTERM, now and then hung
       on with its ranks dead (seen once in a clean-clone suite). So a kernel with
-      child processes is interrupted and given ``STOP_GRACE_S`` to see them gone first.
+      child processes (the warm fork's, :func:`kernel_processes`) is interrupted and given
+      ``STOP_GRACE_S`` to see them gone first.
     """
     import asyncio
 
@@ -51,10 +54,15 @@ def kernel_options() -> dict:
             kw.setdefault("transport", "ipc")
             super().__init__(**kw)
 
+        async def _async_pre_start_kernel(self, **kw):
+            cmd, kw = await super()._async_pre_start_kernel(**kw)
+            return warm_kernel(cmd, kw.get("env")), kw
+
         async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
             pid = getattr(self.provisioner, "pid", None) if self.has_kernel else None
             try:
-                busy = pid is not None and psutil.Process(pid).children()
+                busy = pid is not None and [c for p in kernel_processes(pid, self.connection_file)
+                                            for c in p.children()]
             except psutil.Error:
                 busy = False
             if busy:
@@ -65,6 +73,53 @@ def kernel_options() -> dict:
             await super().shutdown_kernel(now=now, restart=restart)
 
     return {"kernel_manager_class": IPCKernelManager, "shutdown_kernel": "immediate"}
+
+
+#: what a labkit notebook's kernel imports (run_method.ipynb and report.ipynb: IPython's kernel,
+#: labkit's launcher and report, matplotlib, which ipykernel's inline backend builds on), for the
+#: experiment's warm process. Not that backend, which hooks into IPython when imported, nor
+#: ipykernel.kernelapp (milliseconds on top of these), whose defaults read the kernel's
+#: environment when imported (JPY_PARENT_PID: without it the kernel thinks it was started by
+#: hand and prints so)
+KERNEL = ["ipykernel.ipkernel", "IPython.display", "labkit.report", "labkit.launch.launch",
+          "labkit.launch.launch_params", "matplotlib.pyplot"]
+#: the backend ipykernel gives matplotlib when the environment names none (its kernelapp)
+INLINE = "module://matplotlib_inline.backend_inline"
+
+
+def warm_kernel(cmd: list[str], env: Optional[dict]) -> list[str]:
+    """The kernel's command (``python [-X...] -m ipykernel_launcher -f FILE``) as the thin
+    client of the experiment's warm process runs it, where ``env`` names one
+    (labkit.launch.warm): the kernel is then forked with IPython, ipykernel, labkit's launcher
+    and report and matplotlib imported, not started to import them (every method's notebook
+    and the report's). matplotlib read its backend from the warm process's environment, so the
+    kernel's is named in ``env`` (ipykernel's own default), which the fork applies. Any other
+    command, or no warm process: ``cmd`` unchanged."""
+    from labkit.launch import warm
+
+    if env is None:
+        return cmd
+    module = [a for a in cmd[1:] if not a.startswith("-X")]
+    thin = warm.through([cmd[0], *module], env)
+    if module[:2] != ["-m", "ipykernel_launcher"] or thin[1:3] != ["-m", "labkit.launch.warm_client"]:
+        return cmd
+    env.setdefault("MPLBACKEND", INLINE)
+    return thin
+
+
+def kernel_processes(pid: int, connection_file: str) -> list:
+    """The kernel's processes (psutil): ``pid``, and where that is the warm process's thin
+    client, the fork that runs the kernel, found by its connection file."""
+    import psutil
+
+    found = [psutil.Process(pid)]
+    if "labkit.launch.warm_client" not in found[0].cmdline():
+        return found
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or ())
+        if p.pid != pid and connection_file in line and "ipykernel_launcher" in line:
+            found.append(p)
+    return found
 
 
 def kernel_name() -> str:

@@ -8,7 +8,6 @@ runs it.
 from __future__ import annotations
 
 import copy
-import multiprocessing
 import os
 import time
 from contextlib import nullcontext
@@ -118,10 +117,8 @@ class Trainer:
         from labkit.core import procs
 
         self.doing = self._doing  # the phase now running, charged up to now
-        how = ("experiment's warm process" if procs.warm_server else
-               "agent's fork server" if multiprocessing.parent_process() else "interpreter")
-        return {"process_start": procs.started_at(), "now": time.time(), "started_by": how,
-                "start_cpu_s": round(self._start_cpu, 3),
+        return {"process_start": procs.started_at(), "now": time.time(),
+                "started_by": procs.started_by(), "start_cpu_s": round(self._start_cpu, 3),
                 "spent": {k: round(v, 4) for k, v in self.spent.items()}}
 
     def _schedule(self, _global_step: int) -> None:
