@@ -70,7 +70,7 @@ def test_the_plan_is_printed_first_and_recorded(monkeypatch, tmp_path):
     monkeypatch.setattr(experiment.ExperimentFolder, "run_method", lambda *a, **k: None)
     monkeypatch.setattr(experiment.ExperimentFolder, "finish", lambda *a, **k: None)
     monkeypatch.setattr(experiment, "write_record", lambda run, snap: {})
-    monkeypatch.setattr(experiment, "warm_node", lambda p: contextlib.nullcontext())  # no methods run
+    monkeypatch.setattr(experiment, "warm_node", lambda *a: contextlib.nullcontext())  # no methods run
     out = io.StringIO()
     run, _ = experiment.run_experiment(p.cfg, p.exp, out, prepared=p, run=tmp_path / "run")
     lines = out.getvalue().splitlines()

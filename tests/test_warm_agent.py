@@ -94,6 +94,46 @@ def test_the_result_file_accounts_for_rank_0s_time(warm_run):
     assert all(v >= 0 for v in acc.values()), acc
 
 
+@pytest.mark.unit
+def test_the_agents_rendezvous_records_are_named_as_torchs_own_names_them():
+    """labkit's agent names torch's rendezvous events from the frame, not inspect.stack() (half
+    a second of every launch): the same name as torch's function, the caller of the recorder."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from labkit.launch.agent import _method_name
+
+    def _record(namer):
+        return namer()
+
+    def join_the_round(namer):
+        return _record(namer)
+
+    namers = [_method_name, lambda depth=2: inspect.stack()[depth].function]  # torch's way
+    if dynamic_rendezvous.get_method_name is not _method_name:  # torch's own, where unpatched
+        namers.append(dynamic_rendezvous.get_method_name)
+    assert [join_the_round(n) for n in namers] == ["join_the_round"] * len(namers)
+    assert _method_name(10_000) == "no_method_name"
+
+
+@pytest.mark.unit
+def test_the_account_gives_trainings_share_and_the_epochs():
+    """The table's last rows and its line: training's share of the wall time, and the guide's
+    epochs' (training, validation and checkpoints: the issue's measure)."""
+    from labkit.report.accounting import PHASES, account_rows, all_methods_line
+
+    acc = dict.fromkeys((k for k, _ in PHASES), 0.0)
+    acc.update(kernel=1.0, agent=1.0, train=6.0, validation=1.0, checkpoint=0.5, calibration=0.5,
+               total=10.0)
+    rows = {r["where the time went"]: r["m"] for r in account_rows({"m": acc})}
+    assert rows["total (s)"] == "10.0" and rows["share that was training"] == "60%"
+    assert rows["share that was the epochs (with validation, checkpoints)"] == "75%"
+    line = all_methods_line({"m": acc, "n": acc})
+    assert line.startswith("2 methods: 20.0 s, of which training epochs 12.0 s (60%)"), line
+    assert line.endswith("with validation and checkpoints 15.0 s (75%)"), line
+
+
 def _kill_the_warm_process(tmp_path, around=contextlib.nullcontext):
     """A ddp launch (inside ``around()``) whose ranks are held at their first step while the
     process that forked them is SIGKILLed: (its LaunchResult, its folder, every process that

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = torchrun.config_from_args(args)
+    _quick_rendezvous_records()
     try:
         if shared:  # each rank a thin client that the same warm process forks for
             elastic_launch(config=config, entrypoint=sys.executable)(
@@ -103,6 +104,25 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         _stop_server()
+
+
+def _method_name(depth: int = 2) -> str:
+    """What torch's rendezvous names each of its event records by, the function ``depth``
+    frames up (the caller of the caller), read from the frame itself."""
+    try:
+        return sys._getframe(depth).f_code.co_name  # noqa: SLF001
+    except ValueError:  # a stack shallower than that
+        return "no_method_name"
+
+
+def _quick_rendezvous_records() -> None:
+    """torch's c10d rendezvous names every event it records (nine in a one-node rendezvous)
+    with inspect.stack(), which reads the source of every frame and, for each, searches the
+    modules torch loaded: about half a second of each launch's rendezvous on a 2-vCPU VM
+    (docs/performance-log.md). The same name, taken from the frame."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dynamic_rendezvous.get_method_name = _method_name
 
 
 def preload_for(argv: list[str]) -> list[str]:

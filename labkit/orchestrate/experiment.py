@@ -71,7 +71,8 @@ class Prepared:
 
 def prepare(cfg: TrainConfig, exp: Experiment,
             resolved: Optional[dict[str, TrainConfig]] = None) -> Prepared:
-    """All bad input fails here, in seconds, before a folder or a process exists."""
+    """All bad input fails here, in seconds, before a folder or a training process exists
+    (labkit experiment's warm process, which imports meanwhile, is stopped at once)."""
     p = plan(cfg, exp, resolved)
     # an emulated cluster runs every node here: memory for all their ranks, a link one step of
     # each method can cross, then the namespaces (tried in throwaway ones), each refused in
@@ -99,15 +100,7 @@ def plan(cfg: TrainConfig, exp: Experiment,
     does not re-decide what "auto" means on this machine."""
     if resolved is not None:
         exp = dataclasses.replace(exp, methods=list(resolved))
-    bad = [m for m in exp.methods if m not in VARIANTS and not is_name(
-        m if resolved is None else resolved[m].method)]
-    if bad or not exp.methods:
-        variants = ", ".join(v for v in VARIANTS if v not in METHOD_ORDER)
-        raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
-                          f"{', '.join(METHOD_ORDER)}, a variant: {variants}, or a class of "
-                          f"your own as path/to/file.py:Class (docs/methods.md)")
-    if isinstance(exp.repeats, bool) or not isinstance(exp.repeats, int) or exp.repeats < 1:
-        raise ConfigError(f"--repeats must be a whole number, 1 or more (got {exp.repeats!r})")
+    check_names(exp, resolved)
     nproc = nproc_or_default(exp.nproc)
     cfg = with_absolute_paths(cfg)
     # a method runs with the config as given; a variant (ps-async, ...) adds its own fields
@@ -118,6 +111,20 @@ def plan(cfg: TrainConfig, exp: Experiment,
     resolved = {m: validate(c, nproc, exp.nodes) for m, c in resolved.items()}
     return Prepared(cfg, exp, nproc, resolved, None,
                     plan_lines(resolved, nproc, exp.nproc, exp.nodes.node_count))
+
+
+def check_names(exp: Experiment, resolved: Optional[dict[str, TrainConfig]] = None) -> None:
+    """The experiment's own flags: known methods, a whole number of repeats (no import, no
+    process: what a mistyped command line gets wrong, refused at once)."""
+    bad = [m for m in exp.methods if m not in VARIANTS and not is_name(
+        m if resolved is None else resolved[m].method)]
+    if bad or not exp.methods:
+        variants = ", ".join(v for v in VARIANTS if v not in METHOD_ORDER)
+        raise ConfigError(f"unknown method(s) {', '.join(bad) or '(none)'}; choose from "
+                          f"{', '.join(METHOD_ORDER)}, a variant: {variants}, or a class of "
+                          f"your own as path/to/file.py:Class (docs/methods.md)")
+    if isinstance(exp.repeats, bool) or not isinstance(exp.repeats, int) or exp.repeats < 1:
+        raise ConfigError(f"--repeats must be a whole number, 1 or more (got {exp.repeats!r})")
 
 
 def check_machine(resolved: dict[str, TrainConfig], nproc: int, exp: Experiment,
@@ -153,36 +160,38 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     ran, before the report is made (reproduce writes its comparison there, so the report
     shows it)."""
     stream = stream or transcript(__name__)
-    p = prepared or prepare(cfg, exp)
-    if run is None:
-        run = new_run_dir(p.exp.runs_dir, p.exp.tag).resolve()
-    else:
-        run.mkdir(parents=True)
-    folder = ExperimentFolder(run, p)
-    kernel = kernel_name()
-    stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
-    try:
-        with warm_node(p):
+    if prepared is None:
+        check_names(exp)
+    workloads = {c.workload for c in prepared.resolved.values()} if prepared else {cfg.workload}
+    # the warm process imports while the inputs are checked (a bad one stops it at once)
+    with warm_node((prepared.exp if prepared else exp).nodes, workloads):
+        p = prepared or prepare(cfg, exp)
+        if run is None:
+            run = new_run_dir(p.exp.runs_dir, p.exp.tag).resolve()
+        else:
+            run.mkdir(parents=True)
+        folder = ExperimentFolder(run, p)
+        kernel = kernel_name()
+        stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
+        try:
             for i, seed, order in folder.plan:
                 for m in order:
                     folder.run_method(m, i, seed, kernel, stream)
             folder.finish(kernel, stream, before_report)
-    finally:  # interrupted too: the lab notebook lists the run as it was left
-        if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
-            write_index(run.parent)
+        finally:  # interrupted too: the lab notebook lists the run as it was left
+            if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
+                write_index(run.parent)
     return run, folder.status
 
 
-def warm_node(p: Prepared) -> contextlib.AbstractContextManager:
+def warm_node(nodes: Nodes, workloads: set[str]) -> contextlib.AbstractContextManager:
     """One warm process for every notebook's kernel, method's agent and ranks
     (labkit.launch.warm): torch, the workload, IPython and matplotlib imported once per
     experiment, not in every process. Where the ranks run on this machine alone: an emulated
     node's run in network namespaces of their own, a real cluster's on other machines."""
-    nodes = p.exp.nodes
     if nodes.multi or nodes.emulated:
         return contextlib.nullcontext()
-    workloads = {c.workload for c in p.resolved.values()}
-    workload = workloads.pop() if len(workloads) == 1 else None
+    workload = next(iter(workloads)) if len(workloads) == 1 else None
     return warm.node(preload_for_workload(workload) + AGENT + KERNEL)
 
 

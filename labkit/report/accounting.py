@@ -86,9 +86,20 @@ def _result(mdir: Path) -> Optional[dict]:
     return None
 
 
+#: the rows of the guide's epoch: training, then validation and the checkpoint (issue 70 measured
+#: "the epochs' train and validation time over each method's wall time")
+EPOCH = ("train", "validation", "checkpoint")
+
+
 def training_share(acc: dict) -> float:
     """The share of the method's wall time that was training epochs."""
     return acc["train"] / acc["total"] if acc.get("total") else float("nan")
+
+
+def epochs_share(acc: dict) -> float:
+    """The share of the method's wall time that was the guide's epochs: training, validation
+    and replica checks, checkpoints."""
+    return sum(acc[k] for k in EPOCH) / acc["total"] if acc.get("total") else float("nan")
 
 
 def account_rows(accounts: dict[str, dict]) -> list[dict]:
@@ -99,15 +110,19 @@ def account_rows(accounts: dict[str, dict]) -> list[dict]:
                  **{m: f"{a['total']:.1f}" for m, a in accounts.items()}})
     rows.append({"where the time went": "share that was training",
                  **{m: f"{training_share(a):.0%}" for m, a in accounts.items()}})
+    rows.append({"where the time went": "share that was the epochs (with validation, checkpoints)",
+                 **{m: f"{epochs_share(a):.0%}" for m, a in accounts.items()}})
     return rows
 
 
 def all_methods_line(accounts: dict[str, dict]) -> str:
-    """One line over every method: their wall time and training's share of it."""
+    """One line over every method: their wall time, training's share of it and the epochs'."""
     total = sum(a["total"] for a in accounts.values())
     train = sum(a["train"] for a in accounts.values())
+    epochs = sum(a[k] for a in accounts.values() for k in EPOCH)
     return (f"{len(accounts)} method{'s' if len(accounts) != 1 else ''}: {total:.1f} s, of which "
-            f"training epochs {train:.1f} s ({train / total:.0%})" if total else "")
+            f"training epochs {train:.1f} s ({train / total:.0%}), with validation and "
+            f"checkpoints {epochs:.1f} s ({epochs / total:.0%})" if total else "")
 
 
 def account_text(run: Path) -> str:
