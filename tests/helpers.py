@@ -38,7 +38,7 @@ HTML_ONLY = {"LABKIT_CHROMIUM": "/nonexistent/chromium"}
 # pin_cpus False: two xdist workers run jobs at once, and each job binding its ranks as if it
 # had the machine to itself stacks them on the same cores (the suite took 10 min 33 s bound,
 # 2026-11-23); the runs that check binding ask for it. calibrate_steps 2, not the default 4:
-# the compute-only steps after the last epoch (1 untimed + N) would nearly match the 5 training
+# the compute-only steps after the last epoch (2 untimed + N) would outnumber the 5 training
 # steps (a two-rank TINY run cost 0.4 CPU s less with 2 than with 6, docs/performance.md); the
 # tests that weigh the calibration against the step (test_breakdown) ask for 6
 TINY_CFG = dict(dataset="digits", model="resnet10_small", batch_size=8, epochs=1,

@@ -162,7 +162,7 @@ class TrainConfig:
                               "words); a rank whose copy differs stops the run, naming the rank "
                               "and the tensor (--no-check-replicas: for timing studies)")
     calibrate_steps: int = _f("measurement", 4, "compute-only steps after the last epoch (synchronisation "
-                              "skipped, the model restored afterwards; one untimed step before "
+                              "skipped, the model restored afterwards; two untimed steps before "
                               "them): the compute time the report's breakdown of a step starts "
                               "from (0: none)")
     compress: Compress = _f("method", "none", "gradient compression for communication: none | fp16 | "

@@ -284,12 +284,12 @@ class Trainer:
                 return
 
     # -------------------------------------------------------------- compute-only calibration
-    def calibrate(self, n: int, untimed: int = 1) -> dict:
+    def calibrate(self, n: int, untimed: int = 2) -> dict:
         """``n`` compute-only steps (after ``untimed`` ones): the forward, backward and
         optimizer step with synchronisation skipped, timed part by part as training steps are.
-        They follow the epochs, which warmed everything up but the first step after validation
-        (its compute 25-35% above the next ones' on a CPU; the second within their spread),
-        so one untimed step.
+        They follow the epochs, but the first step after validation is a third slower than the
+        rest, and the second now and then still stands out (docs/performance-log.md), so two
+        untimed steps.
         The report's breakdown of a step takes its compute time from here. The model, its
         BatchNorm statistics and the optimizer are restored afterwards, so what training
         produced is unchanged. Returns, per step, the mean over the trainers of each part."""
