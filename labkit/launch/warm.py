@@ -112,13 +112,14 @@ def node(preload: list[str]) -> Iterator[str]:
 
 def ended() -> Optional[str]:
     """Why the warm process of this process's node() ended while it was wanted, in a few words
-    (a kill -9, the machine's OOM killer); None while it runs, or where there is none. What
-    starts after this call starts cold: the processes it forked died with it (a notebook's
-    kernel too), and a client that found no server would say so each time."""
+    (a kill -9, the machine's OOM killer), once; None while it runs, where there is none, and
+    after it was said. What starts after this call starts cold: the processes it forked died
+    with it (a notebook's kernel too), and a client that found no server would say so each time."""
+    global _node
     if _node is None or _node.poll() is None:
         return None
     os.environ.pop(ENV, None)
-    code = _node.returncode
+    code, _node = _node.returncode, None
     try:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     except ValueError:

@@ -176,6 +176,8 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         try:
             for i, seed, order in folder.plan:
                 for m in order:
+                    if gone := warm.ended():  # between two methods: said once, not by each client
+                        stream.write(f"\nlabkit: {gone}; what follows starts its own processes\n")
                     folder.run_method(m, i, seed, kernel, stream)
             folder.finish(kernel, stream, before_report)
         finally:  # interrupted too: the lab notebook lists the run as it was left
