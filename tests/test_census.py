@@ -19,6 +19,9 @@ STARTS = {
     # labkit's agent and the warm process it forks ranks from (labkit.launch.agent)
     "warm process": [sys.executable, "-c", "pass", "from multiprocessing.forkserver import main; "
                      "main(3, 4, ['torch', 'labkit.training.rank'])"],
+    # what an experiment's warm process forks for: a kernel, an agent or a rank (labkit.launch.warm)
+    "warm client": [sys.executable, "-c", "pass", "-m", "labkit.launch.warm_client", "-m",
+                    "ipykernel_launcher", "-f", "k.json"],
     "kernel": [sys.executable, "-c", "pass", "-m", "ipykernel_launcher", "-f", "k.json"],
     "labkit command": [sys.executable, "-c", "pass", "-m", "labkit", "experiment"],
 }

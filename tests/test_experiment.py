@@ -153,8 +153,13 @@ def test_the_report_has_both_tables_every_figure_and_no_code(experiment):
         # (the first, warm-up, step left out: conftest's _experiment) on a busy 2-core machine,
         # where the ranks' windows open tens of milliseconds apart (10.1% seen once under
         # three test workers; with the first step timed, a PS server's clock saw 0.216 s of
-        # steps whose parts were 0.387 s)
-        assert b.total == pytest.approx(b.measured, rel=0.30), m  # 17% seen under the full suite
+        # steps whose parts were 0.387 s). A parameter server's rank 0 is the server: its clock
+        # times other windows than its lone trainer's parts, and when the other worker's load
+        # falls on the trainer's two steps they part (33% seen in two full suites, 2026-11-29,
+        # the trainer's forward and backward at three times its compute-only time; the same
+        # experiment alone or beside two busy loops: 1-8%)
+        within = 0.45 if m == "ps" else 0.30
+        assert b.total == pytest.approx(b.measured, rel=within), m  # 17% seen under the full suite
     ddp_row = report.communication_rows(res)[0]
     assert isinstance(ddp_row["Total comm time (ms)"], float), ddp_row
     assert "Time to target (s)" in txt and "Time to target (s)" in html

@@ -20,8 +20,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-KINDS = ("rank", "warm rank", "torchrun agent", "warm process", "labkit command", "kernel", "papermill",
-         "loader server", "pytest worker", "other Python")
+KINDS = ("rank", "warm rank", "torchrun agent", "warm process", "warm client", "labkit command",
+         "kernel", "papermill", "loader server", "pytest worker", "other Python")
 
 
 def kind(argv: str) -> str:
