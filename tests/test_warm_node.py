@@ -112,6 +112,22 @@ def test_the_warm_process_ends_with_its_owner(tmp_path):
     assert os.environ.get("LABKIT_WARM") == before and not os.path.exists(address)
 
 
+def test_a_warm_process_whose_owner_was_killed_ends_and_leaves_no_socket(tmp_path):
+    """The owner's pipe closed without node()'s clean-up (a kill -9 of the experiment): the
+    server stops, removes its socket and folder itself, and exits."""
+    address = str(tmp_path / "warm" / "socket")
+    os.mkdir(os.path.dirname(address))
+    server = subprocess.Popen([sys.executable, "-m", "labkit.launch.warm", address],
+                              stdin=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(address) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(address)
+    server.stdin.close()
+    assert server.wait(15) == 0
+    assert not os.path.exists(os.path.dirname(address))
+
+
 def _forked_pid(node, wait_s: float = 5.0):
     """The one process the module's warm process has forked now, else None."""
     address, _ = node

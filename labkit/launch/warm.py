@@ -104,10 +104,7 @@ def node(preload: list[str]) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        with contextlib.suppress(OSError):
-            os.unlink(address)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+        _remove(address)  # the server's own removal, where it was killed before it got there
 
 
 def ended() -> Optional[str]:
@@ -165,6 +162,7 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
                 # the owner is gone: what runs gets its grace, then SIGTERM (die_with_parent)
                 ending = time.monotonic() + grace_s
                 _forget(listener, sel)
+                _remove(address)
                 sel.unregister(owner)
             elif key.data == "accept":
                 _accept(listener, address, sel, clients, closing=[listener, wake_r, wake_w])
@@ -173,6 +171,15 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
                 _reap(sel, clients)
             elif isinstance(key.data, int):  # a client's connection: data (none expected) or gone
                 _client_said(key.fileobj, key.data, sel, clients)
+
+
+def _remove(address: str) -> None:
+    """The socket, and the folder node() made for it: gone once nothing more is served, also
+    when the owner was killed before it could remove them."""
+    with contextlib.suppress(OSError):
+        os.unlink(address)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(address))
 
 
 def _preload(modules: list[str]) -> None:

@@ -3,8 +3,8 @@ starts in place of a cold ``python -m module ...``.
 
     python -m labkit.launch.warm_client -m labkit.train --resolved resolved.json
 
-It imports the standard library and labkit.core.procs only (a start of tens of milliseconds), hands its stdin, stdout and
-stderr, environment, working directory and arguments to the warm process named by
+It imports the standard library and labkit.core.procs only (a start of tens of milliseconds),
+hands its stdin, stdout and stderr, environment, working directory and arguments to the warm process named by
 ``LABKIT_WARM``, which forks the process that runs them, passes on every signal it gets, and
 ends as that process ended: its exit code, or killed by the same signal. Where no warm process
 answers, it runs the same command cold (``exec``), and says so in one line.
