@@ -92,6 +92,27 @@ def test_error_file_names_the_rank_and_its_exception(tmp_path):
     assert "ValueError: bad shard 7" in why.message and "closed by peer" not in why.message
 
 
+@pytest.mark.unit
+def test_a_rank_that_raised_stood_where_it_raised_not_where_it_ended(tmp_path):
+    """A rank that raised, then got torchrun's SIGTERM while its exit functions ran (the
+    other rank had failed too), wrote two marks: it stood where it raised (a suite run named
+    the warm process's run_main, where the exit functions ran, for a method's all_reduce)."""
+    from labkit.core import stacks
+    from labkit.launch.failures import collect
+
+    raised = "/x/mine.py:19 (after_backward) in all_reduce"
+    for rank in (0, 1):
+        (_rank_dir(tmp_path, rank) / "error.json").write_text(json.dumps({"message": {
+            "message": "RuntimeError: Detected mismatch", "extraInfo": {"timestamp": "100"}}}))
+    (tmp_path / "run-id" / "attempt_0" / "0" / "stderr.log").write_text("\n".join([
+        stacks.mark(0, "raised RuntimeError", raised), "labkit.train: error: it failed",
+        stacks.mark(0, "stopped by SIGTERM", "/y/warm.py:410 (run_main), waiting in torch.x")]))
+    (tmp_path / "run-id" / "attempt_0" / "1" / "stderr.log").write_text(
+        stacks.mark(1, "stopped by SIGTERM", "/x/mine.py:30 (step), waiting in gloo"))
+    where = {f.rank: f.where for f in collect("", str(tmp_path))}
+    assert where == {0: raised, 1: "/x/mine.py:30 (step), waiting in gloo"}, where
+
+
 def test_rank_prefix_only_where_torchrun_has_the_option(tmp_path, monkeypatch):
     """torch 2.11's torchrun has no --log-line-prefix-template: passed anyway, it became the
     script to run and every rank died (seen on an H100 box, 2026-11-23)."""

@@ -142,7 +142,10 @@ def _where(f: Failure, log_dir: str) -> None:
     died of a signal) and whether its collective differed from another rank's."""
     every = [l for p in rank_logs(log_dir, f.local_rank) for l in read_lines(p)]
     marks = stacks.read_marks(every)
-    f.where = marks[-1].where if marks else stacks.faulthandler_position(every)
+    # where it raised, over a later mark made while it was ending (torchrun's SIGTERM in its
+    # exit functions, once another rank had failed too)
+    raised = [m for m in marks if m.how.startswith("raised")]
+    f.where = (raised or marks)[-1].where if marks else stacks.faulthandler_position(every)
     text = "\n".join([f.error or ""] + [l for l in every if not stacks.is_dump(l)])
     f.mismatch = stacks.mismatch(text)
 
