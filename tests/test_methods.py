@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import HTML_ONLY, ROOT, TINY, check_ok, labkit, load_json
+from helpers import HTML_ONLY, ROOT, TINY, TINY_CFG, check_ok, labkit, load_json
 from warm import warm_run
 from labkit.core import methods
 from labkit.core.errors import ConfigError
@@ -516,7 +516,9 @@ def test_a_method_registered_elsewhere_is_no_row_of_another_runs_tables(ddp_run)
 def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run, tmp_path):
     """`--method nosync`: no byte on the wire in any step, one model at the end of the epoch (the
     replica check passes); beside DDP the report states the bound from the two throughputs and
-    leaves nosync out of the accuracy verdicts, saying why."""
+    leaves nosync out of the accuracy verdicts, saying why. Its steps are compute-only steps, so
+    its calibration is its last ones, read rather than run: their parts, and each rank's own
+    compute."""
     from labkit import report
 
     check_ok(warm_run(2, TINY + ["--method", "nosync", "--out", str(tmp_path / "nosync")], cwd=tmp_path))
@@ -525,6 +527,11 @@ def test_nosync_communicates_nothing_and_bounds_what_communication_costs(ddp_run
     assert all(e["wire"]["sent_per_step"] == [0, 0] == e["wire"]["received_per_step"]
                for e in doc["epochs"])
     assert doc["epochs"][-1]["replicas"]["identical"] is True
+    last, cal, n = doc["epochs"][-1], doc["calibration"], TINY_CFG["calibrate_steps"]
+    assert cal["steps"] == n and cal["parts"] == {p: v[-n:] for p, v in last["step_parts"].items()}
+    held = dict(zip(last["sync_held"]["ranks"], last["sync_held"]["times"]))
+    assert cal["rank_compute"] == pytest.approx([sum(held[r][-n:]) / n for r in (0, 1)])
+    assert cal["from"] == "training steps"
     res = report.load_files([str(ddp_run), str(tmp_path / "nosync")])
     thr = {m: v["throughput"].value for m, v in report.intervals(res).items()}
     lines = report.verdict_lines(res)

@@ -42,6 +42,22 @@ def _cpu_seconds() -> float:
     return t.user + t.system
 
 
+def steps_as_calibration(e: Epoch, n: int, world: int) -> dict:
+    """The calibration (Trainer.calibrate's record) of a method whose training steps are
+    compute-only steps (Strategy.steps_are_compute_only: nosync), read from the last ``n``
+    steady-state steps of its last epoch ``e`` instead of run again: each part's mean over the
+    trainers per step, and each trainer's own compute (its time held at the step's end: it
+    synchronises nothing). Fewer than ``n`` where the epoch had fewer."""
+    parts = {p: list(v[-n:]) for p, v in (e.step_parts or {}).items()}
+    rank_compute = [0.0] * max(1, world)
+    held = e.sync_held or {"ranks": [], "times": []}
+    for r, times in zip(held["ranks"], held["times"]):
+        last = times[-n:]
+        rank_compute[r] = sum(last) / len(last) if last else 0.0
+    return {"steps": len(parts.get("compute", [])), "parts": parts, "rank_compute": rank_compute,
+            "seconds": 0.0, "from": "training steps"}
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Optional[str], data: Datasets,
                  model: torch.nn.Module, steps: int, workload: Optional[Workload] = None):
@@ -403,9 +419,13 @@ class Trainer:
                     checkpoint.save(self.out, epoch, self.model, self.optimizer, self.scaler, results.result)
         self.doing = "calibration"
         if cfg.calibrate_steps and start_epoch <= cfg.epochs:
-            calibration = self.calibrate(cfg.calibrate_steps)
-            if results is not None:
-                results.update(calibration=calibration)
+            if not self.strategy.steps_are_compute_only:
+                calibration = self.calibrate(cfg.calibrate_steps)
+                if results is not None:
+                    results.update(calibration=calibration)
+            elif results is not None:  # nosync: its own last steps, read by the rank that records
+                results.update(calibration=steps_as_calibration(
+                    results.result.epochs[-1], cfg.calibrate_steps, self.ctx.world_size))
         self.doing = "final"
         # the validation loader's workers (kept between epochs) end now, not at the rank's exit
         self.train_loader = self.val_loader = None

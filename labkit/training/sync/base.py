@@ -146,6 +146,10 @@ class Strategy(Collectives):
         #: bytes this rank's collectives moved (counted by the helpers of Collectives)
         self.wire = Wire()
 
+    #: its training steps synchronise nothing (nosync): they are the compute-only steps the
+    #: calibration would run, so the calibration reads its last ones (Trainer.calibrate)
+    steps_are_compute_only: bool = False
+
     @classmethod
     def for_config(cls, cfg: TrainConfig) -> "type[Strategy]":
         """The class that runs ``cfg``: this one, unless a method picks among protocols by its

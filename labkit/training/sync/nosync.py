@@ -13,6 +13,8 @@ from .base import Strategy, broadcast_parameters
 
 
 class NoSync(Strategy):
+    steps_are_compute_only = True  # the calibration reads its last steps, runs none of its own
+
     def setup(self, model: nn.Module) -> nn.Module:
         broadcast_parameters(model)  # the same start as every method (once, not a step)
         return model
