@@ -1,5 +1,5 @@
 """`labkit [-v | -q] run | experiment | sweep | bench | model | report | reproduce | runs | diff |
-check` (also `python -m labkit ...`). Progress goes through each module's logger
+check | warm` (also `python -m labkit ...`). Progress goes through each module's logger
 (labkit.core.log: -q hides it, -v adds debug lines); what a command produces (its summary, a
 table, JSON) is printed to stdout, and shows with -q too."""
 from __future__ import annotations
@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "and errors (-qq: the summary and errors)")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_run_parser, _experiment_parser, _sweep_parser, _bench_parser, _model_parser,
-                _report_parser, _reproduce_parser, _runs_parser, _diff_parser, add_check_parser):
+                _report_parser, _reproduce_parser, _runs_parser, _diff_parser, add_check_parser,
+                _warm_parser):
         add(sub)
     return p
 
@@ -190,6 +191,13 @@ def _model_parser(sub) -> None:
     sub.add_parser("model", add_help=False, prefix_chars="\0",
                    help="cost model: validate against a bench.json and project to 1024 GPUs "
                         "(labkit model --help)").add_argument("argv", nargs="*")
+
+
+def _warm_parser(sub) -> None:
+    sub.add_parser("warm", help="run a command (labkit warm -- jupyter lab) beside one warm "
+                   "process: every launch under it forks its agent, ranks and notebook kernels "
+                   "from there, torch imported once").add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
 
 
 def _report_parser(sub) -> None:
@@ -406,6 +414,34 @@ def cmd_report(args: dict) -> int:
     return 0
 
 
+def cmd_warm(args: dict) -> int:
+    """``labkit warm -- COMMAND ...``: COMMAND beside one warm process (labkit.launch.warm) of
+    every built-in workload's imports, torchrun's agent and a notebook kernel's, named in
+    LABKIT_WARM: each launch under it (a JupyterLab server's notebooks, a script of labkit
+    commands) forks its agent, ranks and kernels there rather than importing torch in each.
+    COMMAND's exit code (128+N where signal N ended it). Ctrl-C reaches COMMAND from the
+    terminal and this command waits for it; a SIGTERM here is passed on to it."""
+    import shutil
+    import subprocess
+
+    from .launch import warm
+    from .launch.agent import AGENT, PRELOAD
+    from .orchestrate.kernels import KERNEL
+
+    argv = args["argv"][1:] if args["argv"][:1] == ["--"] else args["argv"]
+    if not argv:
+        raise ConfigError("give the command to run beside the warm process, e.g. "
+                          "`labkit warm -- jupyter lab`")
+    if shutil.which(argv[0]) is None:
+        raise ConfigError(f"cannot run {argv[0]!r}: no such program (on PATH or at that path)")
+    with warm.node(KERNEL + PRELOAD + AGENT):  # a notebook's kernel is forked before torch is in
+        proc = subprocess.Popen(argv)
+        signal.signal(signal.SIGINT, lambda *_: None)  # COMMAND has it too, and decides
+        signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        code = proc.wait()
+    return 128 - code if code < 0 else code
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
@@ -436,7 +472,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return {"run": cmd_run, "experiment": cmd_experiment, "sweep": cmd_sweep, "bench": cmd_bench,
                 "report": cmd_report,
                 "reproduce": cmd_reproduce, "runs": lambda a: readers.runs_command(**a),
-                "diff": lambda a: readers.diff_command(**a), "check": cmd_check}[command](args)
+                "diff": lambda a: readers.diff_command(**a), "check": cmd_check,
+                "warm": cmd_warm}[command](args)
     except ConfigError as e:
         log.error("labkit %s: error: %s", command, e)
         return 2

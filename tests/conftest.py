@@ -235,6 +235,9 @@ CHEAP_MODULE_FIXTURES = {
     "test_gpu_ranks.py::jpeg_tree",  # 96 small JPEGs, for tests that run on a GPU only
 }
 
+#: the same, conftest's own, in every module
+CHEAP_EVERYWHERE = {"_cold_module"}  # sets one environment variable
+
 
 def _module_fixtures_on_one_worker(items) -> None:
     """A module-scoped fixture is built by every xdist worker that runs one of its tests:
@@ -247,7 +250,8 @@ def _module_fixtures_on_one_worker(items) -> None:
         group = (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else None
         for name, defs in (info.name2fixturedefs.items() if info else ()):
             key = f"{item.path.name}::{name}"
-            if defs and defs[-1].scope == "module" and key not in CHEAP_MODULE_FIXTURES:
+            if (defs and defs[-1].scope == "module" and key not in CHEAP_MODULE_FIXTURES
+                    and name not in CHEAP_EVERYWHERE):
                 groups.setdefault(key, set()).add(group)
     split = {k: v for k, v in groups.items() if len(v) > 1 or None in v}
     if split:
@@ -327,6 +331,52 @@ def _starts_python(args) -> bool:
     return first.startswith(("python", "torchrun", "jupyter")) or str(argv[0]) == sys.executable
 
 
+# ------------------------------------------------------------------ the worker's warm process
+@pytest.fixture(scope="session", autouse=True)
+def _warm_process(request):
+    """One warm process per pytest worker, the product's (labkit.launch.warm.node, what `labkit
+    warm` gives a shell): it is named in LABKIT_WARM, which every process the tests start
+    inherits, so each labkit command's launches fork their agents and ranks from it, and an
+    experiment its kernels too, as they would under `labkit warm`: torch, torchvision, labkit
+    and IPython imported once per worker, not once per launch (an agent's fork server and an
+    experiment's warm process, 6-7 CPU s each, were a third of the suite's CPU). What runs
+    cold stays tested: a test that needs its own process (an experiment's warm process killed,
+    a cold agent's fork server) starts without LABKIT_WARM. Not started for a session of unit
+    and warm tests only (make test-fast), which start no labkit process."""
+    from labkit.launch import agent, warm
+    from labkit.orchestrate.kernels import KERNEL
+
+    if all(i.get_closest_marker("unit") or i.get_closest_marker("warm") for i in request.session.items):
+        yield
+        return
+    import psutil
+
+    with warm.node(KERNEL + agent.PRELOAD + agent.AGENT) as address:  # labkit warm's
+        _WARM_PROCESS[:] = [c for c in psutil.Process().children() if address in c.cmdline()]
+        yield
+    _WARM_PROCESS.clear()
+
+
+_WARM_PROCESS: list = []  # the worker's warm process (psutil.Process) while it runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cold_module(request):
+    """A module marked ``cold`` runs without the worker's warm process: it checks the
+    processes a launch starts for itself (an agent's fork server, an experiment's own warm
+    process, each killed), or follows a run's processes down from its command (forks of the
+    worker's warm process are that process's children, not the command's)."""
+    if not request.node.get_closest_marker("cold"):
+        yield
+        return
+    before = os.environ.pop("LABKIT_WARM", None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.environ["LABKIT_WARM"] = before
+
+
 @pytest.fixture(autouse=True)
 def _guard(request):
     """Every test: the torch, NumPy and Python random states and torch's thread counts it
@@ -370,10 +420,20 @@ def _guard(request):
 # and waited for (torchrun waits for its ranks, a kernel for torchrun), from the start of its
 # setup (the session's runs it is the first to ask for included) to the end of its teardown.
 def _cpu_seconds() -> float:
-    # the warm ranks are the warm server's children, not the worker's: its count is added
-    return server_cpu_seconds() + sum(
+    # the warm ranks are the warm servers' children, not the worker's: their counts are added
+    return server_cpu_seconds() + _warm_process_cpu_seconds() + sum(
         getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
         for f in ("ru_utime", "ru_stime"))
+
+
+def _warm_process_cpu_seconds() -> float:
+    """The worker's warm process's CPU seconds: its own and its reaped children's (every agent,
+    rank and kernel it forked that ended)."""
+    try:
+        t = _WARM_PROCESS[0].cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+    except Exception:  # noqa: BLE001 - none (IndexError), or gone: nothing more to count
+        return 0.0
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -202,8 +202,18 @@ def labkit(args: Iterable, cwd=ROOT, env: dict | None = None, timeout: float = 4
     """``python -m labkit ARGS`` in ``cwd``, output captured; one thread per rank unless ``env``
     says otherwise; ``wrap``: a command to run it under (e.g. prlimit)."""
     return subprocess.run([*wrap, sys.executable, "-m", "labkit", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **ONE_THREAD, **(env or {})}, **kw)
+                          capture_output=True, text=True, timeout=timeout, env=command_env(env), **kw)
+
+
+def command_env(env: dict | None = None) -> dict:
+    """The environment of a command the tests start: theirs, one thread per rank, ``env``.
+    LABKIT_TEST_COUNT's record wraps functions at a process's start-up, which a process forked
+    from the worker's warm process (conftest) never has: such a command starts its own (an
+    experiment's) or runs cold."""
+    full = {**os.environ, **ONE_THREAD, **(env or {})}
+    if "LABKIT_TEST_COUNT" in full:
+        full.pop("LABKIT_WARM", None)
+    return full
 
 
 def start_labkit(args: Iterable, cwd, env: dict | None = None, **kw) -> subprocess.Popen:
@@ -211,7 +221,7 @@ def start_labkit(args: Iterable, cwd, env: dict | None = None, **kw) -> subproce
     stdout and stderr together in a pipe."""
     return subprocess.Popen([sys.executable, "-m", "labkit", *map(str, args)], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, **ONE_THREAD, **(env or {})},
+                            start_new_session=True, env=command_env(env),
                             **kw)
 
 

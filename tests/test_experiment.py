@@ -66,7 +66,7 @@ def test_experiment_makes_a_complete_run_folder(experiment):
             assert any("image/png" in o.get("data", {}) for o in outputs)
             assert (d / "logs" / "torchrun.log").exists()
             # the notebook's kernel was forked by the experiment's warm process, not started
-            assert load_json(d / "launch.json")["launched_from"] == "experiment's warm process"
+            assert load_json(d / "launch.json")["launched_from"] == "warm process"
             assert list((d / "logs").glob("**/attempt_0/1/stderr.log"))
 
 

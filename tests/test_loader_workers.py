@@ -24,7 +24,7 @@ import pytest
 
 from helpers import make_image_tree, rank_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loader_workers")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loader_workers"), pytest.mark.cold]
 
 # 2 classes x 8 training images of 32 px: 2 steps of 4 per rank an epoch, a real ImageFolder
 # with its PIL decoding and random crops in the workers

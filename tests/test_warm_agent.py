@@ -19,7 +19,7 @@ from helpers import ROOT, TINY, Pause, as_flags, leftovers, load_json, start_lab
 from labkit.core.config import TrainConfig
 from labkit.launch.launch import launch
 
-pytestmark = pytest.mark.xdist_group("warm_agent")
+pytestmark = [pytest.mark.xdist_group("warm_agent"), pytest.mark.cold]
 
 CFG = tiny_cfg(epochs=1, max_steps_per_epoch=2, max_val_steps=1)
 RESULT = "results_baseline_ddp.json"
@@ -284,7 +284,7 @@ def test_an_experiments_warm_process_forks_the_agent_and_every_rank(shared_run, 
     assert kinds.count("warm process") == 1 and kinds.count("warm client") == 3, kinds
     assert "torchrun agent" not in kinds and "rank" not in kinds, kinds
     doc = load_json(out / RESULT)
-    assert doc["status"] == "completed" and doc["timeline"]["started_by"] == "experiment's warm process"
+    assert doc["status"] == "completed" and doc["timeline"]["started_by"] == "warm process"
     assert load_json(warm_run[0] / RESULT)["timeline"]["started_by"] == "agent's fork server"
     shared = torch.load(out / "final_model.pt", weights_only=True)
     alone = torch.load(warm_run[0] / "final_model.pt", weights_only=True)
@@ -308,13 +308,14 @@ def test_a_notebooks_kernel_is_a_thin_client_where_an_experiment_has_a_warm_proc
     when there is one, with ipykernel's own default backend named for the fork; a backend the
     user chose stands; any other kernel, or no warm process, starts as its spec says."""
     from labkit.launch.warm import ENV
-    from labkit.orchestrate.kernels import INLINE, warm_kernel
+    from labkit.orchestrate.kernels import INLINE, KERNEL, warm_kernel
 
     spec = ["/venv/bin/python", "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "/k.json"]
     env = {ENV: "/tmp/warm/socket"}
     assert warm_kernel(spec, env) == ["/venv/bin/python", "-m", "labkit.launch.warm_client",
                                       "-m", "ipykernel_launcher", "-f", "/k.json"]
     assert env["MPLBACKEND"] == INLINE
+    assert env["LABKIT_WARM_NEEDS"] == ",".join(KERNEL)  # forked before torch is in
     mine = {ENV: "/tmp/warm/socket", "MPLBACKEND": "svg"}
     warm_kernel(spec, mine)
     assert mine["MPLBACKEND"] == "svg"

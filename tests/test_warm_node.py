@@ -1,4 +1,4 @@
-"""An experiment's warm process (labkit.launch.warm) and its thin client
+"""A warm process (labkit.launch.warm: an experiment's, or `labkit warm`'s) and its thin client
 (labkit.launch.warm_client): the forked process gets the client's arguments, environment,
 directory and streams; the client ends as it did (code or signal), passes signals on, takes it
 along when killed, and starts cold where no warm process answers. A warm process that imports
@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from helpers import labkit, start_labkit
 from labkit.launch import warm
 from labkit.launch.warm_client import encode
 
@@ -55,7 +56,10 @@ def test_a_request_reads_back_as_it_was_sent():
     env = {"A": "1", "WITH_EQUALS": "x=y", "EMPTY": "", "ODD": "caf\udce9"}
     argv = ["-m", "labkit.train", "--resolved", "a b.json", ""]
     assert warm.decode(encode(argv, env, "/tmp/some where")) == {
-        "cwd": "/tmp/some where", "argv": argv, "env": env}
+        "cwd": "/tmp/some where", "argv": argv, "env": env, "needs": []}
+    # what the process needs is the server's to read, not the process's
+    needs = warm.decode(encode(argv, {**env, warm.NEEDS: "json,IPython.display"}, "/"))
+    assert needs["needs"] == ["json", "IPython.display"] and needs["env"] == env
 
 
 def test_the_forked_process_runs_with_the_clients_arguments_environment_and_streams(node, tmp_path):
@@ -95,6 +99,38 @@ def test_a_module_that_read_the_environment_when_preloaded_follows_the_clients(n
         assert p.returncode == 0 and p.stdout.splitlines()[-1] == backend, p.stderr
 
 
+def test_a_request_that_names_what_it_needs_is_forked_while_the_rest_is_imported(tmp_path):
+    """A notebook's kernel needs IPython, not torch: a request naming its modules in
+    LABKIT_WARM_NEEDS is forked once they are imported, between two modules of the preload
+    (here two that take 3 s each), not after all of it; one that names nothing waits for all of
+    it. Neither process sees the variable."""
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    for slow in ("slow_a", "slow_b"):
+        (folder / f"{slow}.py").write_text("import time\ntime.sleep(3)\n")
+    (folder / "what_is_in.py").write_text(
+        "import os, sys\nprint('slow_b' in sys.modules, os.environ.get('LABKIT_WARM_NEEDS'))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    env.pop("LABKIT_WARM", None)
+    address = str(tmp_path / "socket")
+    server = subprocess.Popen([sys.executable, "-m", "labkit.launch.warm", address, "json",
+                               "slow_a", "slow_b"], stdin=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(address) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cmd = [sys.executable, "-m", "labkit.launch.warm_client", "-m", "what_is_in"]
+        early = subprocess.Popen(cmd, env=dict(env, LABKIT_WARM=address, LABKIT_WARM_NEEDS="json"),
+                                 stdout=subprocess.PIPE, text=True)
+        late = subprocess.Popen(cmd, env=dict(env, LABKIT_WARM=address), stdout=subprocess.PIPE,
+                                text=True)
+        assert early.communicate(timeout=60)[0] == "False None\n"  # forked before slow_b
+        assert late.communicate(timeout=60)[0] == "True None\n"
+    finally:
+        server.stdin.close()
+        server.wait(30)
+
+
 def test_without_a_warm_process_the_client_starts_cold_and_says_so(node, tmp_path):
     cmd, env = _client(node, "0")
     env["LABKIT_WARM"] = str(tmp_path / "no-socket")
@@ -103,13 +139,73 @@ def test_without_a_warm_process_the_client_starts_cold_and_says_so(node, tmp_pat
     assert p.stderr.splitlines()[0].startswith("labkit: note: no warm process answers at")
 
 
-def test_the_warm_process_ends_with_its_owner(tmp_path):
+def test_the_warm_process_ends_with_its_owner(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_WARM", raising=False)  # not the worker's (conftest): one of its own
     before = os.environ.get("LABKIT_WARM")
     with warm.node([]) as address:
         server = [c for c in psutil.Process().children() if address in " ".join(c.cmdline())]
         assert len(server) == 1 and os.environ["LABKIT_WARM"] == address
     assert not psutil.wait_procs(server, timeout=10)[1]
     assert os.environ.get("LABKIT_WARM") == before and not os.path.exists(address)
+
+
+def test_a_node_under_a_warm_process_is_served_by_it(tmp_path, monkeypatch, capfd):
+    """An experiment started under `labkit warm` (or any process with LABKIT_WARM naming one
+    that answers) uses that one: node() starts and stops nothing, and leaves LABKIT_WARM as it
+    was. The server takes the probe's empty connection without a word. A socket file whose
+    process was killed does not answer."""
+    monkeypatch.delenv("LABKIT_WARM", raising=False)
+    def servers() -> list:
+        return [c.pid for c in psutil.Process().children()
+                if "labkit.launch.warm" in " ".join(c.cmdline())]
+
+    with warm.node([]) as outer:
+        before = servers()
+        with warm.node(["json"]) as inner:
+            assert inner == outer and servers() == before, (before, servers())
+        assert os.environ["LABKIT_WARM"] == outer and warm.answers(outer)
+    assert "bad request" not in capfd.readouterr().err
+    import socket
+
+    stale = str(tmp_path / "socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(stale)  # the file stays; nobody listens
+    assert os.path.exists(stale) and not warm.answers(stale) and not warm.answers("")
+
+
+# the command `labkit warm` runs: says where its warm process is and whether it answers, then
+# waits to be stopped, and ends with 3 when SIGTERM comes (passed on by labkit warm)
+WAITER = """import os, signal, sys, time
+from labkit.launch import warm
+address = os.environ["LABKIT_WARM"]
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+print(address, warm.answers(address), flush=True)
+time.sleep(60)
+"""
+
+
+def test_labkit_warm_runs_a_command_beside_its_warm_process(tmp_path, monkeypatch):
+    """`labkit warm -- COMMAND`: COMMAND finds LABKIT_WARM naming a warm process that answers
+    (what it launches forks there); a SIGTERM to labkit warm reaches COMMAND, labkit warm ends
+    with COMMAND's exit code, and its warm process and socket are gone. Without a command, or
+    with one that does not exist: one line, exit 2."""
+    monkeypatch.delenv("LABKIT_WARM", raising=False)  # not the worker's: one of its own
+    proc = start_labkit(["warm", "--", sys.executable, "-c", WAITER], tmp_path)
+    try:
+        address, answered = proc.stdout.readline().split()
+        assert answered == "True"
+        server = [c for c in psutil.Process(proc.pid).children() if address in c.cmdline()]
+        assert len(server) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 3
+    finally:
+        proc.kill()
+    assert not psutil.wait_procs(server, timeout=10)[1] and not os.path.exists(address)
+    for argv, says in (([], "give the command to run"), (["--", "no-such-program-x"],
+                                                         "cannot run 'no-such-program-x'")):
+        p = labkit(["warm", *argv], cwd=tmp_path)
+        assert p.returncode == 2 and says in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_a_warm_process_whose_owner_was_killed_ends_and_leaves_no_socket(tmp_path):

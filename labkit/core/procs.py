@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-#: in a process forked by an experiment's warm process (labkit.launch.warm, which sets it): that
+#: in a process forked by a warm process (labkit.launch.warm, which sets it): that
 #: process's socket; None in a process started any other way
 warm_server: str | None = None
 #: set (to the node count) in every process of an emulated cluster (labkit.launch.emulated), whose
@@ -32,11 +32,12 @@ def die_with_parent(sig: int) -> bool:
 
 
 def started_by() -> str:
-    """How this process started: forked by an experiment's warm process (labkit.launch.warm),
-    by a launch's own fork server of ranks (labkit.launch.agent), or as an interpreter."""
+    """How this process started: forked by a warm process (labkit.launch.warm: an experiment's,
+    or ``labkit warm``'s), by a launch's own fork server of ranks (labkit.launch.agent), or as
+    an interpreter."""
     import multiprocessing
 
-    return ("experiment's warm process" if warm_server else
+    return ("warm process" if warm_server else
             "agent's fork server" if multiprocessing.parent_process() else "interpreter")
 
 

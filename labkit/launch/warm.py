@@ -35,6 +35,7 @@ import contextlib
 import importlib
 import io
 import os
+import select
 import selectors
 import signal
 import socket
@@ -47,7 +48,7 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-from .warm_client import ENV  # noqa: F401 - the variable naming the socket, one definition
+from .warm_client import ENV, NEEDS  # noqa: F401 - the variables' one definition
 
 
 #: the warm process node() started in this process, while it runs
@@ -71,7 +72,13 @@ def through(cmd: list[str], env: dict) -> list[str]:
 def node(preload: list[str]) -> Iterator[str]:
     """A warm process for what runs inside the ``with``: its socket in :data:`ENV` meanwhile
     (what this process starts inherits it); stopped, and ENV restored, at the end. The imports
-    run while the caller goes on; the first client's connection waits for them."""
+    run while the caller goes on; the first client's connection waits for them. Where ENV
+    already names one that answers (``labkit warm``'s, or the one that forked this process),
+    that one serves, as it is: nothing is started or stopped here."""
+    inherited = os.environ.get(ENV, "")
+    if answers(inherited):
+        yield inherited
+        return
     folder = tempfile.mkdtemp(prefix="labkit-warm-")
     address = os.path.join(folder, "socket")
     proc = subprocess.Popen([sys.executable, "-m", "labkit.launch.warm", address, *preload],
@@ -107,6 +114,19 @@ def node(preload: list[str]) -> Iterator[str]:
         _remove(address)  # the server's own removal, where it was killed before it got there
 
 
+def answers(address: str) -> bool:
+    """Whether a warm process listens at ``address`` (a connection it takes, then closes
+    unanswered: a socket file left by one that was killed refuses it)."""
+    if not address:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(address)
+        except OSError:
+            return False
+    return True
+
+
 def ended() -> Optional[str]:
     """Why the warm process of this process's node() ended while it was wanted, in a few words
     (a kill -9, the machine's OOM killer), once; None while it runs, where there is none, and
@@ -138,15 +158,16 @@ def _wait_for(address: str, proc: subprocess.Popen, limit_s: float = 30.0) -> No
 def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.0) -> None:
     """Listen on ``address``, import ``preload``, then fork a process per request until the
     ``owner`` pipe (stdin) closes; then no more, and at most ``grace_s`` for those running to
-    end their own way (a Ctrl-C stops the experiment's launch while its runs are stopping)."""
+    end their own way (a Ctrl-C stops the experiment's launch while its runs are stopping).
+    While the preload runs, a request that names the modules it needs (:data:`NEEDS`: a
+    notebook's kernel needs IPython, not torch) is forked as soon as those are imported."""
     import time
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)  # first: a client that connects meanwhile waits in the backlog
     listener.listen(128)
     _title(sys.orig_argv[1:])  # set up here: it finds the command line from the environment,
-    _preload(preload)  # which a fork replaces; each fork then names itself (_title)
-    wake_r, wake_w = os.pipe()
+    wake_r, wake_w = os.pipe()  # which a fork replaces; each fork then names itself (_title)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
@@ -155,6 +176,20 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     sel.register(wake_r, selectors.EVENT_READ, "child")
     sel.register(owner, selectors.EVENT_READ, "owner")
     clients: dict[int, socket.socket] = {}  # pid -> its client's connection
+
+    def fork(got: tuple, waiting: list) -> None:  # the others waiting are not the fork's
+        _fork(*got, address, sel, clients, [listener, wake_r, wake_w, *_files(waiting)])
+
+    waiting: list[tuple] = []  # requests come during the preload, until what they need is in
+    for module in preload:
+        _preload([module])
+        while select.select([listener], [], [], 0)[0]:
+            waiting += filter(None, [_receive(listener)])
+        for got in [w for w in waiting if _ready(w[1])]:
+            waiting.remove(got)
+            fork(got, waiting)
+    while waiting:
+        fork(waiting.pop(0), waiting)
     ending = None
     while ending is None or (clients and time.monotonic() < ending):
         for key, _ in sel.select(timeout=None if ending is None else 0.1):
@@ -165,12 +200,25 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
                 _remove(address)
                 sel.unregister(owner)
             elif key.data == "accept":
-                _accept(listener, address, sel, clients, closing=[listener, wake_r, wake_w])
+                if got := _receive(listener):
+                    fork(got, [])
             elif key.data == "child":
                 os.read(wake_r, 4096)
                 _reap(sel, clients)
             elif isinstance(key.data, int):  # a client's connection: data (none expected) or gone
                 _client_said(key.fileobj, key.data, sel, clients)
+
+
+def _ready(request: dict) -> bool:
+    """Whether every module a request needs (:data:`NEEDS`, else the whole preload: never
+    before it ends) is imported."""
+    needs = request["needs"]
+    return bool(needs) and all(m in sys.modules for m in needs)
+
+
+def _files(waiting) -> list:
+    """The connections and descriptors of requests still waiting: not a fork's to keep."""
+    return [f for conn, _, fds in waiting for f in (conn, *fds)]
 
 
 def _remove(address: str) -> None:
@@ -193,16 +241,28 @@ def _preload(modules: list[str]) -> None:
                   flush=True)
 
 
-def _accept(listener: socket.socket, address: str, sel: selectors.BaseSelector,
-            clients: dict, closing: list) -> None:
+def _receive(listener: socket.socket) -> Optional[tuple]:
+    """The next client's (connection, request, its three descriptors); None for a probe
+    (answers()) or a bad request, which is said in one line."""
     conn, _ = listener.accept()
     try:
         conn.settimeout(10)  # the client sends its request at once
         request, fds = _read_request(conn)
+    except EOFError:  # closed before a byte: asked whether this process answers (answers())
+        conn.close()
+        return None
     except (OSError, ValueError) as e:
         print(f"labkit.launch.warm: a bad request ({e}); ignored", file=sys.stderr, flush=True)
         conn.close()
-        return
+        return None
+    conn.settimeout(None)
+    return conn, request, fds
+
+
+def _fork(conn: socket.socket, request: dict, fds: list[int], address: str,
+          sel: selectors.BaseSelector, clients: dict, closing: list) -> None:
+    """Fork the request's process and tell its client the pid; the connection then tells
+    when the client goes (labkit.launch.warm_client)."""
     pid = os.fork()
     if pid == 0:  # the new process: never returns
         code = 70
@@ -218,7 +278,6 @@ def _accept(listener: socket.socket, address: str, sel: selectors.BaseSelector,
     for fd in fds:
         os.close(fd)
     clients[pid] = conn
-    conn.settimeout(None)
     try:
         conn.sendall(f"pid {pid}\n".encode())
         sel.register(conn, selectors.EVENT_READ, pid)
@@ -228,6 +287,8 @@ def _accept(listener: socket.socket, address: str, sel: selectors.BaseSelector,
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    if not head and not fds:
+        raise EOFError
     if len(head) != 8 or len(fds) != 3:
         for fd in fds:
             os.close(fd)
@@ -245,7 +306,9 @@ def decode(body: bytes) -> dict:
     """A request's directory, arguments and environment (labkit.launch.warm_client.encode)."""
     cwd, n, *rest = body.decode("utf-8", "surrogateescape").split("\0")
     argv, env = rest[:int(n)], rest[int(n):]
-    return {"cwd": cwd, "argv": argv, "env": dict(e.split("=", 1) for e in env if "=" in e)}
+    env = dict(e.split("=", 1) for e in env if "=" in e)
+    needs = [m for m in env.pop(NEEDS, "").split(",") if m]  # the server's, not the process's
+    return {"cwd": cwd, "argv": argv, "env": env, "needs": needs}
 
 
 def _reap(sel: selectors.BaseSelector, clients: dict) -> None:

@@ -21,6 +21,10 @@ from labkit.core.procs import die_with_parent  # (the standard library's os only
 
 #: the environment variable that names the warm process's socket (labkit.launch.warm.node sets it)
 ENV = "LABKIT_WARM"
+#: in a client's environment: the modules its process needs, comma-separated (a notebook's
+#: kernel: labkit.orchestrate.kernels.KERNEL); the warm process forks it once those are
+#: imported, even while the rest of its preload runs. Not passed on to the process.
+NEEDS = "LABKIT_WARM_NEEDS"
 #: the signals passed on to the forked process (SIGKILL and SIGSTOP cannot be caught: a
 #: SIGKILLed client's process is killed by the warm process, which sees the client gone)
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -37,6 +41,7 @@ def main(argv: list[str]) -> None:
     if sock is None:
         print(f"labkit: note: no warm process answers at {address or '(none)'} ({ENV}); "
               f"starting cold", file=sys.stderr, flush=True)
+        os.environ.pop(NEEDS, None)  # the warm process's to read, not the process's
         os.execv(sys.executable, [sys.executable, *argv])
     die_with_parent(signal.SIGTERM)  # torchrun SIGKILLed: this client gets SIGTERM, passes it on
     server = _peer_pid(sock)

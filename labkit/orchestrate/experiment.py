@@ -194,7 +194,7 @@ def warm_node(nodes: Nodes, workloads: set[str]) -> contextlib.AbstractContextMa
     if nodes.multi or nodes.emulated:
         return contextlib.nullcontext()
     workload = next(iter(workloads)) if len(workloads) == 1 else None
-    return warm.node(preload_for_workload(workload) + AGENT + KERNEL)
+    return warm.node(KERNEL + preload_for_workload(workload) + AGENT)  # a kernel is forked first
 
 
 class ExperimentFolder:

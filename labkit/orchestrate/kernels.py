@@ -92,7 +92,9 @@ def warm_kernel(cmd: list[str], env: Optional[dict]) -> list[str]:
     client of the experiment's warm process runs it, where ``env`` names one
     (labkit.launch.warm): the kernel is then forked with IPython, ipykernel, labkit's launcher
     and report and matplotlib imported, not started to import them (every method's notebook
-    and the report's). matplotlib read its backend from the warm process's environment, so the
+    and the report's): as soon as those are, while the rest of the preload (torch) runs, where
+    the preload lists them first (:data:`KERNEL`, first: before an experiment's first method the
+    kernel need not wait for torch). matplotlib read its backend from the warm process's environment, so the
     kernel's is named in ``env`` (ipykernel's own default), which the fork applies. Any other
     command, or no warm process: ``cmd`` unchanged."""
     from labkit.launch import warm
@@ -104,6 +106,7 @@ def warm_kernel(cmd: list[str], env: Optional[dict]) -> list[str]:
     if module[:2] != ["-m", "ipykernel_launcher"] or thin[1:3] != ["-m", "labkit.launch.warm_client"]:
         return cmd
     env.setdefault("MPLBACKEND", INLINE)
+    env[warm.NEEDS] = ",".join(KERNEL)  # forked once these are in, torch or not (put first)
     return thin
 
 

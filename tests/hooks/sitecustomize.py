@@ -2,8 +2,9 @@
 
 conftest.py puts this folder first on PYTHONPATH, so every Python process the tests start
 (torchrun's agents and ranks, papermill's kernels, `labkit` commands) imports this module at
-start-up. With none of the variables below set it does nothing (and imports nothing heavy);
-with one set it registers a labkit.training.extensions trainer hook, which the rank's Trainer calls:
+start-up. It registers one labkit.training.extensions trainer hook (importing nothing heavy),
+which reads the variables below when a rank's Trainer is built, and adds nothing where none is
+set (so a rank forked from a warm process started before the test set them reads the test's):
 
   LABKIT_TEST_FAULT=<method>:<rank>:<step>[:raise|kill|hang]  that rank fails at that step
       (counted from 0 in this process), so tests can check what a real crashed, killed or hung
@@ -43,9 +44,6 @@ with one set it registers a labkit.training.extensions trainer hook, which the r
       by kind (torchrun agent, rank, kernel, labkit command) and by test: what the suite starts.
 """
 import os
-
-_NAMES = ("LABKIT_TEST_FAULT", "LABKIT_TEST_SLOW", "LABKIT_TEST_LATE", "LABKIT_TEST_TRACE",
-          "LABKIT_TEST_PERTURB", "LABKIT_TEST_FILL", "LABKIT_TEST_WORKER", "LABKIT_TEST_CUDA_OOM", "LABKIT_TEST_PAUSE")
 
 
 def _at(name: str, method: str, rank: int):
@@ -269,8 +267,10 @@ if os.environ.get("LABKIT_TEST_COUNT"):
     except ImportError:  # a Python without labkit
         pass
 
-if any(os.environ.get(n) for n in _NAMES):
-    try:
-        _install()
-    except ImportError:  # a Python without labkit (e.g. a tool's own interpreter)
-        pass
+# always: the hook reads the variables above when a Trainer is built, not at start-up, so a rank
+# forked from a warm process started before a test set them (conftest's, one per pytest worker)
+# gets the test's; without them it adds nothing to the Trainer
+try:
+    _install()
+except ImportError:  # a Python without labkit (e.g. a tool's own interpreter)
+    pass
