@@ -93,10 +93,10 @@ def warm_kernel(cmd: list[str], env: Optional[dict]) -> list[str]:
     (labkit.launch.warm): the kernel is then forked with IPython, ipykernel, labkit's launcher
     and report and matplotlib imported, not started to import them (every method's notebook
     and the report's): as soon as those are, while the rest of the preload (torch) runs, where
-    the preload lists them first (:data:`KERNEL`, first: before an experiment's first method the
-    kernel need not wait for torch). matplotlib read its backend from the warm process's environment, so the
-    kernel's is named in ``env`` (ipykernel's own default), which the fork applies. Any other
-    command, or no warm process: ``cmd`` unchanged."""
+    the preload lists :data:`KERNEL` first (an experiment's first kernel need not wait for
+    torch). matplotlib read its backend from the warm process's environment, so the kernel's is
+    named in ``env`` (ipykernel's own default), which the fork applies. Any other command, or
+    no warm process: ``cmd`` unchanged."""
     from labkit.launch import warm
 
     if env is None:
