@@ -193,8 +193,8 @@ def torchrun(nproc: int, args: list[str], cwd, env: dict | None = None, timeout:
         args = [*args, "--backend", "gloo"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "labkit.train", *args]
-    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **ONE_THREAD, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=command_env(env), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def labkit(args: Iterable, cwd=ROOT, env: dict | None = None, timeout: float = 400,

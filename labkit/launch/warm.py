@@ -48,7 +48,7 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-from .warm_client import ENV, NEEDS  # noqa: F401 - the variables' one definition
+from .warm_client import ENV, NEEDS, connect  # noqa: F401 - the variables' one definition
 
 
 #: the warm process node() started in this process, while it runs
@@ -117,13 +117,10 @@ def node(preload: list[str]) -> Iterator[str]:
 def answers(address: str) -> bool:
     """Whether a warm process listens at ``address`` (a connection it takes, then closes
     unanswered: a socket file left by one that was killed refuses it)."""
-    if not address:
+    probe = connect(address)
+    if probe is None:
         return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(address)
-        except OSError:
-            return False
+    probe.close()
     return True
 
 

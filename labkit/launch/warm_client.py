@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
     if [a for a in argv if a != "-u"][:1] != ["-m"] or len(argv) < 2:
         sys.exit("usage: python -m labkit.launch.warm_client -m MODULE [ARG ...]")
     address = os.environ.get(ENV, "")
-    sock = _connect(address)
+    sock = connect(address)
     if sock is None:
         print(f"labkit: note: no warm process answers at {address or '(none)'} ({ENV}); "
               f"starting cold", file=sys.stderr, flush=True)
@@ -85,7 +85,8 @@ def encode(argv: list[str], env: dict, cwd: str) -> bytes:
         "utf-8", "surrogateescape")
 
 
-def _connect(address: str) -> socket.socket | None:
+def connect(address: str) -> socket.socket | None:
+    """A connection to the warm process at ``address``; None where none answers."""
     if not address:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
