@@ -23,7 +23,7 @@ import pytest
 from helpers import (EQUIVALENCE_RUNS, EXPERIMENT_FLAGS, EXPERIMENT_REPEATS, HTML_ONLY, PAIR_FLAGS,
                      PAIR_GRID, TINY, Experiment, Reproduced, check_ok, labkit, make_image_tree,
                      process_state, restore_process_state, snapshot_tree)
-from warm import server_cpu_seconds, warm_run
+from warm import reaped_cpu_seconds, server_cpu_seconds, warm_run
 
 # A shell without job control starts a background command (`make test &` in a script) with
 # SIGINT ignored, and an ignored signal stays ignored in every program started from there:
@@ -352,12 +352,12 @@ def _warm_process(request):
     import psutil
 
     with warm.node(KERNEL + agent.PRELOAD + agent.AGENT) as address:  # labkit warm's
-        _WARM_PROCESS[:] = [c for c in psutil.Process().children() if address in c.cmdline()]
+        _WARM_PROCESS[:] = [c.pid for c in psutil.Process().children() if address in c.cmdline()]
         yield
     _WARM_PROCESS.clear()
 
 
-_WARM_PROCESS: list = []  # the worker's warm process (psutil.Process) while it runs
+_WARM_PROCESS: list = []  # the worker's warm process's pid while it runs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -429,11 +429,7 @@ def _cpu_seconds() -> float:
 def _warm_process_cpu_seconds() -> float:
     """The worker's warm process's CPU seconds: its own and its reaped children's (every agent,
     rank and kernel it forked that ended)."""
-    try:
-        t = _WARM_PROCESS[0].cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
-    except Exception:  # noqa: BLE001 - none (IndexError), or gone: nothing more to count
-        return 0.0
+    return sum(reaped_cpu_seconds(pid) for pid in _WARM_PROCESS)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -78,8 +78,11 @@ def server_cpu_seconds() -> float:
     rank that ended). The ranks are its children, not the pytest worker's, so the suite's CPU
     count (tests/conftest.py) adds this."""
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
-    if pid is None:
-        return 0.0
+    return 0.0 if pid is None else reaped_cpu_seconds(pid)
+
+
+def reaped_cpu_seconds(pid: int) -> float:
+    """A process's CPU seconds, its own and its reaped children's (0 where it is gone)."""
     try:
         import psutil
 
