@@ -442,6 +442,25 @@ def cmd_warm(args: dict) -> int:
     return 128 - code if code < 0 else code
 
 
+def _run_warm(argv: list[str]) -> None:
+    """The `labkit` program beside `labkit warm` (LABKIT_WARM names a warm process that
+    answers): the command runs forked from that process, its imports already done, and this
+    process only relays (labkit.launch.warm_client.run_through: streams, signals, exit code);
+    never returns. Elsewhere, and in a process that warm process forked, nothing happens: the
+    command runs here. `labkit warm` itself always runs here: its COMMAND must stay in this
+    terminal's process group, where Ctrl-C reaches it."""
+    from .core import procs
+    from .launch import warm_client
+
+    if procs.warm_server or not os.environ.get(warm_client.ENV):
+        return
+    sock = warm_client.connect(os.environ[warm_client.ENV])
+    if sock is None:  # a warm process since gone: LABKIT_WARM outlived `labkit warm`
+        log.debug("no warm process answers at %s; running here", os.environ[warm_client.ENV])
+        return
+    warm_client.run_through(sock, ["-m", "labkit", *argv])
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
 
@@ -460,10 +479,12 @@ def _without_iri_grammars() -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     _without_iri_grammars()
-    argv = sys.argv[1:] if argv is None else argv
+    as_program, argv = argv is None, sys.argv[1:] if argv is None else argv
     args = vars(build_parser().parse_args(argv))
     setup_logging(args.pop("verbose") - args.pop("quiet"))
     command = args.pop("command")
+    if as_program and command != "warm":
+        _run_warm(argv)
     if command == "model":  # its own parser and messages (labkit.costmodel.cli)
         from .costmodel.cli import main as model_main
         return model_main(args["argv"])

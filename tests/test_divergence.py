@@ -49,6 +49,9 @@ def test_a_learning_rate_that_diverges_fails_in_one_line(tmp_path):
     assert "Traceback" not in p.stdout + p.stderr and 'File "' not in p.stdout + p.stderr
     assert "diverged" not in p.stdout  # said once, on stderr
     all_strict(out)  # the result file, launch.json
+    # the command ran forked beside the worker's warm process, as under `labkit warm`
+    # (labkit.cli._run_warm), and said the same one line
+    assert strict(out / "launch.json")["launched_from"] == "warm process"
     r = result_of(out)
     assert r["status"] == "failed" and "diverged" in r["error"]
     assert r["diverged"]["epoch"] == 1 and r["diverged"]["step"] == 6

@@ -255,3 +255,50 @@ def test_bad_input_to_the_client_and_the_server_is_one_line(tmp_path):
                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert server.returncode == 2 and server.stderr.count("\n") == 1, server.stderr
     assert "cannot listen on" in server.stderr
+
+
+def test_the_labkit_program_relays_to_a_warm_process_and_keeps_what_it_ignores(tmp_path):
+    """`labkit COMMAND` where LABKIT_WARM names a warm process that answers (`labkit warm`'s):
+    it sends ``-m labkit COMMAND ...`` with its directory and environment, passes on the
+    signals it gets, but not one it ignores (``nohup``'s SIGHUP), and exits with the forked
+    command's code. A stand-in warm process here: it answers with the pid of a process of the
+    test's own, which shows what was passed on."""
+    import socket
+    import struct
+
+    address = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(1)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    env = dict(os.environ, LABKIT_WARM=address)
+    # SIGHUP ignored, as nohup leaves it; SIGUSR1 as it is
+    client = subprocess.Popen(["nohup", sys.executable, "-m", "labkit", "runs", "somewhere"],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        body = b""
+        while len(body) < struct.unpack("!Q", head)[0]:
+            body += conn.recv(65536)
+        request = warm.decode(body)
+        assert request["argv"] == ["-m", "labkit", "runs", "somewhere"]
+        assert request["cwd"] == str(tmp_path) and request["env"]["LABKIT_WARM"] == address
+        conn.sendall(f"pid {stand_in.pid}\n".encode())
+        time.sleep(0.5)  # the client has the pid
+        client.send_signal(signal.SIGHUP)  # ignored: not passed on
+        time.sleep(0.5)
+        assert stand_in.poll() is None
+        client.send_signal(signal.SIGUSR1)
+        assert stand_in.wait(10) == -signal.SIGUSR1
+        conn.sendall(f"exit {3 << 8}\n".encode())  # the forked command's wait status
+        conn.close()
+        assert client.wait(10) == 3
+    finally:
+        for p in (client, stand_in):
+            p.kill()
+        for fd in locals().get("fds", []):
+            os.close(fd)
+        listener.close()

@@ -430,7 +430,10 @@ def run_main(argv: list[str]) -> int:
         print(f"{sys.executable}: No module named {argv[1]}", file=sys.stderr)  # as python -m
         return 1
     sys.argv = [argv[1], *argv[2:]]
-    sys.modules.pop(argv[1], None)  # run fresh, as in a new interpreter (runpy warns otherwise)
+    # run fresh, as in a new interpreter (runpy warns otherwise); a package (python -m labkit)
+    # runs its __main__, never imported before, and keeps the package its modules belong to
+    package = importlib.util.find_spec(argv[1]).submodule_search_locations is not None
+    sys.modules.pop(f"{argv[1]}.__main__" if package else argv[1], None)
     code = 0
     try:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -44,6 +44,14 @@ def main(argv: list[str]) -> None:
         os.environ.pop(NEEDS, None)  # the warm process's to read, not the process's
         os.execv(sys.executable, [sys.executable, *argv])
     die_with_parent(signal.SIGTERM)  # torchrun SIGKILLed: this client gets SIGTERM, passes it on
+    run_through(sock, argv)
+
+
+def run_through(sock: socket.socket, argv: list[str]) -> None:
+    """Have the warm process at the other end of ``sock`` fork ``argv`` (``-m MODULE ...``)
+    with this process's streams, environment and directory; pass on the signals this process
+    gets (but those it ignores, as under ``nohup`` or in a shell script's background job), and
+    end as the forked process ended. Never returns."""
     server = _peer_pid(sock)
     pending: list[int] = []
     child = [0]
@@ -58,7 +66,8 @@ def main(argv: list[str]) -> None:
             pending.append(sig)
 
     for sig in RELAYED:
-        signal.signal(sig, relay)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, relay)
     body = encode(argv, dict(os.environ), os.getcwd())
     socket.send_fds(sock, [struct.pack("!Q", len(body))], [0, 1, 2])
     sock.sendall(body)
