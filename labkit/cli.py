@@ -444,19 +444,20 @@ def cmd_warm(args: dict) -> int:
 
 def _run_warm(argv: list[str]) -> None:
     """The `labkit` program beside `labkit warm` (LABKIT_WARM names a warm process that
-    answers): the command runs forked from that process, its imports already done, and this
-    process only relays (labkit.launch.warm_client.run_through: streams, signals, exit code);
-    never returns. Elsewhere, and in a process that warm process forked, nothing happens: the
-    command runs here. `labkit warm` itself always runs here: its COMMAND must stay in this
+    answers and fits this process: labkit.launch.warm_client.fits): the command runs forked
+    from that process, its imports already done, and this process only relays
+    (labkit.launch.warm_client.run_through: streams, signals, exit code); never returns.
+    Elsewhere, and in a process that warm process forked, nothing happens: the command runs
+    here. `labkit warm` itself always runs here: its COMMAND must stay in this
     terminal's process group, where Ctrl-C reaches it."""
     from .core import procs
     from .launch import warm_client
 
     if procs.warm_server or not os.environ.get(warm_client.ENV):
         return
-    sock = warm_client.connect(os.environ[warm_client.ENV])
-    if sock is None:  # a warm process since gone: LABKIT_WARM outlived `labkit warm`
-        log.debug("no warm process answers at %s; running here", os.environ[warm_client.ENV])
+    sock, why = warm_client.fits(os.environ[warm_client.ENV])
+    if sock is None:  # gone (LABKIT_WARM outlived `labkit warm`), or not this process's like
+        log.debug("%s; running here", why)
         return
     warm_client.run_through(sock, ["-m", "labkit", *argv])
 

@@ -303,12 +303,16 @@ def test_a_killed_experiment_warm_process_ends_the_run_in_one_line_with_nothing_
 
 
 @pytest.mark.unit
-def test_a_notebooks_kernel_is_a_thin_client_where_an_experiment_has_a_warm_process():
+def test_a_notebooks_kernel_is_a_thin_client_where_an_experiment_has_a_warm_process(monkeypatch):
     """papermill's kernels (labkit.orchestrate.kernels): forked by the experiment's warm process
     when there is one, with ipykernel's own default backend named for the fork; a backend the
-    user chose stands; any other kernel, or no warm process, starts as its spec says."""
+    user chose stands; any other kernel, or no warm process, starts as its spec says. (A warm
+    process that answers and fits this one: test_warm_node.py.)"""
+    from labkit.launch import warm
     from labkit.launch.warm import ENV
     from labkit.orchestrate.kernels import INLINE, KERNEL, warm_kernel
+
+    monkeypatch.setattr(warm, "answers", lambda address: address == "/tmp/warm/socket")
 
     spec = ["/venv/bin/python", "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "/k.json"]
     env = {ENV: "/tmp/warm/socket"}

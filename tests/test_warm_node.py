@@ -257,27 +257,34 @@ def test_bad_input_to_the_client_and_the_server_is_one_line(tmp_path):
     assert "cannot listen on" in server.stderr
 
 
-def test_the_labkit_program_relays_to_a_warm_process_and_keeps_what_it_ignores(tmp_path):
+def test_the_labkit_program_relays_to_a_warm_process_that_fits_it(tmp_path):
     """`labkit COMMAND` where LABKIT_WARM names a warm process that answers (`labkit warm`'s):
     it sends ``-m labkit COMMAND ...`` with its directory and environment, passes on the
     signals it gets, but not one it ignores (``nohup``'s SIGHUP), and exits with the forked
-    command's code. A stand-in warm process here: it answers with the pid of a process of the
-    test's own, which shows what was passed on."""
+    command's code. Under ``nice`` (or another labkit, namespace, cgroup, CPU set, resource
+    limits) it runs in place instead. A stand-in warm process here (this test): it answers with
+    the pid of a process of the test's own, which shows what was passed on."""
     import socket
     import struct
+
+    from labkit.launch.warm_client import WHOSE, identity
 
     address = str(tmp_path / "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(1)
+    listener.settimeout(30)
+    (tmp_path / WHOSE).write_text(identity())
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     env = dict(os.environ, LABKIT_WARM=address)
-    # SIGHUP ignored, as nohup leaves it; SIGUSR1 as it is
-    client = subprocess.Popen(["nohup", sys.executable, "-m", "labkit", "runs", "somewhere"],
-                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+
+    def start(*wrap):
+        return subprocess.Popen([*wrap, sys.executable, "-m", "labkit", "runs", "somewhere"],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    client, fds = start("nohup"), []  # SIGHUP ignored, as nohup leaves it; SIGUSR1 as it is
     try:
-        listener.settimeout(30)
         conn, _ = listener.accept()
         head, fds, _, _ = socket.recv_fds(conn, 8, 3)
         body = b""
@@ -287,7 +294,6 @@ def test_the_labkit_program_relays_to_a_warm_process_and_keeps_what_it_ignores(t
         assert request["argv"] == ["-m", "labkit", "runs", "somewhere"]
         assert request["cwd"] == str(tmp_path) and request["env"]["LABKIT_WARM"] == address
         conn.sendall(f"pid {stand_in.pid}\n".encode())
-        time.sleep(0.5)  # the client has the pid
         client.send_signal(signal.SIGHUP)  # ignored: not passed on
         time.sleep(0.5)
         assert stand_in.poll() is None
@@ -296,9 +302,45 @@ def test_the_labkit_program_relays_to_a_warm_process_and_keeps_what_it_ignores(t
         conn.sendall(f"exit {3 << 8}\n".encode())  # the forked command's wait status
         conn.close()
         assert client.wait(10) == 3
+        niced = start("nice", "-n", "5")  # connects, compares, closes, runs here
+        probe, _ = listener.accept()
+        probe.settimeout(30)
+        assert probe.recv(1) == b""  # asked nothing
+        _, err = niced.communicate(timeout=30)
+        assert niced.returncode == 2 and "is not a folder of runs" in err, err
     finally:
         for p in (client, stand_in):
             p.kill()
-        for fd in locals().get("fds", []):
+        for fd in fds:
             os.close(fd)
         listener.close()
+
+
+def test_a_process_unlike_the_warm_process_is_not_served(node, monkeypatch):
+    """warm_client.fits: a process whose forks from the warm process would not run as its own
+    children would (another niceness, CPU set, resource limits, mount namespace, another
+    interpreter environment or labkit) is told what differs, and labkit runs it in place
+    (the program, a launch's agent, an experiment's kernels)."""
+    from labkit.launch import warm_client
+
+    address, _ = node
+    probe = ("import sys; from labkit.launch.warm_client import fits; "
+             "print(fits(sys.argv[1])[1] or 'fits')")
+    wraps = {(): "fits", ("nice", "-n", "3"): "its niceness",
+             ("prlimit", "--nofile=512:512"): "its limits",
+             ("unshare", "--mount"): "its mnt namespace"}
+    if len(os.sched_getaffinity(0)) > 1:
+        wraps[("taskset", "-c", "0")] = "its Cpus_allowed_list"
+    for wrap, says in wraps.items():
+        p = subprocess.run([*wrap, sys.executable, "-c", probe, address], capture_output=True,
+                           text=True, timeout=60)
+        if wrap[:1] == ("unshare",) and p.returncode != 0:
+            continue  # no mount namespace for this user here
+        assert p.returncode == 0 and p.stdout.strip().endswith(says), (wrap, p.stdout, p.stderr)
+    assert warm.answers(address)
+    monkeypatch.setattr(warm_client, "identity", lambda: "another venv\n")
+    sock, why = warm_client.fits(address)
+    assert sock is None and why.endswith("another interpreter environment or labkit"), why
+    assert not warm.answers(address)
+    assert warm.through([sys.executable, "-m", "labkit.train"], {"LABKIT_WARM": address}) == [
+        sys.executable, "-m", "labkit.train"]  # the launch starts its agent cold

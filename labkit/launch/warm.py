@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import importlib
 import io
+import logging
 import os
 import select
 import selectors
@@ -48,7 +49,9 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-from .warm_client import ENV, NEEDS, connect  # noqa: F401 - the variables' one definition
+log = logging.getLogger(__name__)
+
+from .warm_client import ENV, NEEDS, connect, fits  # noqa: F401 - the variables' one definition
 
 
 #: the warm process node() started in this process, while it runs
@@ -62,8 +65,8 @@ def served_by() -> Optional[str]:
 
 def through(cmd: list[str], env: dict) -> list[str]:
     """``cmd`` (``python -m module ...``) as the thin client runs it, where ``env`` names a warm
-    process; else ``cmd`` unchanged."""
-    if not env.get(ENV) or cmd[1:2] != ["-m"]:
+    process that fits this process (:func:`answers`); else ``cmd`` unchanged."""
+    if not env.get(ENV) or cmd[1:2] != ["-m"] or not answers(env[ENV]):
         return cmd
     return [cmd[0], "-m", "labkit.launch.warm_client", *cmd[1:]]
 
@@ -116,9 +119,13 @@ def node(preload: list[str]) -> Iterator[str]:
 
 def answers(address: str) -> bool:
     """Whether a warm process listens at ``address`` (a connection it takes, then closes
-    unanswered: a socket file left by one that was killed refuses it)."""
-    probe = connect(address)
+    unanswered: a socket file left by one that was killed refuses it) whose forks would run as
+    this process's children would (labkit.launch.warm_client.fits); a reason it does not is a
+    debug line."""
+    probe, why = fits(address)
     if probe is None:
+        if address:
+            log.debug("%s", why)
         return False
     probe.close()
     return True
@@ -160,6 +167,13 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     notebook's kernel needs IPython, not torch) is forked as soon as those are imported."""
     import time
 
+    from labkit.core.files import atomic_path
+
+    from .warm_client import WHOSE, identity
+
+    # what it runs, for a client to compare with its own (warm_client.fits), then the socket
+    with atomic_path(os.path.join(os.path.dirname(address), WHOSE)) as tmp, open(tmp, "w") as f:
+        f.write(identity())
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)  # first: a client that connects meanwhile waits in the backlog
     listener.listen(128)
@@ -219,10 +233,13 @@ def _files(waiting) -> list:
 
 
 def _remove(address: str) -> None:
-    """The socket, and the folder node() made for it: gone once nothing more is served, also
-    when the owner was killed before it could remove them."""
-    with contextlib.suppress(OSError):
-        os.unlink(address)
+    """The socket, the file naming its labkit, and the folder node() made for them: gone once
+    nothing more is served, also when the owner was killed before it could remove them."""
+    from .warm_client import WHOSE
+
+    for path in (address, os.path.join(os.path.dirname(address), WHOSE)):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(address))
 

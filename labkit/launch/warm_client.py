@@ -31,6 +31,13 @@ RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.
            signal.SIGUSR2)
 #: what the client says when the warm process died under the process it forked
 GONE = "the warm process that forks this experiment's processes"
+#: the file beside a warm process's socket that names the interpreter and labkit it runs
+#: (:func:`identity`; labkit.launch.warm.serve writes it before it listens)
+WHOSE = "labkit"
+#: what a process forked from a warm process keeps of that process rather than of the one that
+#: asked: /proc/PID/status's lines (user, groups, umask, CPUs, seccomp) beside its namespaces,
+#: cgroup, resource limits and niceness, which :func:`fits` also compares
+STATUS = ("Uid", "Gid", "Groups", "Umask", "Cpus_allowed_list", "NoNewPrivs", "Seccomp")
 
 
 def main(argv: list[str]) -> None:
@@ -92,6 +99,61 @@ def encode(argv: list[str], env: dict, cwd: str) -> bytes:
     each variable."""
     return "\0".join([cwd, str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]).encode(
         "utf-8", "surrogateescape")
+
+
+def identity() -> str:
+    """This process's interpreter environment and labkit, as :data:`WHOSE` holds them."""
+    import labkit
+
+    return f"{os.path.realpath(sys.prefix)}\n{os.path.realpath(os.path.dirname(labkit.__file__))}\n"
+
+
+def fits(address: str) -> tuple[socket.socket | None, str]:
+    """A connection to the warm process at ``address`` where what it forks runs as it would
+    here: the same labkit of the same interpreter environment, in the same namespaces and
+    cgroup, with the same user, umask, CPUs, resource limits and niceness. Else None and what
+    differs, in a few words: a command under ``unshare``, ``taskset``, ``prlimit`` or ``nice``,
+    in a Slurm job's cgroup or from another venv or checkout then runs where it was started."""
+    sock = connect(address)
+    if sock is None:
+        return None, f"no warm process answers at {address or '(none)'}"
+    why = _differs(address, _peer_pid(sock))
+    if why:
+        sock.close()
+        return None, f"the warm process at {address} differs from this process: {why}"
+    return sock, ""
+
+
+def _differs(address: str, pid: int) -> str:
+    """What differs between this process and the warm process ``pid`` serving ``address``."""
+    def read(path: str) -> str:
+        with open(path) as f:
+            return f.read()
+
+    def status(who: str) -> dict:
+        lines = (line.split(":", 1) for line in read(f"/proc/{who}/status").splitlines())
+        return {k: v.strip() for k, v in lines if k in STATUS}
+
+    try:
+        if read(os.path.join(os.path.dirname(address), WHOSE)) != identity():
+            return "another interpreter environment or labkit"
+        if pid <= 0:
+            return "its process is not visible from here"
+        for ns in sorted(os.listdir("/proc/self/ns")):
+            if os.readlink(f"/proc/self/ns/{ns}") != os.readlink(f"/proc/{pid}/ns/{ns}"):
+                return f"its {ns} namespace"
+        for name in ("cgroup", "limits"):
+            if read(f"/proc/self/{name}") != read(f"/proc/{pid}/{name}"):
+                return f"its {name}"
+        mine, its = status("self"), status(str(pid))
+        for key in STATUS:
+            if mine.get(key) != its.get(key):
+                return f"its {key}"
+        if os.getpriority(os.PRIO_PROCESS, 0) != os.getpriority(os.PRIO_PROCESS, pid):
+            return "its niceness"
+    except OSError as e:
+        return f"cannot read {e.filename or 'its process'} ({e.strerror})"
+    return ""
 
 
 def connect(address: str) -> socket.socket | None:
