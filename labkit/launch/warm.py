@@ -49,9 +49,9 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-log = logging.getLogger(__name__)
-
 from .warm_client import ENV, NEEDS, connect, fits  # noqa: F401 - the variables' one definition
+
+log = logging.getLogger(__name__)
 
 
 #: the warm process node() started in this process, while it runs
