@@ -206,14 +206,8 @@ def labkit(args: Iterable, cwd=ROOT, env: dict | None = None, timeout: float = 4
 
 
 def command_env(env: dict | None = None) -> dict:
-    """The environment of a command the tests start: theirs, one thread per rank, ``env``.
-    LABKIT_TEST_COUNT's record wraps functions at a process's start-up, which a process forked
-    from the worker's warm process (conftest) never has: such a command starts its own (an
-    experiment's) or runs cold."""
-    full = {**os.environ, **ONE_THREAD, **(env or {})}
-    if "LABKIT_TEST_COUNT" in full:
-        full.pop("LABKIT_WARM", None)
-    return full
+    """The environment of a command the tests start: theirs, one thread per rank, ``env``."""
+    return {**os.environ, **ONE_THREAD, **(env or {})}
 
 
 def start_labkit(args: Iterable, cwd, env: dict | None = None, **kw) -> subprocess.Popen:

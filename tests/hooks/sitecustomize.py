@@ -37,7 +37,9 @@ set (so a rank forked from a warm process started before the test set them reads
   LABKIT_TEST_COUNT=<path>  every call of a function that resolves or checks a config
       (_COUNTED), and every read of a resolved.json, appends "<who> <pid> <function>" to
       <path>; who is rank (a process torchrun started), kernel (a notebook's) or driver (any
-      other: the labkit command). Wrapped at start-up, before labkit's modules import them.
+      other: the labkit command). Wrapped at start-up, before labkit's modules import them,
+      where the variable is set and in every warm process (its forks read the variable at
+      each call, from their clients' environment).
   LABKIT_TEST_CENSUS=<folder>  every Python process the tests start appends one line to
       <folder>/starts.tsv at start-up: pid, parent pid, the test that started it (pytest's
       PYTEST_CURRENT_TEST, inherited) and its command line. tools/suite_census.py counts them
@@ -219,7 +221,7 @@ _COUNTED = (("labkit.core.params", "check_values"), ("labkit.workloads", "resolv
             ("labkit.launch.torchrun_job", "validate"), ("labkit.core.resolved", "read"))
 
 
-def _count(path: str) -> None:
+def _count() -> None:
     import functools
     import importlib
     import sys
@@ -227,11 +229,13 @@ def _count(path: str) -> None:
     def counted(f, name):
         @functools.wraps(f)
         def call(*a, **k):
-            # sys.argv as it is by now (at start-up, `python -m ipykernel_launcher` reads "-m")
-            who = ("rank" if "LOCAL_RANK" in os.environ else
-                   "kernel" if "ipykernel" in sys.argv[0] else "driver")
-            with open(path, "a") as out:
-                out.write(f"{who} {os.getpid()} {name}\n")
+            path = os.environ.get("LABKIT_TEST_COUNT")  # a process forked warm: the client's
+            if path:
+                # sys.argv as it is by now (at start-up, `python -m ipykernel_launcher` reads "-m")
+                who = ("rank" if "LOCAL_RANK" in os.environ else
+                       "kernel" if "ipykernel" in sys.argv[0] else "driver")
+                with open(path, "a") as out:
+                    out.write(f"{who} {os.getpid()} {name}\n")
             return f(*a, **k)
         return call
 
@@ -261,9 +265,12 @@ if os.environ.get("LABKIT_TEST_CENSUS"):
     except OSError:  # the folder is gone: the census is not the test
         pass
 
-if os.environ.get("LABKIT_TEST_COUNT"):
+# where it is set, and in a warm process (labkit.launch.warm: conftest's, one per pytest worker,
+# or an experiment's), whose forks take the variable from their clients: the record's path is
+# read at each call (the counted modules import no torch: 0.4 s at a warm process's start)
+if os.environ.get("LABKIT_TEST_COUNT") or "labkit.launch.warm" in __import__("sys").orig_argv:
     try:
-        _count(os.environ["LABKIT_TEST_COUNT"])
+        _count()
     except ImportError:  # a Python without labkit
         pass
 
