@@ -224,6 +224,16 @@ def test_a_warm_process_whose_owner_was_killed_ends_and_leaves_no_socket(tmp_pat
     assert not os.path.exists(os.path.dirname(address))
 
 
+def _reaches(pid: int, status: str, wait_s: float = 10.0) -> bool:
+    """Whether process ``pid`` is in ``status`` (psutil's) within ``wait_s``."""
+    end = time.monotonic() + wait_s
+    while psutil.Process(pid).status() != status:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _forked_pid(node, wait_s: float = 5.0):
     """The one process the module's warm process has forked now, else None."""
     address, _ = node
@@ -260,8 +270,8 @@ def test_bad_input_to_the_client_and_the_server_is_one_line(tmp_path):
 def test_the_labkit_program_relays_to_a_warm_process_that_fits_it(tmp_path):
     """`labkit COMMAND` where LABKIT_WARM names a warm process that answers (`labkit warm`'s):
     it sends ``-m labkit COMMAND ...`` with its directory and environment, passes on the
-    signals it gets, but not one it ignores (``nohup``'s SIGHUP), and exits with the forked
-    command's code. Under ``nice`` (or another labkit, namespace, cgroup, CPU set, resource
+    signals it gets, but not one it ignores (``nohup``'s SIGHUP), stops and goes on with the
+    command (Ctrl-Z, then fg), and exits with the forked command's code. Under ``nice`` (or another labkit, namespace, cgroup, CPU set, resource
     limits) it runs in place instead. A stand-in warm process here (this test): it answers with
     the pid of a process of the test's own, which shows what was passed on."""
     import socket
@@ -297,6 +307,12 @@ def test_the_labkit_program_relays_to_a_warm_process_that_fits_it(tmp_path):
         client.send_signal(signal.SIGHUP)  # ignored: not passed on
         time.sleep(0.5)
         assert stand_in.poll() is None
+        # Ctrl-Z: the process stops with the program, and goes on when the shell continues it
+        client.send_signal(signal.SIGTSTP)
+        assert _reaches(stand_in.pid, psutil.STATUS_STOPPED)
+        assert _reaches(client.pid, psutil.STATUS_STOPPED)
+        client.send_signal(signal.SIGCONT)
+        assert _reaches(stand_in.pid, psutil.STATUS_SLEEPING)
         client.send_signal(signal.SIGUSR1)
         assert stand_in.wait(10) == -signal.SIGUSR1
         conn.sendall(f"exit {3 << 8}\n".encode())  # the forked command's wait status

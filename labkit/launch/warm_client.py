@@ -26,9 +26,10 @@ ENV = "LABKIT_WARM"
 #: imported, even while the rest of its preload runs. Not passed on to the process.
 NEEDS = "LABKIT_WARM_NEEDS"
 #: the signals passed on to the forked process (SIGKILL and SIGSTOP cannot be caught: a
-#: SIGKILLed client's process is killed by the warm process, which sees the client gone)
+#: SIGKILLed client's process is killed by the warm process, which sees the client gone); a
+#: terminal's Ctrl-Z (SIGTSTP) stops the process and this client, and SIGCONT goes on to it
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-           signal.SIGUSR2)
+           signal.SIGUSR2, signal.SIGTSTP)
 #: what the client says when the warm process died under the process it forked
 GONE = "the warm process that forks this experiment's processes"
 #: the file beside a warm process's socket that names the interpreter and labkit it runs
@@ -64,13 +65,20 @@ def run_through(sock: socket.socket, argv: list[str]) -> None:
     child = [0]
 
     def relay(sig: int, _frame: object) -> None:
-        if child[0]:
-            try:
-                os.kill(child[0], sig)
-            except ProcessLookupError:
-                pass
-        else:
+        if not child[0]:
             pending.append(sig)
+            return
+        try:
+            if sig == signal.SIGTSTP:  # Ctrl-Z: the process stops with this one, goes on with it
+                os.kill(child[0], signal.SIGSTOP)
+                signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)  # stopped here until the shell's SIGCONT (fg, bg)
+                signal.signal(sig, relay)
+                os.kill(child[0], signal.SIGCONT)
+            else:
+                os.kill(child[0], sig)
+        except ProcessLookupError:
+            pass
 
     for sig in RELAYED:
         if signal.getsignal(sig) is not signal.SIG_IGN:
