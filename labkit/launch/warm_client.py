@@ -8,6 +8,10 @@ hands its stdin, stdout and stderr, environment, working directory and arguments
 ``LABKIT_WARM``, which forks the process that runs them, passes on every signal it gets, and
 ends as that process ended: its exit code, or killed by the same signal. Where no warm process
 answers, it runs the same command cold (``exec``), and says so in one line.
+
+The ``labkit`` program does the same beside ``labkit warm`` (labkit.cli._run_warm:
+:func:`run_through`), where the warm process fits it (:func:`fits`: what a fork would inherit
+from the warm process rather than from the program is the same), and runs in place elsewhere.
 """
 from __future__ import annotations
 
