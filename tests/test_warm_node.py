@@ -288,10 +288,10 @@ def test_the_labkit_program_relays_to_a_warm_process_that_fits_it(tmp_path):
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     env = dict(os.environ, LABKIT_WARM=address)
 
-    def start(*wrap):
+    def start(*wrap):  # a process group of its own, in this session: as a shell's job
         return subprocess.Popen([*wrap, sys.executable, "-m", "labkit", "runs", "somewhere"],
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, process_group=0)
 
     client, fds = start("nohup"), []  # SIGHUP ignored, as nohup leaves it; SIGUSR1 as it is
     try:
@@ -308,6 +308,8 @@ def test_the_labkit_program_relays_to_a_warm_process_that_fits_it(tmp_path):
         time.sleep(0.5)
         assert stand_in.poll() is None
         # Ctrl-Z: the process stops with the program, and goes on when the shell continues it
+        # (the kernel stops the program only where its process group is not orphaned, as a
+        # shell's job is not: here the parent, this test, is in another group of the session)
         client.send_signal(signal.SIGTSTP)
         assert _reaches(stand_in.pid, psutil.STATUS_STOPPED)
         assert _reaches(client.pid, psutil.STATUS_STOPPED)
