@@ -49,7 +49,7 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-from .warm_client import ENV, NEEDS, connect, fits  # noqa: F401 - the variables' one definition
+from .warm_client import ENV, NEEDS, fits  # noqa: F401 - the variables' one definition
 
 log = logging.getLogger(__name__)
 
