@@ -106,6 +106,9 @@ def test_two_nodes_train_exactly_like_one_node(tmp_path, one_node):
         assert load_json(d / ("launch.json" if k == 0 else f"launch_node{k}.json"))["returncode"] == 0
     doc = load_json(outs[w] / RESULT)
     assert doc["status"] == "completed" and doc["world_size"] == 2
+    # a node of several forks its agent and ranks from the warm process of its machine (the
+    # pytest worker's, which fits it), as one node alone does
+    assert doc["timeline"]["started_by"] == "warm process", doc["timeline"]
 
     two, one = final(outs[w]), final(one_node)
     assert set(two) == set(one)

@@ -65,9 +65,9 @@ def launch(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes = Nodes(),
     t0, started, kills = time.monotonic(), time.time(), oom_kills()
     try:
         full_env = environment(nproc, env, nodes.max_restarts)
-        # the agent forked by the experiment's warm process, where there is one (labkit.launch.warm)
-        returncode, text = _run(warm.through(cmd, full_env) if not nodes.multi else cmd,
-                                full_env, Throttle(stream, throttle_s))
+        # the agent forked by a warm process on this machine that fits this process, where
+        # there is one (labkit.launch.warm): a node of several too, each node on its own host
+        returncode, text = _run(warm.through(cmd, full_env), full_env, Throttle(stream, throttle_s))
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         raise
