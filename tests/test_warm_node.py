@@ -32,6 +32,10 @@ if what == "backend":
     import matplotlib
     print(matplotlib.rcParams["backend"], flush=True)
     what = "0"
+if what == "tempdir":
+    import tempfile
+    print(tempfile.gettempdir(), flush=True)
+    what = "0"
 sys.exit(int(what))
 """
 
@@ -97,6 +101,13 @@ def test_a_module_that_read_the_environment_when_preloaded_follows_the_clients(n
         env["MPLBACKEND"] = backend
         p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and p.stdout.splitlines()[-1] == backend, p.stderr
+    # the temporary folder: matplotlib's import asked tempfile for it (cached from then on)
+    cmd, env = _client(node, "tempdir")
+    for name in ("a", "b"):
+        env["TMPDIR"] = str(tmp_path / name)
+        (tmp_path / name).mkdir()
+        p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.splitlines()[-1] == str(tmp_path / name), p.stderr
 
 
 def test_a_request_that_names_what_it_needs_is_forked_while_the_rest_is_imported(tmp_path):

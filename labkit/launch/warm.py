@@ -379,6 +379,7 @@ def _become(request: dict, fds: list[int], address: str, closing: list) -> None:
     env = request["env"]
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # found again from the client's TMPDIR, not the server's
     os.chdir(request["cwd"])
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:1] = [request["cwd"], *extra]  # as `python -m` starts it
