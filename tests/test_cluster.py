@@ -268,6 +268,8 @@ def test_labkit_run_on_two_emulated_nodes_changes_time_not_results(tmp_path, ddp
                      r"node0 received [\d.]+ Mbit/s", p.stdout + p.stderr)
     doc = json.loads((out / "results_baseline_ddp.json").read_text())
     assert doc["world_size"] == 2 and doc["world"]["master_addr"] == "node0"
+    # forked by the cluster's own warm process into node 0 (test_an_emulated_run_is_forked...)
+    assert doc["timeline"]["started_by"] == "warm process", doc["timeline"]
     link = doc["link"]
     assert link["rate_bit"] == 1_000_000_000 and link["nodes"] == 2
     # as measured: never above the set rate; how far below it depends on the machine's load
@@ -284,6 +286,97 @@ def test_labkit_run_on_two_emulated_nodes_changes_time_not_results(tmp_path, ddp
     assert report.returncode == 0, report.stderr[-2000:]
     assert ("Network: an emulated cluster of 2 nodes x 1 rank(s), each node's link 1gbit each way"
             in report.stdout), report.stdout[-3000:]
+
+
+#: the tiny language model for a run whose training is not the point: 0.5 MB of gradients
+LM = [*tiny_flags(dataset=None, model="tiny", max_steps_per_epoch=2, max_val_steps=1),
+      "--workload", "lm", "--seq-len", "32"]
+
+
+def run_processes(*paths: Path) -> list[str]:
+    """The processes working in, or naming, any of ``paths``: what a run there started (its
+    forked agents and ranks name neither, but work in its directory)."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        text = " ".join([p.info["cwd"] or "", *(p.info["cmdline"] or [])])
+        if p.pid != os.getpid() and any(str(x) in text for x in paths):
+            left.append(f"{p.pid} {text[:160]}")
+    return left
+
+
+@needs_namespaces
+@pytest.mark.torchrun
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("stop", ["ctrl-c", "kill-9-warm"])
+def test_an_emulated_run_is_forked_into_its_nodes_and_stopping_it_leaves_nothing(tmp_path, stop):
+    """Every node's ranks are forked by the cluster's own warm process, each into its node's
+    network namespace. While they train, Ctrl-C on `labkit run`: exit 130, the result file
+    interrupted; or a kill -9 of the cluster's warm process: exit 1, one line naming it. Either
+    way no process and no network namespace of the run is left, and the warm process's socket
+    is gone with its folder."""
+    tmp = Path(tempfile.mkdtemp(prefix="lk-", dir="/tmp"))  # short: the socket's path is in it
+    out = tmp_path / "out"
+    try:
+        with no_leftovers():
+            p = subprocess.Popen([sys.executable, "-m", "labkit", "run", "ddp", *LM, "--epochs",
+                                  "1000", "--emulate-nodes", "2", "--nproc", "1", "--out",
+                                  str(out)], cwd=tmp_path, env={**ONE_THREAD, "TMPDIR": str(tmp)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+            try:
+                wait_for(lambda: len(_epochs(out)) >= 2 or p.poll() is not None, 90)
+                assert p.poll() is None, p.communicate()[0][-3000:]
+                assert list(tmp.glob("labkit-warm-*/socket")), list(tmp.iterdir())
+                ranks = forked_ranks(tmp_path)
+                assert len(ranks) == 2, ranks
+                assert all("--join-namespaces" in " ".join(r.parent().cmdline()) for r in ranks)
+                nets = {os.readlink(f"/proc/{r.pid}/ns/net") for r in ranks}
+                assert len(nets) == 2 and os.readlink("/proc/self/ns/net") not in nets, nets
+                if stop == "ctrl-c":
+                    os.killpg(p.pid, signal.SIGINT)  # in its terminal
+                else:
+                    ranks[0].parent().kill()
+                said = p.communicate(timeout=60)[0]
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        doc = json.loads((out / "results_baseline_ddp.json").read_text())
+        assert doc["world"]["master_addr"] == "node0"
+        if stop == "ctrl-c":
+            assert p.returncode == 130, said[-3000:]
+            assert doc["status"] == "interrupted", doc["status"]
+        else:
+            assert p.returncode == 1, said[-3000:]
+            ended = [line for line in said.splitlines() if line.startswith("labkit: ddp failed")]
+            assert len(ended) == 1 and "the warm process that forks" in ended[0], said[-3000:]
+            assert "Traceback" not in said, said[-3000:]
+            assert doc["status"] == "failed", doc["status"]
+        wait_for(lambda: not run_processes(tmp_path, tmp), 15)
+        assert run_processes(tmp_path, tmp) == []
+        assert list(tmp.glob("labkit-warm-*")) == []  # the cluster's warm socket, and its folder
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def forked_ranks(cwd: Path) -> list:
+    """The ranks working in ``cwd`` (not their thin clients)."""
+    import psutil
+
+    def module(argv: list[str]) -> str:  # what `python [-u] -m MODULE ...` runs (a forked
+        words = " ".join(argv).split()  # process's title is one string: labkit.launch.warm)
+        return next((b for a, b in zip(words, words[1:]) if a == "-m"), "")
+    return [p for p in psutil.process_iter(["cmdline", "cwd"]) if p.info["cwd"] == str(cwd)
+            and module(p.info["cmdline"] or []) == "labkit.train"]
+
+
+def _epochs(out: Path) -> list:
+    try:
+        return json.loads((out / "results_baseline_ddp.json").read_text())["epochs"]
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 @pytest.mark.e2e

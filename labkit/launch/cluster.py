@@ -258,7 +258,7 @@ class ClusterResult:
 
 
 def _outer_command(spec: ClusterSpec, commands: Sequence[Sequence[str]], log_dir: Path,
-                   probe_s: float) -> list[str]:
+                   probe_s: float, warm: Optional[tuple[str, Sequence[str]]] = None) -> list[str]:
     link = spec.link
     argv = [node.tool("unshare") or "unshare", "--user", "--map-root-user", "--net", "--mount",
             "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-P", NODE_FILE,
@@ -266,15 +266,20 @@ def _outer_command(spec: ClusterSpec, commands: Sequence[Sequence[str]], log_dir
             "--latency-ms", str(LATENCY_MS), "--delay-us", str(link.delay_us // 2),
             "--nodes", str(spec.nodes), "--log-dir", str(log_dir), "--probe-s", str(probe_s),
             "--probe-port", str(PROBE_PORT)]
+    if warm:
+        argv += ["--warm-socket", warm[0], "--warm-preload", ",".join(warm[1])]
     for c in commands:
         argv += ["--argc", str(len(c)), *map(str, c)]
     return argv
 
 
 def run_cluster(spec: ClusterSpec, commands: Sequence[Sequence[str]], log_dir, env=None,
-                cwd=None, probe_s: float = 0.0, timeout: Optional[float] = None) -> ClusterResult:
+                cwd=None, probe_s: float = 0.0, timeout: Optional[float] = None,
+                warm: Optional[tuple[str, Sequence[str]]] = None) -> ClusterResult:
     """Build the cluster, run ``commands[K]`` in node K, wait, tear down (see the module's
-    docstring). Call check_machine first: a machine that cannot is told in one line there."""
+    docstring). Call check_machine first: a machine that cannot is told in one line there.
+    ``warm``: (socket, modules) of the cluster's warm process, which the switch starts
+    (labkit.launch.cluster_node) for the nodes' thin clients."""
     if len(commands) != spec.nodes:
         raise ValueError(f"{len(commands)} commands for {spec.nodes} nodes")
     log_dir = Path(log_dir).resolve()
@@ -283,7 +288,7 @@ def run_cluster(spec: ClusterSpec, commands: Sequence[Sequence[str]], log_dir, e
         old.unlink()
     t0, lines, timed_out = time.monotonic(), [], False
     with open(log_dir / "switch.log", "ab") as err:
-        proc = subprocess.Popen(_outer_command(spec, commands, log_dir, probe_s),
+        proc = subprocess.Popen(_outer_command(spec, commands, log_dir, probe_s, warm),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
                                 cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)

@@ -13,6 +13,11 @@ to it), prints ``exit K CODE`` per node on stdout, stops the nodes when its stdi
 launcher asked, or died), and exits when they have: the kernel then kills whatever is left in
 the PID namespace, so nothing outlives a run.
 
+With ``--warm-socket``, the switch first starts the cluster's warm process (labkit.launch.warm
+``--join-namespaces``, importing ``--warm-preload``) in its own namespaces, so that its imports
+run while the nodes come up and probe their links; each node's command is then a thin client
+of it (labkit.launch.emulated), whose process it forks into that node's namespaces.
+
 ``node`` brings up its loopback (unshaped: its ranks talk over it) and its address, shapes its
 end of the veth (its upload), takes its hostname (node0, node1, ...) and an /etc/hosts naming
 every node (a bind mount in its own mount namespace), optionally runs the goodput probe, and
@@ -114,6 +119,7 @@ class Switch:
         self.lock = threading.Lock()
         self.ready = False
         self.ended = threading.Event()
+        self.warm: Optional[subprocess.Popen] = None
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -122,6 +128,7 @@ class Switch:
 
     def start(self) -> None:
         sh("ip", "link", "set", "lo", "up")
+        self.start_warm()
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         sh("ip", "link", "set", BRIDGE, "up")
         Path(self.a.log_dir, "hosts").write_text(hosts_text(self.a.nodes))
@@ -135,6 +142,16 @@ class Switch:
             os.close(go)
         self.ready = True
         self.say("ready")
+
+    def start_warm(self) -> None:
+        """The cluster's warm process, here in the cluster's user and PID namespaces; what it
+        prints goes to the switch's log (its stdout is the launcher's pipe). Its end: the
+        switch's (the PID namespace goes with it)."""
+        if self.a.warm_socket:
+            self.warm = subprocess.Popen(
+                [sys.executable, "-m", "labkit.launch.warm", "--join-namespaces",
+                 self.a.warm_socket, *filter(None, self.a.warm_preload.split(","))],
+                stdin=subprocess.PIPE, stdout=sys.stderr.fileno())
 
     def start_node(self, k: int, command: list[str]) -> tuple[int, int]:
         """Node ``k`` in its own network, UTS and mount namespaces, waiting for "go" (the
@@ -337,6 +354,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--probe-s", type=float, default=0.0)
     p.add_argument("--log-dir", required=True)
+    p.add_argument("--warm-socket", default="")
+    p.add_argument("--warm-preload", default="")
     return p
 
 

@@ -10,11 +10,20 @@ files are in ``<out>/logs/cluster/``. Before the first step the probe measures e
 link both ways; the link as set and as measured goes into the result file (``link``) and the
 launch file. The emulation changes time, never results: ranks, data shards and the order of
 every sum are those of the same world on one machine.
+
+Every node's agent and ranks are forked from one warm process of the cluster's (labkit.launch.warm,
+started by the cluster's switch while the nodes come up), each into its node's network,
+hostname and mount namespaces: torch and the workload are imported once per launch, not by an
+agent and a fork server on every node. The launch file records the agents' commands as a
+node runs them cold.
 """
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,12 +41,14 @@ from labkit.training.budget import STALL_TIMEOUTS, step_link_bytes
 
 from .cluster import (RDZV_PORT, ClusterSpec, Link, check_machine, link_record, parse_link,
                       read_goodput, run_cluster)
+from .agent import AGENT, preload_for_workload
 from .cluster_node import hostname
 from .failures import Explanation, explain_failure, quote
 from .launch_params import Nodes
 from .torchrun_job import (LaunchResult, Throttle, checked_for_machine, environment, log_dir_of,
                           mark_ended, shown_ranks, torchrun_command, warn, write_resolved)
 from .torchrun_output import TorchrunOutput
+from .warm_client import ENV
 
 PROBE_S = 2.0  # seconds the probe measures each link, both ways at once, before training
 CLUSTER_LOGS = "cluster"  # <out>/logs/cluster: each node's console, the probe's files
@@ -85,15 +96,21 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     os.makedirs(logs, exist_ok=True)
     streamer = _Streamer(logs, spec, set(show), Throttle(stream, throttle_s))
     t0, started, kills = time.monotonic(), time.time(), oom_kills()
+    # the cluster's warm process: its socket's folder made and removed here (the switch's
+    # PID namespace ends it without a word); each node runs its agent as a thin client of it
+    folder = tempfile.mkdtemp(prefix="labkit-warm-")
+    warm = (os.path.join(folder, "socket"), preload_for_workload(cfg.workload) + AGENT)
     try:
         env = {**environment(nproc * spec.nodes, env, nodes.max_restarts),
-               EMULATED_NODES: str(spec.nodes)}
-        res = run_cluster(spec, cmds, logs, env=env, cwd=os.getcwd(), probe_s=PROBE_S)
+               EMULATED_NODES: str(spec.nodes), ENV: warm[0]}
+        res = run_cluster(spec, [_through(c) for c in cmds], logs, env=env, cwd=os.getcwd(),
+                          probe_s=PROBE_S, warm=warm)
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
         raise
     finally:
         streamer.stop()
+        shutil.rmtree(folder, ignore_errors=True)
     texts = [_read(res.log(k)) for k in range(spec.nodes)]
     codes = [1 if c is None else c for c in res.returncodes]
     code = next((c for c in codes if c != 0), 0 if res.ok else 1)
@@ -108,6 +125,12 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
         out.explained_from = why.error_file
     _record(out, cfg, nproc, spec, res, cmds, texts, dirs)
     return out
+
+
+def _through(cmd: list[str]) -> list[str]:
+    """A node's ``python -m labkit.launch.agent ...`` as the thin client of the cluster's warm
+    process runs it (labkit.launch.warm_client)."""
+    return [sys.executable, "-m", "labkit.launch.warm_client", *cmd[1:]]
 
 
 def link_time(cfg: TrainConfig, spec: ClusterSpec) -> Optional[tuple[float, float]]:

@@ -25,13 +25,16 @@ no threads (a fork is safe) and imports nothing that touches CUDA (labkit.launch
 preload lists); it ends when its owner's pipe closes, and each forked process gets SIGTERM when
 the server dies.
 
-Only a launch on this machine alone uses it: an emulated node's agent runs in its own network
-namespace (labkit.launch.emulated), a real node's under Slurm or by hand on that node.
+An emulated cluster (labkit.launch.emulated) has one of its own, started by its switch inside
+the cluster's user and PID namespaces with ``--join-namespaces``: each fork first joins the
+network, hostname and mount namespaces of the client that asked (:func:`_join`), so a node's
+agent and ranks are that node's processes, as a cold start there would make them.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib
 import io
 import logging
@@ -159,12 +162,13 @@ def _wait_for(address: str, proc: subprocess.Popen, limit_s: float = 30.0) -> No
 
 
 # ------------------------------------------------------------------ the server
-def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.0) -> None:
+def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.0,
+          join: bool = False) -> None:
     """Listen on ``address``, import ``preload``, then fork a process per request until the
     ``owner`` pipe (stdin) closes; then no more, and at most ``grace_s`` for those running to
     end their own way (a Ctrl-C stops the experiment's launch while its runs are stopping).
-    While the preload runs, a request that names the modules it needs (:data:`NEEDS`: a
-    notebook's kernel needs IPython, not torch) is forked as soon as those are imported."""
+    While the preload runs, a request that names the modules it needs (:data:`NEEDS`: a notebook's
+    kernel needs IPython, not torch) is forked once those are imported. ``join``: :func:`_join`."""
     import time
 
     from labkit.core.files import atomic_path
@@ -189,7 +193,7 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     clients: dict[int, socket.socket] = {}  # pid -> its client's connection
 
     def fork(got: tuple, waiting: list) -> None:  # the others waiting are not the fork's
-        _fork(*got, address, sel, clients, [listener, wake_r, wake_w, *_files(waiting)])
+        _fork(*got, address, sel, clients, [listener, wake_r, wake_w, *_files(waiting)], join)
 
     waiting: list[tuple] = []  # requests come during the preload, until what they need is in
     for module in preload:
@@ -274,7 +278,7 @@ def _receive(listener: socket.socket) -> Optional[tuple]:
 
 
 def _fork(conn: socket.socket, request: dict, fds: list[int], address: str,
-          sel: selectors.BaseSelector, clients: dict, closing: list) -> None:
+          sel: selectors.BaseSelector, clients: dict, closing: list, join: bool = False) -> None:
     """Fork the request's process and tell its client the pid; the connection then tells
     when the client goes (labkit.launch.warm_client)."""
     pid = os.fork()
@@ -283,6 +287,8 @@ def _fork(conn: socket.socket, request: dict, fds: list[int], address: str,
         try:
             others = [s.fileobj for s in sel.get_map().values()]
             sel.close()
+            if join:
+                _join(conn)
             _become(request, fds, address, [conn, *closing, *others])
             code = run_main(request["argv"])
         except BaseException:  # noqa: BLE001 - could not become the client's (its directory gone)
@@ -362,6 +368,30 @@ def _forget(conn: socket.socket, sel: selectors.BaseSelector) -> None:
 
 
 # ------------------------------------------------------------------ the forked process
+#: what a fork joins of its client's namespaces (an emulated node's own; the user and PID
+#: namespaces are the cluster's, which the server shares)
+JOINED = ("net", "uts", "mnt")
+
+
+def _join(conn: socket.socket) -> None:
+    """Join the network, hostname and mount namespaces of the process at the other end of
+    ``conn`` where they differ from this one's. A fork is single-threaded, as setns(2) wants
+    for a mount namespace, and the server's user namespace owns the node's (it is root there);
+    joining a mount namespace moves the root and the directory, which :func:`_become` sets."""
+    pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                              struct.calcsize("3i")))[0]
+    theirs = [f"/proc/{pid}/ns/{ns}" for ns in JOINED]
+    # opened before any is joined: the mount namespace's /proc may differ
+    fds = [os.open(path, os.O_RDONLY) for path, ns in zip(theirs, JOINED)
+           if os.stat(path).st_ino != os.stat(f"/proc/self/ns/{ns}").st_ino]
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd in fds:
+        if libc.setns(fd, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into the client's namespace: {os.strerror(err)}")
+        os.close(fd)
+
+
 def _become(request: dict, fds: list[int], address: str, closing: list) -> None:
     """Turn this fork into the client's process: the server's files closed, its signals
     reset, the client's streams, environment, directory and search path taken."""
@@ -481,12 +511,14 @@ def _exit_code(code: object) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m labkit.launch.warm SOCKET [MODULE ...]")
+    _join_them = sys.argv[1:2] == ["--join-namespaces"]
+    _args = sys.argv[2:] if _join_them else sys.argv[1:]
+    if not _args:
+        sys.exit("usage: python -m labkit.launch.warm [--join-namespaces] SOCKET [MODULE ...]")
     try:
-        serve(sys.argv[1], sys.argv[2:])
+        serve(_args[0], _args[1:], join=_join_them)
     except OSError as e:  # the socket cannot be made there
-        print(f"labkit.launch.warm: error: cannot listen on {sys.argv[1]}: {e.strerror}",
+        print(f"labkit.launch.warm: error: cannot listen on {_args[0]}: {e.strerror}",
               file=sys.stderr, flush=True)
         os._exit(2)
     os._exit(0)  # nothing to flush or save: Python's teardown of torch took 1.5 s here
