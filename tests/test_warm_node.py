@@ -347,8 +347,8 @@ def test_the_labkit_program_relays_to_a_warm_process_that_fits_it(tmp_path):
 
 def test_a_process_unlike_the_warm_process_is_not_served(node, monkeypatch):
     """warm_client.fits: a process whose forks from the warm process would not run as its own
-    children would (another niceness, CPU set, resource limits, mount namespace, another
-    interpreter environment or labkit) is told what differs, and labkit runs it in place
+    children would (another niceness, CPU set, resource limits, mount namespace, Slurm job,
+    another interpreter environment or labkit) is told what differs, and labkit runs it in place
     (the program, a launch's agent, an experiment's kernels)."""
     from labkit.launch import warm_client
 
@@ -360,6 +360,7 @@ def test_a_process_unlike_the_warm_process_is_not_served(node, monkeypatch):
              ("unshare", "--mount"): "its mnt namespace"}
     if len(os.sched_getaffinity(0)) > 1:
         wraps[("taskset", "-c", "0")] = "its Cpus_allowed_list"
+    wraps[("env", "SLURM_JOB_ID=12")] = "its Slurm job"  # a job's processes stay in the job
     for wrap, says in wraps.items():
         p = subprocess.run([*wrap, sys.executable, "-c", probe, address], capture_output=True,
                            text=True, timeout=60)

@@ -64,7 +64,7 @@ def run_through(sock: socket.socket, argv: list[str]) -> None:
     with this process's streams, environment and directory; pass on the signals this process
     gets (but those it ignores, as under ``nohup`` or in a shell script's background job), and
     end as the forked process ended. Never returns."""
-    server = _peer_pid(sock)
+    server = peer_pid(sock)
     pending: list[int] = []
     child = [0]
 
@@ -123,13 +123,14 @@ def identity() -> str:
 def fits(address: str) -> tuple[socket.socket | None, str]:
     """A connection to the warm process at ``address`` where what it forks runs as it would
     here: the same labkit of the same interpreter environment, in the same namespaces and
-    cgroup, with the same user, umask, CPUs, resource limits and niceness. Else None and what
-    differs, in a few words: a command under ``unshare``, ``taskset``, ``prlimit`` or ``nice``,
-    in a Slurm job's cgroup or from another venv or checkout then runs where it was started."""
+    cgroup, with the same user, umask, CPUs, resource limits and niceness, in the same Slurm
+    job or none. Else None and what differs, in a few words: a command under ``unshare``,
+    ``taskset``, ``prlimit`` or ``nice``, in a Slurm job or from another venv or checkout then
+    runs where it was started."""
     sock = connect(address)
     if sock is None:
         return None, f"no warm process answers at {address or '(none)'}"
-    why = _differs(address, _peer_pid(sock))
+    why = _differs(address, peer_pid(sock))
     if why:
         sock.close()
         return None, f"the warm process at {address} differs from this process: {why}"
@@ -163,6 +164,11 @@ def _differs(address: str, pid: int) -> str:
                 return f"its {key}"
         if os.getpriority(os.PRIO_PROCESS, 0) != os.getpriority(os.PRIO_PROCESS, pid):
             return "its niceness"
+        # a Slurm job's processes stay in the job (its accounting, limits and scancel), where
+        # no cgroup tells them apart (proctrack/linuxproc); the environment it started with
+        theirs = dict(v.split("=", 1) for v in read(f"/proc/{pid}/environ").split("\0") if "=" in v)
+        if os.environ.get("SLURM_JOB_ID", "") != theirs.get("SLURM_JOB_ID", ""):
+            return "its Slurm job"
     except OSError as e:
         return f"cannot read {e.filename or 'its process'} ({e.strerror})"
     return ""
@@ -181,7 +187,9 @@ def connect(address: str) -> socket.socket | None:
     return sock
 
 
-def _peer_pid(sock: socket.socket) -> int:
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket, as this process's PID
+    namespace numbers it (0 where it cannot be read)."""
     try:
         return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                     struct.calcsize("3i")))[0]
