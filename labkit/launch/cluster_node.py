@@ -119,7 +119,7 @@ class Switch:
         self.lock = threading.Lock()
         self.ready = False
         self.ended = threading.Event()
-        self.warm: Optional[subprocess.Popen] = None
+        self.warm: Optional[subprocess.Popen] = None  # held: its stdin is the warm process's owner
 
     def say(self, line: str) -> None:
         with self.lock:

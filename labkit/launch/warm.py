@@ -52,7 +52,7 @@ from typing import Iterator, Optional
 
 from labkit.core import procs
 
-from .warm_client import ENV, NEEDS, fits  # noqa: F401 - the variables' one definition
+from .warm_client import ENV, NEEDS, fits, peer_pid  # noqa: F401 - the variables' one definition
 
 log = logging.getLogger(__name__)
 
@@ -378,9 +378,7 @@ def _join(conn: socket.socket) -> None:
     ``conn`` where they differ from this one's. A fork is single-threaded, as setns(2) wants
     for a mount namespace, and the server's user namespace owns the node's (it is root there);
     joining a mount namespace moves the root and the directory, which :func:`_become` sets."""
-    pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                              struct.calcsize("3i")))[0]
-    theirs = [f"/proc/{pid}/ns/{ns}" for ns in JOINED]
+    theirs = [f"/proc/{peer_pid(conn)}/ns/{ns}" for ns in JOINED]
     # opened before any is joined: the mount namespace's /proc may differ
     fds = [os.open(path, os.O_RDONLY) for path, ns in zip(theirs, JOINED)
            if os.stat(path).st_ino != os.stat(f"/proc/self/ns/{ns}").st_ino]
