@@ -146,8 +146,8 @@ class Switch:
 
     def start_warm(self) -> None:
         """The cluster's warm process, here in the cluster's user and PID namespaces; what it
-        prints goes to the switch's log (its stdout is the launcher's pipe). Its end: the
-        switch's (the PID namespace goes with it)."""
+        prints goes to the switch's log (its stdout is the launcher's pipe). Its end:
+        :meth:`stop_warm`, or the PID namespace's where the switch is killed."""
         if self.a.warm_socket:
             self.warm = subprocess.Popen(
                 [sys.executable, "-m", "labkit.launch.warm", "--join-namespaces",
