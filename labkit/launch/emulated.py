@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -48,6 +47,7 @@ from .launch_params import Nodes
 from .torchrun_job import (LaunchResult, Throttle, checked_for_machine, environment, log_dir_of,
                           mark_ended, shown_ranks, torchrun_command, warn, write_resolved)
 from .torchrun_output import TorchrunOutput
+from .warm import as_client
 from .warm_client import ENV
 
 PROBE_S = 2.0  # seconds the probe measures each link, both ways at once, before training
@@ -96,14 +96,14 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
     os.makedirs(logs, exist_ok=True)
     streamer = _Streamer(logs, spec, set(show), Throttle(stream, throttle_s))
     t0, started, kills = time.monotonic(), time.time(), oom_kills()
-    # the cluster's warm process: its socket's folder made and removed here (the switch's
-    # PID namespace ends it without a word); each node runs its agent as a thin client of it
+    # the cluster's warm process: its socket's folder made here and removed here too, where a
+    # killed cluster ended it unawares; each node runs its agent as a thin client of it
     folder = tempfile.mkdtemp(prefix="labkit-warm-")
     warm = (os.path.join(folder, "socket"), preload_for_workload(cfg.workload) + AGENT)
     try:
         env = {**environment(nproc * spec.nodes, env, nodes.max_restarts),
                EMULATED_NODES: str(spec.nodes), ENV: warm[0]}
-        res = run_cluster(spec, [_through(c) for c in cmds], logs, env=env, cwd=os.getcwd(),
+        res = run_cluster(spec, [as_client(c) for c in cmds], logs, env=env, cwd=os.getcwd(),
                           probe_s=PROBE_S, warm=warm)
     except KeyboardInterrupt:
         mark_ended(out_dir, cfg.result_file, Status.INTERRUPTED, INTERRUPTED_WHY)
@@ -125,12 +125,6 @@ def launch_emulated(cfg: TrainConfig, nproc: int, out_dir: str, nodes: Nodes, st
         out.explained_from = why.error_file
     _record(out, cfg, nproc, spec, res, cmds, texts, dirs)
     return out
-
-
-def _through(cmd: list[str]) -> list[str]:
-    """A node's ``python -m labkit.launch.agent ...`` as the thin client of the cluster's warm
-    process runs it (labkit.launch.warm_client)."""
-    return [sys.executable, "-m", "labkit.launch.warm_client", *cmd[1:]]
 
 
 def link_time(cfg: TrainConfig, spec: ClusterSpec) -> Optional[tuple[float, float]]:

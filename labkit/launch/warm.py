@@ -71,6 +71,11 @@ def through(cmd: list[str], env: dict) -> list[str]:
     process that fits this process (:func:`answers`); else ``cmd`` unchanged."""
     if not env.get(ENV) or cmd[1:2] != ["-m"] or not answers(env[ENV]):
         return cmd
+    return as_client(cmd)
+
+
+def as_client(cmd: list[str]) -> list[str]:
+    """``python -m module ...`` as the thin client of a warm process runs it."""
     return [cmd[0], "-m", "labkit.launch.warm_client", *cmd[1:]]
 
 
