@@ -93,6 +93,21 @@ def test_error_file_names_the_rank_and_its_exception(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_monitored_barrier_that_lost_its_peer_is_a_consequence():
+    """ProcessGroupWrapper's words when the peer it waits for in a collective's fingerprint check
+    is gone, with gloo's reason empty: seen on a 2-core AMD VM, where rank 1 raised in setup
+    and rank 0 was blamed (test_broken_methods' check)."""
+    from labkit.launch.failures import is_consequence
+
+    lost = ("RuntimeError: ProcessGroupWrapper: Monitored Barrier encountered error running "
+            "collective: CollectiveFingerPrint(SequenceNumber=0, OpType=BROADCAST, "
+            "TensorShape=[64, 3, 3, 3], TensorDtypes=Float). Error: ")
+    assert is_consequence(lost)
+    assert is_consequence("RuntimeError: Rank 1 failed to pass monitoredBarrier in 600000 ms")
+    assert not is_consequence("RuntimeError: cannot build the buckets on rank 1")
+
+
+@pytest.mark.unit
 def test_a_rank_that_raised_stood_where_it_raised_not_where_it_ended(tmp_path):
     """A rank that raised, then got torchrun's SIGTERM while its exit functions ran (the
     other rank had failed too), wrote two marks: it stood where it raised (a suite run named

@@ -30,9 +30,11 @@ from .torchrun_output import failures as torchrun_failures
 from .torchrun_output import rendezvous_failed
 
 ERROR_FILE = "error.json"  # torchrun's name (TORCHELASTIC_ERROR_FILE)
-# errors a rank gets because another rank is gone: not the cause
+# errors a rank gets because another rank is gone: not the cause. "Monitored Barrier": the
+# fingerprint check of a collective (TORCH_DISTRIBUTED_DEBUG=DETAIL) that found its peer gone,
+# at times with gloo's reason empty
 _SECONDARY = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|timed out|Timeout|"
-                        r"monitoredBarrier|NCCL communicator was aborted", re.I)
+                        r"monitored ?barrier|NCCL communicator was aborted", re.I)
 
 
 def is_consequence(text: str) -> bool:
