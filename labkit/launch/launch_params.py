@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
@@ -98,7 +99,16 @@ NOTEBOOK_ONLY = {"resolved": "a resolved.json to run exactly as it was decided a
 SHARED_GPU_RANKS = 2
 
 
+#: device files through which a GPU's driver is reached: NVIDIA's, ROCm's, WSL's
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
 def gpu_count() -> int:
+    """The GPUs torch sees. Without any GPU driver's device file there are none, and torch,
+    not imported yet, is not imported to say so: in `labkit experiment` that import (4 CPU
+    seconds on a slow VM) came before the warm process could start."""
+    if "torch" not in sys.modules and not any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
