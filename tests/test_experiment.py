@@ -53,6 +53,13 @@ def test_experiment_makes_a_complete_run_folder(experiment):
     assert "labkit.launch.agent" in env["torchrun_commands"]["repeat-1/ps"]  # torchrun's, ranks warm
     status = load_json(run / "experiment.json")
     assert {m: e["status"] for m, e in status["methods"].items()} == dict.fromkeys(EXPERIMENT_METHODS, "completed")
+    # its start (to the first method), every method's notebook and the report, one after the
+    # other inside its whole wall time; the terminal's account ends with that whole
+    walls = [r["wall_time"] for e in status["methods"].values() for r in e.get("repeats") or [e]]
+    assert len(walls) == len(REPEATS) * len(EXPERIMENT_METHODS)
+    parts = status["start_s"] + sum(walls) + status["report_s"]
+    assert 0 < status["start_s"] and parts <= status["wall_s"] + 0.05, (status, walls)
+    assert f"the experiment in all: {status['wall_s']:.1f} s, of which training epochs " in p.stdout
 
     for r in REPEATS:
         for m in EXPERIMENT_METHODS:

@@ -5,6 +5,7 @@ left; and the run's result file says where rank 0's time went (labkit.report.acc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -132,6 +133,28 @@ def test_the_account_gives_trainings_share_and_the_epochs():
     line = all_methods_line({"m": acc, "n": acc})
     assert line.startswith("2 methods: 20.0 s, of which training epochs 12.0 s (60%)"), line
     assert line.endswith("with validation and checkpoints 15.0 s (75%)"), line
+
+
+@pytest.mark.unit
+def test_the_accounts_lines_add_the_experiments_start_report_and_whole(tmp_path):
+    """Under the table: the experiment's start (before its first method, which waits for the
+    warm process's imports), its methods, its report and its whole wall time, with training's
+    share of the whole; each only where experiment.json has it."""
+    from labkit.report.accounting import PHASES, all_methods_line, summary_lines
+
+    acc = dict.fromkeys((k for k, _ in PHASES), 0.0)
+    acc.update(train=6.0, validation=1.0, checkpoint=0.5, total=10.0)
+    accounts = {"m": acc, "n": acc}
+    (tmp_path / "experiment.json").write_text(json.dumps({"methods": {}}))
+    assert summary_lines(tmp_path, accounts) == [all_methods_line(accounts)]
+    (tmp_path / "experiment.json").write_text(json.dumps(
+        {"methods": {}, "start_s": 4.0, "report_s": 9.0, "wall_s": 33.0}))
+    start, methods, report, whole = summary_lines(tmp_path, accounts)
+    assert start.startswith("before the first method") and start.endswith(": 4.0 s")
+    assert methods == all_methods_line(accounts) and report == "then the report: 9.0 s"
+    # 12 of 33 s training epochs, 15 of 33 s with validation and checkpoints
+    assert whole == ("the experiment in all: 33.0 s, of which training epochs 36%, "
+                     "with validation and checkpoints 45%"), whole
 
 
 def _kill_the_warm_process(tmp_path, around=contextlib.nullcontext):

@@ -142,6 +142,21 @@ def test_a_request_that_names_what_it_needs_is_forked_while_the_rest_is_imported
         server.wait(30)
 
 
+def test_ready_waits_for_the_preload_and_its_marker_goes_with_the_process(tmp_path, monkeypatch):
+    """warm.ready(), where labkit experiment waits before its first method (so no method's wall
+    time holds the shared imports): it returns once the preload is imported (a module taking
+    2 s here), not before; the marker it reads beside the socket goes with the warm process."""
+    (tmp_path / "slow_c.py").write_text("import time\ntime.sleep(2)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("LABKIT_WARM", raising=False)  # not the worker's (conftest): one of its own
+    with warm.node(["slow_c"]) as address:
+        marker = os.path.join(os.path.dirname(address), warm.READY)
+        assert not os.path.exists(marker)
+        assert warm.ready() >= 1.0 and os.path.exists(marker)
+        assert warm.ready() < 0.5  # ready now: no second wait
+    assert not os.path.exists(marker) and not os.path.exists(os.path.dirname(address))
+
+
 def test_without_a_warm_process_the_client_starts_cold_and_says_so(node, tmp_path):
     cmd, env = _client(node, "0")
     env["LABKIT_WARM"] = str(tmp_path / "no-socket")

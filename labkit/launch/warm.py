@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: the warm process node() started in this process, while it runs
 _node: Optional[subprocess.Popen] = None
+#: the file beside the socket the server writes once its preload is imported (ready())
+READY = "ready"
 
 
 def served_by() -> Optional[str]:
@@ -96,7 +98,7 @@ def node(preload: list[str]) -> Iterator[str]:
                             stdin=subprocess.PIPE, start_new_session=True)
     _wait_for(address, proc)
     global _node
-    before = os.environ.get(ENV)
+    before, outer = os.environ.get(ENV), _node
     if proc.poll() is None:
         os.environ[ENV] = address
         _node = proc
@@ -111,7 +113,7 @@ def node(preload: list[str]) -> Iterator[str]:
         proc.kill()  # bad input found meanwhile: nothing of the caller's runs in it
         raise
     finally:
-        _node = None
+        _node = outer  # a node() inside another's (a test's): the outer one's again
         if before is None:
             os.environ.pop(ENV, None)
         else:
@@ -123,6 +125,22 @@ def node(preload: list[str]) -> Iterator[str]:
             proc.kill()
             proc.wait()
         _remove(address)  # the server's own removal, where it was killed before it got there
+
+
+def ready(limit_s: float = 120.0) -> Optional[float]:
+    """Wait until the warm process this process's node() started has imported its preload (or
+    has ended, or ``limit_s`` passed); the seconds waited, None where node() started none.
+    labkit experiment waits here before its first method, so that no method's wall time holds
+    the imports every method shares."""
+    import time
+
+    if _node is None:
+        return None
+    marker = os.path.join(os.path.dirname(os.environ.get(ENV, "")), READY)
+    t0 = time.monotonic()
+    while _node.poll() is None and not os.path.exists(marker) and time.monotonic() - t0 < limit_s:
+        time.sleep(0.02)
+    return time.monotonic() - t0
 
 
 def answers(address: str) -> bool:
@@ -200,16 +218,9 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     def fork(got: tuple, waiting: list) -> None:  # the others waiting are not the fork's
         _fork(*got, address, sel, clients, [listener, wake_r, wake_w, *_files(waiting)], join)
 
-    waiting: list[tuple] = []  # requests come during the preload, until what they need is in
-    for module in preload:
-        _preload([module])
-        while select.select([listener], [], [], 0)[0]:
-            waiting += filter(None, [_receive(listener)])
-        for got in [w for w in waiting if _ready(w[1])]:
-            waiting.remove(got)
-            fork(got, waiting)
-    while waiting:
-        fork(waiting.pop(0), waiting)
+    _import_serving(preload, listener, fork)
+    with open(os.path.join(os.path.dirname(address), READY), "w"):
+        pass  # ready(): the preload is in
     ending = None
     while ending is None or (clients and time.monotonic() < ending):
         for key, _ in sel.select(timeout=None if ending is None else 0.1):
@@ -229,6 +240,21 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
                 _client_said(key.fileobj, key.data, sel, clients)
 
 
+def _import_serving(preload: list[str], listener: socket.socket, fork) -> None:
+    """Import ``preload`` module by module; between two, the requests that came meanwhile are
+    forked once what they need is in, the rest when all is."""
+    waiting: list[tuple] = []
+    for module in preload:
+        _preload([module])
+        while select.select([listener], [], [], 0)[0]:
+            waiting += filter(None, [_receive(listener)])
+        for got in [w for w in waiting if _ready(w[1])]:
+            waiting.remove(got)
+            fork(got, waiting)
+    while waiting:
+        fork(waiting.pop(0), waiting)
+
+
 def _ready(request: dict) -> bool:
     """Whether every module a request needs (:data:`NEEDS`, else the whole preload: never
     before it ends) is imported."""
@@ -242,11 +268,12 @@ def _files(waiting) -> list:
 
 
 def _remove(address: str) -> None:
-    """The socket, the file naming its labkit, and the folder node() made for them: gone once
-    nothing more is served, also when the owner was killed before it could remove them."""
+    """The socket, the files naming its labkit and saying it is ready, and the folder node()
+    made for them: gone once nothing more is served, also when the owner was killed before it
+    could remove them."""
     from .warm_client import WHOSE
 
-    for path in (address, os.path.join(os.path.dirname(address), WHOSE)):
+    for path in (address, *(os.path.join(os.path.dirname(address), f) for f in (WHOSE, READY))):
         with contextlib.suppress(OSError):
             os.unlink(path)
     with contextlib.suppress(OSError):

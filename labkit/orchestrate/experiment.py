@@ -159,6 +159,7 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
     made from the recorded configs. ``before_report(run, status)`` is called after the methods
     ran, before the report is made (reproduce writes its comparison there, so the report
     shows it)."""
+    began = time.monotonic()
     stream = stream or transcript(__name__)
     if prepared is None:
         check_names(exp)
@@ -170,9 +171,10 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
             run = new_run_dir(p.exp.runs_dir, p.exp.tag).resolve()
         else:
             run.mkdir(parents=True)
-        folder = ExperimentFolder(run, p)
+        folder = ExperimentFolder(run, p, began)
         kernel = kernel_name()
         stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
+        folder.ready()
         try:
             for i, seed, order in folder.plan:
                 for m in order:
@@ -203,8 +205,9 @@ class ExperimentFolder:
     atomically as the experiment goes, with paths relative to the folder (so a copied or moved
     folder still describes itself)."""
 
-    def __init__(self, run: Path, p: Prepared):
+    def __init__(self, run: Path, p: Prepared, began: Optional[float] = None):
         self.run, self.p = run, p
+        self.began = time.monotonic() if began is None else began  # run_experiment's start
         exp = p.exp
         self.plan = repeat_plan(exp.methods, exp.repeats, p.cfg.seed)
         self.write(layout.CONFIG, {"experiment": {**dataclasses.asdict(exp), "nproc": p.nproc},
@@ -229,6 +232,7 @@ class ExperimentFolder:
         config.json and environment record stay as they were written."""
         self = cls.__new__(cls)
         self.run, self.p, self.status = run, p, status
+        self.began = None  # a continuation: its wall time is not the experiment's
         self.plan = repeat_plan(p.exp.methods, p.exp.repeats, p.cfg.seed)
         self.env = RunFolder(run).get(layout.ENVIRONMENT, {})
         self.env.setdefault("torchrun_commands", {})
@@ -265,6 +269,19 @@ class ExperimentFolder:
         if repeats > 1:
             _sum_up_repeats(self.status["methods"][m], repeats)
         self.write(layout.EXPERIMENT, self.status)
+
+    def ready(self) -> None:
+        """Before the first method: wait for the experiment's warm process to have its imports,
+        so that no method's wall time holds what they all share; the seconds since the
+        experiment began (inputs checked, folder made, those imports) are its ``start_s``."""
+        self.write(layout.EXPERIMENT, self.status)  # what runs, said while it waits
+        try:
+            warm.ready()
+        except KeyboardInterrupt:
+            self.status["status"] = Status.INTERRUPTED
+            self.write(layout.EXPERIMENT, self.status)
+            raise
+        self.status["start_s"] = round(time.monotonic() - self.began, 2)
 
     def run_method(self, m: str, i: int, seed: int, kernel: str, stream: IO[str],
                    resume: bool = False) -> None:
@@ -313,6 +330,8 @@ class ExperimentFolder:
         else:
             st["report"] = "not made (--no-report)"
         st["finished"] = now_str()
+        if self.began is not None:
+            st["wall_s"] = round(time.monotonic() - self.began, 2)
         self.write(layout.EXPERIMENT, st)
 
 

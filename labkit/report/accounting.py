@@ -9,7 +9,9 @@ difference of two of them, so the phases add up to the method's wall time exactl
 whose files lack a clock (an older run, one that failed before its first step) has no account.
 
     account(run_folder)  ->  {method: {phase: seconds, ..., "total": s}}
-    account_table(accounts)  ->  the rows the terminal and the report print
+    account_rows(accounts)  ->  the rows the terminal and the report print
+    summary_lines(run, accounts)  ->  the lines under them (the experiment's start, its methods,
+                                      its report, its whole wall time)
 """
 from __future__ import annotations
 
@@ -133,8 +135,31 @@ def account_text(run: Path) -> str:
     accounts = account(run)
     if not accounts:
         return ""
-    report_s = (RunFolder(run).get(layout.EXPERIMENT) or {}).get("report_s")
-    line = all_methods_line(accounts)
-    if isinstance(report_s, (int, float)):
-        line += f"; then the report, {report_s:.1f} s"
-    return f"where each method's wall time went (s):\n{text_table(account_rows(accounts), right=True)}\n{line}"
+    table = text_table(account_rows(accounts), right=True)
+    return "where each method's wall time went (s):\n" + table + "\n" + "\n".join(
+        summary_lines(run, accounts))
+
+
+def summary_lines(run: Path, accounts: dict[str, dict]) -> list[str]:
+    """Below the table: the experiment's start, its methods (all_methods_line), its report and
+    its whole wall time, each where experiment.json has it (the report, made before the
+    experiment ends, has no whole yet)."""
+    exp = RunFolder(run).get(layout.EXPERIMENT) or {}
+    lines = [all_methods_line(accounts)]
+    if isinstance(exp.get("start_s"), (int, float)):
+        lines.insert(0, f"before the first method (inputs checked, run folder made, the warm "
+                        f"process's imports): {exp['start_s']:.1f} s")
+    if isinstance(exp.get("report_s"), (int, float)):
+        lines.append(f"then the report: {exp['report_s']:.1f} s")
+    if isinstance(exp.get("wall_s"), (int, float)) and exp["wall_s"] > 0:
+        lines.append(in_all_line(accounts, exp["wall_s"]))
+    return lines
+
+
+def in_all_line(accounts: dict[str, dict], wall_s: float) -> str:
+    """The experiment's whole wall time (its start, every method, the report) and the share of
+    it that was training epochs, and the epochs with validation and checkpoints."""
+    train = sum(a["train"] for a in accounts.values())
+    epochs = sum(a[k] for a in accounts.values() for k in EPOCH)
+    return (f"the experiment in all: {wall_s:.1f} s, of which training epochs {train / wall_s:.0%}, "
+            f"with validation and checkpoints {epochs / wall_s:.0%}")
