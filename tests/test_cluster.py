@@ -289,8 +289,8 @@ def test_labkit_run_on_two_emulated_nodes_changes_time_not_results(tmp_path, ddp
 
 
 #: the tiny language model for a run whose training is not the point: 0.5 MB of gradients
-LM = [*tiny_flags(dataset=None, model="tiny", max_steps_per_epoch=2, max_val_steps=1),
-      "--workload", "lm", "--seq-len", "32"]
+LM = [*tiny_flags(dataset=None, image_size=None, model="tiny", max_steps_per_epoch=2,
+                  max_val_steps=1), "--workload", "lm", "--seq-len", "32"]
 
 
 def run_processes(*paths: Path) -> list[str]:

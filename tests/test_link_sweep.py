@@ -302,8 +302,8 @@ def test_a_real_link_sweep_records_each_link_and_names_both_rates(tmp_path):
     0.5 MB of gradients cross 100mbit in 0.04 s a step, where resnet10_small's 20 MB took 1.6 s
     (the sweep's 100mbit point cost 48 s more than its unshaped one, both methods); PowerSGD
     compresses from its second step."""
-    flags = [*tiny_flags(dataset=None, model="tiny", max_steps_per_epoch=2, epochs=3,
-                         max_val_steps=1),
+    flags = [*tiny_flags(dataset=None, image_size=None, model="tiny", max_steps_per_epoch=2,
+                         epochs=3, max_val_steps=1),
              "--workload", "lm", "--seq-len", "32", "--powersgd-start-iter", "2"]
     p = labkit(["sweep", "link=100mbit,unshaped", "--emulate-nodes", 2, "--nproc", 1,
                 "--methods", "ddp,powersgd", "--no-report", *flags, "--runs-dir", "runs"],
