@@ -131,7 +131,10 @@ def test_preflight_refuses_a_folder_without_room_and_creates_nothing(tmp_path, t
 def test_preflight_refuses_a_dev_shm_too_small_for_the_workers(tmp_path):
     out = tmp_path / "ddp"
     shell = ('mount -t tmpfs -o size=1m tmpfs /dev/shm || exit 77; exec "$@"')
-    p = labkit(["run", "ddp", *RUN, "--workers", "2", "--batch-size", "64", "--out", str(out)],
+    # batches of 64 digits at 16x16 (192.5 KiB each): 2 in flight per worker need 3 MiB, over
+    # the 1 MiB mounted (TINY's 8x8 pixels would need less than it holds)
+    p = labkit(["run", "ddp", *RUN, "--workers", "2", "--batch-size", "64", "--image-size", "16",
+                "--out", str(out)],
                tmp_path, wrap=("unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh"))
     if p.returncode == 77 or "unshare:" in p.stderr:
         pytest.skip(f"no private mount namespace here: {p.stderr.strip()}")

@@ -151,7 +151,7 @@ def test_the_accounts_lines_add_the_experiments_start_report_and_whole(tmp_path)
         {"methods": {}, "start_s": 4.0, "report_s": 9.0, "wall_s": 33.0}))
     start, methods, report, whole = summary_lines(tmp_path, accounts)
     assert start.startswith("before the first method") and start.endswith(": 4.0 s")
-    assert methods == all_methods_line(accounts) and report == "then the report: 9.0 s"
+    assert methods == all_methods_line(accounts) and report == "then the report, 9.0 s"
     # 12 of 33 s training epochs, 15 of 33 s with validation and checkpoints
     assert whole == ("the experiment in all: 33.0 s, of which training epochs 36%, "
                      "with validation and checkpoints 45%"), whole

@@ -150,7 +150,7 @@ def summary_lines(run: Path, accounts: dict[str, dict]) -> list[str]:
         lines.insert(0, f"before the first method (inputs checked, run folder made, the warm "
                         f"process's imports): {exp['start_s']:.1f} s")
     if isinstance(exp.get("report_s"), (int, float)):
-        lines.append(f"then the report: {exp['report_s']:.1f} s")
+        lines.append(f"then the report, {exp['report_s']:.1f} s")
     if isinstance(exp.get("wall_s"), (int, float)) and exp["wall_s"] > 0:
         lines.append(in_all_line(accounts, exp["wall_s"]))
     return lines
