@@ -219,8 +219,8 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
         _fork(*got, address, sel, clients, [listener, wake_r, wake_w, *_files(waiting)], join)
 
     _import_serving(preload, listener, fork)
-    with open(os.path.join(os.path.dirname(address), READY), "w"):
-        pass  # ready(): the preload is in
+    with contextlib.suppress(OSError), open(os.path.join(os.path.dirname(address), READY), "w"):
+        pass  # ready(): the preload is in (a folder removed meanwhile: its owner is gone)
     ending = None
     while ending is None or (clients and time.monotonic() < ending):
         for key, _ in sel.select(timeout=None if ending is None else 0.1):
