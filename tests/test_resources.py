@@ -108,6 +108,37 @@ def test_each_way_of_running_out_is_named_in_one_line():
     assert translate(RuntimeError("Connection closed by peer"), "ddp", 1, at, "/x") is None
 
 
+def test_shared_memory_counts_the_data_the_workers_are_sent(tmp_path):
+    """The workers' forkserver pickles an in-memory dataset's tensors into /dev/shm, once per
+    rank: two ranks with workers need two copies of the digits besides their batches (an
+    estimate of the batches alone let an 8x8 run through a 1 MiB /dev/shm that the digits
+    alone overfill); an image folder's dataset is paths, so only its batches count."""
+    from labkit.core.config import TrainConfig
+    from labkit.training.budget import needs
+    from labkit.workloads import make_workload
+
+    def shm(**cfg):
+        c = TrainConfig(model="resnet10_small", batch_size=64, image_size=8, **cfg)
+        return next(n for n in needs(c, make_workload(c), 2, 2, str(tmp_path)) if n.what == "shared memory")
+
+    image = 3 * 8 * 8 * 4
+    batches = 2 * 2 * 2 * 64 * image  # 2 loaders x 2 workers x 2 batches each, of 64 images
+    digits = shm(dataset="digits")
+    assert digits.needed >= 2 * (1797 * image + batches) > 1 << 20
+    assert "of in-memory data" in digits.detail and "2 workers" in digits.detail
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+    folder = shm(dataset="imagefolder", data_dir=str(tmp_path))
+    assert 2 * batches <= folder.needed < digits.needed
+    assert "in-memory data" not in folder.detail
+    from labkit.workloads.images import SYNTHETIC_POOL
+    from labkit.workloads.images.image_sets import SyntheticImages
+
+    assert SyntheticImages.POOL == SYNTHETIC_POOL
+    synthetic = shm(dataset="synthetic", synthetic_samples=64)
+    assert synthetic.needed >= 2 * (2 * SYNTHETIC_POOL * image + batches)
+
+
 # ------------------------------------------------------------------ the preflight
 @pytest.mark.slow
 def test_preflight_refuses_a_folder_without_room_and_creates_nothing(tmp_path, tmpfs):
@@ -131,10 +162,8 @@ def test_preflight_refuses_a_folder_without_room_and_creates_nothing(tmp_path, t
 def test_preflight_refuses_a_dev_shm_too_small_for_the_workers(tmp_path):
     out = tmp_path / "ddp"
     shell = ('mount -t tmpfs -o size=1m tmpfs /dev/shm || exit 77; exec "$@"')
-    # batches of 64 digits at 16x16 (192.5 KiB each): 2 in flight per worker need 3 MiB, over
-    # the 1 MiB mounted (TINY's 8x8 pixels would need less than it holds)
-    p = labkit(["run", "ddp", *RUN, "--workers", "2", "--batch-size", "64", "--image-size", "16",
-                "--out", str(out)],
+    # each rank's workers are sent the digits (1.3 MiB at 8x8) besides their batches of 64
+    p = labkit(["run", "ddp", *RUN, "--workers", "2", "--batch-size", "64", "--out", str(out)],
                tmp_path, wrap=("unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh"))
     if p.returncode == 77 or "unshare:" in p.stderr:
         pytest.skip(f"no private mount namespace here: {p.stderr.strip()}")

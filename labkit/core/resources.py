@@ -30,6 +30,12 @@ RANK_BASE = 500 * MiB
 WORKER_BASE = 150 * MiB
 #: batches each worker keeps in flight (DataLoader's default prefetch_factor)
 PREFETCH = 2
+#: batches besides those a rank holds in shared memory: the one in use and those received
+HELD = 4
+#: shared memory is taken in pages: a tensor sent from a worker, a lock or a semaphore
+PAGE = 4096
+#: multiprocessing's locks and semaphores (a page each) of a loader, and of each of its workers
+LOCKS_PER_LOADER, LOCKS_PER_WORKER = 12, 3
 
 
 @dataclass(frozen=True)
@@ -165,12 +171,20 @@ def disk_need(where: str, state_bytes: int, model_bytes: int, methods: int, chec
     return Need("disk space", where, methods * per, free_disk(where), what, remedy)
 
 
-def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int) -> Need:
-    """/dev/shm for DataLoader workers: each holds ``PREFETCH`` batches in shared memory, for
-    each of a rank's ``loaders`` (training and validation keep their workers), on every rank."""
-    need = workers * loaders * ranks * PREFETCH * batch_bytes
-    detail = (f"{ranks} rank(s) x {loaders} loaders x {workers} workers x {PREFETCH} batches of "
-              f"{size(batch_bytes)}")
+def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int, data_bytes: int = 0) -> Need:
+    """/dev/shm for DataLoader workers, on every rank: the in-memory dataset's tensors
+    (``data_bytes``: the workers' forkserver pickles them into shared memory, once per rank);
+    ``PREFETCH`` batches per worker of each of the rank's ``loaders`` (training and validation
+    keep their workers, and a fast loader's queue is full) and ``HELD`` more the rank is using
+    or has received, each of a batch's two tensors in whole pages; and a page for each of
+    multiprocessing's locks and semaphores.
+    The figures are fitted to peaks measured on a tmpfs /dev/shm (docs/performance-log.md)."""
+    batch = -(-batch_bytes // PAGE) * PAGE + PAGE
+    batches = loaders * workers * PREFETCH + HELD
+    locks = loaders * (LOCKS_PER_LOADER + LOCKS_PER_WORKER * workers) * PAGE
+    need = ranks * (data_bytes + batches * batch + locks)
+    detail = (f"{ranks} rank(s) x (" + (f"{size(data_bytes)} of in-memory data + " if data_bytes else "")
+              + f"{batches} batches of {size(batch)} in flight for {loaders} loaders x {workers} workers)")
     return Need("shared memory", "/dev/shm", need, free_shm(), detail,
                 "--workers 0 loads in the rank itself, a smaller --batch-size shrinks each batch, "
                 "or enlarge /dev/shm (docker run --shm-size)")

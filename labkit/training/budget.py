@@ -40,7 +40,7 @@ def needs(cfg: TrainConfig, workload: Workload, ranks: int, workers: int, where:
     ckpt = checkpoint_bytes(values, workload.optimizer_state_per_value)
     out = [disk_need(where, ckpt, model, methods, cfg.checkpoint, flags)]
     if workers:
-        out.append(shm_need(workers, 2, ranks, batch))
+        out.append(shm_need(workers, 2, ranks, batch, workload.shared_bytes()))
     out.append(memory_need(ranks, workers, model, workload.data_bytes(), nodes))
     return out
 

@@ -179,6 +179,12 @@ class Workload:
         """Bytes each rank holds of an in-memory dataset, for host memory's preflight."""
         return 0
 
+    def shared_bytes(self) -> int:
+        """Bytes of tensors in the datasets a DataLoader worker is sent, for /dev/shm's
+        preflight: the workers' forkserver pickles them into shared memory, once per rank.
+        By default the in-memory dataset (``data_bytes``)."""
+        return self.data_bytes()
+
     def forward_flops(self, data: Datasets) -> Optional[int]:
         """FLOPs of one forward of one sample (the validation set's first, of ``data``), for
         MFU: counted by torch.utils.flop_counter on the meta device by default (matrix products

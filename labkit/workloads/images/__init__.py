@@ -17,6 +17,9 @@ from . import architectures
 DATASETS = ("imagefolder", "digits", "synthetic")
 DIGITS_MAX_SIDE = 224  # 1.1 GiB of upsampled digits per process; above, a laptop runs out of memory
 FLOAT = 4
+INT64 = 8
+#: synthetic images are drawn from a pool of this many per dataset (image_sets.SyntheticImages)
+SYNTHETIC_POOL = 64
 
 
 class Images(Workload):
@@ -126,6 +129,17 @@ class Images(Workload):
         small pool; image folders are read from disk)."""
         if self.cfg.dataset == "digits":
             return 1797 * 3 * self.cfg.image_size ** 2 * FLOAT * 2
+        return 0
+
+    def shared_bytes(self) -> int:
+        """The digits once (the training and validation tensors) or the synthetic pools with
+        their labels; an image folder's dataset is a list of paths."""
+        side = 3 * self.cfg.image_size ** 2 * FLOAT
+        if self.cfg.dataset == "digits":
+            return 1797 * (side + INT64)
+        if self.cfg.dataset == "synthetic":
+            n = self.cfg.synthetic_samples
+            return 2 * SYNTHETIC_POOL * side + (n + max(1, n // 4)) * INT64
         return 0
 
     def forward_flops(self, data: Datasets) -> Optional[int]:

@@ -233,7 +233,7 @@ class SyntheticImages(Dataset):
     """Random images of the model's input shape, for throughput: a small pool reused by index,
     so making a sample costs nothing and the loader never limits the measurement."""
 
-    POOL = 64
+    POOL = 64  # the package's SYNTHETIC_POOL, which /dev/shm's preflight counts without torch
 
     def __init__(self, length: int, image_size: int, num_classes: int, seed: int):
         g = torch.Generator().manual_seed(seed)
