@@ -14,6 +14,9 @@ CPU with gloo (tools/vs_reference.py says why each):
 
 train_one_epoch is wrapped to record its wall time per epoch (rank 0 writes TIMES_JSON), the
 same span as labkit's train_time: the epoch's training loop, evaluation and checkpoints apart.
+A global optimizer step hook (torch.optim's, outside the script) stamps the end of every step,
+so TIMES_JSON also holds each epoch's step times: from one step's end to the next's (the first
+from the epoch's start), the whole of a step as labkit's step_parts add up to it.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ import sys
 import time
 
 
-def _patch(train, utils) -> list[float]:
+def _patch(train, utils) -> dict[str, list]:
     import torch
     import torch.distributed as dist
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     def init_distributed_mode(args):
         args.rank, args.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -52,13 +56,17 @@ def _patch(train, utils) -> list[float]:
     utils.reduce_across_processes = reduce_across_processes
     torch.nn.parallel.DistributedDataParallel = CpuDDP
 
-    times: list[float] = []
+    times: dict[str, list] = {"epoch_times": [], "step_times": []}
+    ends: list[float] = []
+    register_optimizer_step_post_hook(lambda *_: ends.append(time.perf_counter()))
     one_epoch = train.train_one_epoch
 
     def timed(*a, **kw):
         t0 = time.perf_counter()
+        ends.clear()
         one_epoch(*a, **kw)
-        times.append(time.perf_counter() - t0)
+        times["epoch_times"].append(time.perf_counter() - t0)
+        times["step_times"].append([b - a for a, b in zip([t0, *ends], ends)])
 
     train.train_one_epoch = timed
     return times
@@ -77,7 +85,7 @@ def main() -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         tmp = out + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"epoch_times": times}, f)
+            json.dump(times, f)
         os.replace(tmp, out)
     return 0
 

@@ -18,6 +18,10 @@ of the epochs after the first (labkit's result file's train_time; the reference'
 train_one_epoch, timed around the call): labkit ÷ reference in throughput is the reference's time
 over labkit's. The figure is the geometric mean over the rounds with its 95% t-interval on the
 logs (labkit.core.stats.t_interval); each run's whole wall time is printed beside it.
+Where the machine's speed comes and goes within a run (a VM's neighbours), an epoch's sum
+carries it; the same ratio of the two programs' median step (each epoch's steps after the
+first ``WARMUP_STEPS``, from labkit's step_parts and the reference's step ends,
+tools/reference_rank.py) is given beside it and is steadier.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 JOB = {"model": "resnet18", "batch": 16, "workers": 1, "nproc": 2}
+WARMUP_STEPS = 3  # labkit's default --warmup-steps: the steps of an epoch its step_parts leave out
 
 
 def _run(name: str, cmd: list[str], log: Path, cwd: Path) -> float:
@@ -44,17 +49,19 @@ def _run(name: str, cmd: list[str], log: Path, cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_labkit(data: Path, epochs: int, out: Path, extra: list[str]) -> tuple[list[float], float]:
+def run_labkit(data: Path, epochs: int, out: Path, extra: list[str]) -> tuple[list[float], list, float]:
     cmd = [sys.executable, "-m", "labkit", "run", "ddp", "--nproc", str(JOB["nproc"]),
            "--dataset", "imagefolder", "--data-dir", str(data), "--model", JOB["model"],
            "--batch-size", str(JOB["batch"]), "--workers", str(JOB["workers"]),
            "--epochs", str(epochs), "--out", str(out), *extra]
     wall = _run("labkit run ddp", cmd, out.with_suffix(".log"), HERE.parent)
     doc = json.loads((out / "results_baseline_ddp.json").read_text())
-    return [e["train_time"] for e in doc["epochs"]], wall
+    # each timed step (the warm-up steps are not in step_parts): its parts added up
+    steps = [[sum(p) for p in zip(*e["step_parts"].values())] for e in doc["epochs"]]
+    return [e["train_time"] for e in doc["epochs"]], steps, wall
 
 
-def run_reference(ref: Path, data: Path, epochs: int, out: Path) -> tuple[list[float], float]:
+def run_reference(ref: Path, data: Path, epochs: int, out: Path) -> tuple[list[float], list, float]:
     out.mkdir(parents=True)
     times = out / "epoch_times.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -63,7 +70,9 @@ def run_reference(ref: Path, data: Path, epochs: int, out: Path) -> tuple[list[f
            "--batch-size", str(JOB["batch"]), "--workers", str(JOB["workers"]),
            "--epochs", str(epochs), "--device", "cpu", "--output-dir", str(out)]
     wall = _run("the reference script", cmd, out / "train.log", out)
-    return json.loads(times.read_text())["epoch_times"], wall
+    doc = json.loads(times.read_text())
+    # labkit's step_parts leave out each epoch's first WARMUP_STEPS steps: so here
+    return doc["epoch_times"], [e[WARMUP_STEPS:] for e in doc["step_times"]], wall
 
 
 def main(argv=None) -> int:
@@ -98,20 +107,27 @@ def main(argv=None) -> int:
         for who in (("labkit", "reference") if r % 2 == 0 else ("reference", "labkit")):
             got[who] = (run_labkit(data, a.epochs, out / f"labkit_{r}", a.labkit_flags.split()) if who == "labkit" else
                         run_reference(a.reference.resolve(), data, a.epochs, out / f"reference_{r}"))
-        (lk, lk_wall), (ref, ref_wall) = got["labkit"], got["reference"]
+        (lk, lk_steps, lk_wall), (ref, ref_steps, ref_wall) = got["labkit"], got["reference"]
         ratio = sum(ref[1:]) / sum(lk[1:])
+        # a step's median is steadier than an epoch's sum where the machine's speed comes and goes
+        step_ratio = float(np.median(sum(ref_steps[1:], [])) / np.median(sum(lk_steps[1:], [])))
         rounds.append({"labkit_epochs": lk, "reference_epochs": ref, "labkit_wall": lk_wall,
-                       "reference_wall": ref_wall, "ratio": ratio})
+                       "reference_wall": ref_wall, "ratio": ratio, "labkit_steps": lk_steps,
+                       "reference_steps": ref_steps, "step_ratio": step_ratio})
         print(f"round {r + 1}: epochs 2-{a.epochs}: labkit {sum(lk[1:]):.2f} s, reference "
-              f"{sum(ref[1:]):.2f} s, labkit / reference {ratio:.3f}; whole runs {lk_wall:.1f} s "
-              f"and {ref_wall:.1f} s", flush=True)
+              f"{sum(ref[1:]):.2f} s, labkit / reference {ratio:.3f}; median step "
+              f"{np.median(sum(lk_steps[1:], [])):.3f} s and {np.median(sum(ref_steps[1:], [])):.3f} s, "
+              f"{step_ratio:.3f}; whole runs {lk_wall:.1f} s and {ref_wall:.1f} s", flush=True)
     iv = stats.t_interval(np.log([x["ratio"] for x in rounds]), stats.CONFIDENCE, np.exp, "rounds")
+    sv = stats.t_interval(np.log([x["step_ratio"] for x in rounds]), stats.CONFIDENCE, np.exp, "rounds")
     line = (f"labkit DDP / torchvision's reference script, throughput of epochs 2-{a.epochs}, "
             f"{a.rounds} alternating rounds: geometric mean {iv.value:.3f}, 95% CI "
-            f"{iv.low:.3f}-{iv.high:.3f}")
+            f"{iv.low:.3f}-{iv.high:.3f}; by the median step {sv.value:.3f}, 95% CI "
+            f"{sv.low:.3f}-{sv.high:.3f}")
     print(line)
     doc = {"job": JOB, "labkit_flags": a.labkit_flags, "epochs": a.epochs, "data": str(data), "reference": str(a.reference),
-           "rounds": rounds, "geomean": [iv.value, iv.low, iv.high], "summary": line}
+           "rounds": rounds, "geomean": [iv.value, iv.low, iv.high],
+           "median_step": [sv.value, sv.low, sv.high], "summary": line}
     tmp = out / "vs_reference.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1))
     os.replace(tmp, out / "vs_reference.json")
