@@ -18,10 +18,10 @@ of the epochs after the first (labkit's result file's train_time; the reference'
 train_one_epoch, timed around the call): labkit ÷ reference in throughput is the reference's time
 over labkit's. The figure is the geometric mean over the rounds with its 95% t-interval on the
 logs (labkit.core.stats.t_interval); each run's whole wall time is printed beside it.
-Where the machine's speed comes and goes within a run (a VM's neighbours), an epoch's sum
-carries it; the same ratio of the two programs' median step (each epoch's steps after the
-first ``WARMUP_STEPS``, from labkit's step_parts and the reference's step ends,
-tools/reference_rank.py) is given beside it and is steadier.
+The same ratio of the two programs' median step (each epoch's steps after the first
+``WARMUP_STEPS``, from labkit's step_parts and the reference's step ends,
+tools/reference_rank.py) is given beside it: it discounts a slow spell shorter than an epoch,
+not a machine slower for the minutes of a whole run (docs/performance-log.md, VM G).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                         run_reference(a.reference.resolve(), data, a.epochs, out / f"reference_{r}"))
         (lk, lk_steps, lk_wall), (ref, ref_steps, ref_wall) = got["labkit"], got["reference"]
         ratio = sum(ref[1:]) / sum(lk[1:])
-        # a step's median is steadier than an epoch's sum where the machine's speed comes and goes
+        # a step's median discounts a slow spell within the epoch, as an epoch's sum does not
         step_ratio = float(np.median(sum(ref_steps[1:], [])) / np.median(sum(lk_steps[1:], [])))
         rounds.append({"labkit_epochs": lk, "reference_epochs": ref, "labkit_wall": lk_wall,
                        "reference_wall": ref_wall, "ratio": ratio, "labkit_steps": lk_steps,
