@@ -64,8 +64,10 @@ def run_labkit(data: Path, epochs: int, out: Path, extra: list[str]) -> tuple[li
 def run_reference(ref: Path, data: Path, epochs: int, out: Path) -> tuple[list[float], list, float]:
     out.mkdir(parents=True)
     times = out / "epoch_times.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(JOB["nproc"]), str(HERE / "reference_rank.py"), str(ref),
+    # --log-dir: torchrun's error files stay with the run (by default a folder left in /tmp)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--log-dir",
+           str(out / "torchrun"), "--nproc-per-node", str(JOB["nproc"]),
+           str(HERE / "reference_rank.py"), str(ref),
            str(times), "--", "--data-path", str(data), "--model", JOB["model"],
            "--batch-size", str(JOB["batch"]), "--workers", str(JOB["workers"]),
            "--epochs", str(epochs), "--device", "cpu", "--output-dir", str(out)]
