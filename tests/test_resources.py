@@ -116,6 +116,8 @@ def test_shared_memory_counts_the_data_the_workers_are_sent(tmp_path):
     from labkit.core.config import TrainConfig
     from labkit.training.budget import needs
     from labkit.workloads import make_workload
+    from labkit.workloads.images import SYNTHETIC_POOL
+    from labkit.workloads.images.image_sets import SyntheticImages
 
     def shm(**cfg):
         c = TrainConfig(model="resnet10_small", batch_size=64, image_size=8, **cfg)
@@ -131,9 +133,6 @@ def test_shared_memory_counts_the_data_the_workers_are_sent(tmp_path):
     folder = shm(dataset="imagefolder", data_dir=str(tmp_path))
     assert 2 * batches <= folder.needed < digits.needed
     assert "in-memory data" not in folder.detail
-    from labkit.workloads.images import SYNTHETIC_POOL
-    from labkit.workloads.images.image_sets import SyntheticImages
-
     assert SyntheticImages.POOL == SYNTHETIC_POOL
     synthetic = shm(dataset="synthetic", synthetic_samples=64)
     assert synthetic.needed >= 2 * (2 * SYNTHETIC_POOL * image + batches)

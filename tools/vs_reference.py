@@ -18,8 +18,8 @@ of the epochs after the first (labkit's result file's train_time; the reference'
 train_one_epoch, timed around the call): labkit ÷ reference in throughput is the reference's time
 over labkit's. The figure is the geometric mean over the rounds with its 95% t-interval on the
 logs (labkit.core.stats.t_interval); each run's whole wall time is printed beside it.
-The same ratio of the two programs' median step (each epoch's steps after the first
-``WARMUP_STEPS``, from labkit's step_parts and the reference's step ends,
+The same ratio of the two programs' median step (each epoch's steps after labkit's
+``--warmup-steps``, from labkit's step_parts and the reference's step ends,
 tools/reference_rank.py) is given beside it: it discounts a slow spell shorter than an epoch,
 not a machine slower for the minutes of a whole run (docs/performance-log.md, VM G).
 """
@@ -37,7 +37,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 JOB = {"model": "resnet18", "batch": 16, "workers": 1, "nproc": 2}
-WARMUP_STEPS = 3  # labkit's default --warmup-steps: the steps of an epoch its step_parts leave out
 
 
 def _run(name: str, cmd: list[str], log: Path, cwd: Path) -> float:
@@ -49,7 +48,7 @@ def _run(name: str, cmd: list[str], log: Path, cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_labkit(data: Path, epochs: int, out: Path, extra: list[str]) -> tuple[list[float], list, float]:
+def run_labkit(data: Path, epochs: int, out: Path, extra: list[str]) -> tuple[list[float], list, float, int]:
     cmd = [sys.executable, "-m", "labkit", "run", "ddp", "--nproc", str(JOB["nproc"]),
            "--dataset", "imagefolder", "--data-dir", str(data), "--model", JOB["model"],
            "--batch-size", str(JOB["batch"]), "--workers", str(JOB["workers"]),
@@ -58,7 +57,7 @@ def run_labkit(data: Path, epochs: int, out: Path, extra: list[str]) -> tuple[li
     doc = json.loads((out / "results_baseline_ddp.json").read_text())
     # each timed step (the warm-up steps are not in step_parts): its parts added up
     steps = [[sum(p) for p in zip(*e["step_parts"].values())] for e in doc["epochs"]]
-    return [e["train_time"] for e in doc["epochs"]], steps, wall
+    return [e["train_time"] for e in doc["epochs"]], steps, wall, doc["config"]["warmup_steps"]
 
 
 def run_reference(ref: Path, data: Path, epochs: int, out: Path) -> tuple[list[float], list, float]:
@@ -73,8 +72,7 @@ def run_reference(ref: Path, data: Path, epochs: int, out: Path) -> tuple[list[f
            "--epochs", str(epochs), "--device", "cpu", "--output-dir", str(out)]
     wall = _run("the reference script", cmd, out / "train.log", out)
     doc = json.loads(times.read_text())
-    # labkit's step_parts leave out each epoch's first WARMUP_STEPS steps: so here
-    return doc["epoch_times"], [e[WARMUP_STEPS:] for e in doc["step_times"]], wall
+    return doc["epoch_times"], doc["step_times"], wall
 
 
 def main(argv=None) -> int:
@@ -109,7 +107,8 @@ def main(argv=None) -> int:
         for who in (("labkit", "reference") if r % 2 == 0 else ("reference", "labkit")):
             got[who] = (run_labkit(data, a.epochs, out / f"labkit_{r}", a.labkit_flags.split()) if who == "labkit" else
                         run_reference(a.reference.resolve(), data, a.epochs, out / f"reference_{r}"))
-        (lk, lk_steps, lk_wall), (ref, ref_steps, ref_wall) = got["labkit"], got["reference"]
+        (lk, lk_steps, lk_wall, warmup), (ref, ref_steps, ref_wall) = got["labkit"], got["reference"]
+        ref_steps = [e[warmup:] for e in ref_steps]  # as labkit's step_parts leave them out
         ratio = sum(ref[1:]) / sum(lk[1:])
         # a step's median discounts a slow spell within the epoch, as an epoch's sum does not
         step_ratio = float(np.median(sum(ref_steps[1:], [])) / np.median(sum(lk_steps[1:], [])))

@@ -171,9 +171,9 @@ def disk_need(where: str, state_bytes: int, model_bytes: int, methods: int, chec
     return Need("disk space", where, methods * per, free_disk(where), what, remedy)
 
 
-def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int, data_bytes: int = 0) -> Need:
+def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int, shared_bytes: int = 0) -> Need:
     """/dev/shm for DataLoader workers, on every rank: the in-memory dataset's tensors
-    (``data_bytes``: the workers' forkserver pickles them into shared memory, once per rank);
+    (``shared_bytes``: the workers' forkserver pickles them into shared memory, once per rank);
     ``PREFETCH`` batches per worker of each of the rank's ``loaders`` (training and validation
     keep their workers, and a fast loader's queue is full) and ``HELD`` more the rank is using
     or has received, each of a batch's two tensors in whole pages; and a page for each of
@@ -182,8 +182,8 @@ def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int, data_byte
     batch = -(-batch_bytes // PAGE) * PAGE + PAGE
     batches = loaders * workers * PREFETCH + HELD
     locks = loaders * (LOCKS_PER_LOADER + LOCKS_PER_WORKER * workers) * PAGE
-    need = ranks * (data_bytes + batches * batch + locks)
-    detail = (f"{ranks} rank(s) x (" + (f"{size(data_bytes)} of in-memory data + " if data_bytes else "")
+    need = ranks * (shared_bytes + batches * batch + locks)
+    detail = (f"{ranks} rank(s) x (" + (f"{size(shared_bytes)} of in-memory data + " if shared_bytes else "")
               + f"{batches} batches of {size(batch)} in flight for {loaders} loaders x {workers} workers)")
     return Need("shared memory", "/dev/shm", need, free_shm(), detail,
                 "--workers 0 loads in the rank itself, a smaller --batch-size shrinks each batch, "
