@@ -18,8 +18,14 @@ DATASETS = ("imagefolder", "digits", "synthetic")
 DIGITS_MAX_SIDE = 224  # 1.1 GiB of upsampled digits per process; above, a laptop runs out of memory
 FLOAT = 4
 INT64 = 8
+DIGITS = 1797  # scikit-learn's digits: the images in its CSV
 #: synthetic images are drawn from a pool of this many per dataset (image_sets.SyntheticImages)
 SYNTHETIC_POOL = 64
+
+
+def image_bytes(side: int) -> int:
+    """One RGB image of ``side`` x ``side`` float32 pixels."""
+    return 3 * side ** 2 * FLOAT
 
 
 class Images(Workload):
@@ -52,8 +58,8 @@ class Images(Workload):
             if getattr(c, name) < 1:
                 raise ConfigError(f"{params.flag(name)} must be at least 1 (got {getattr(c, name)})")
         if c.dataset == "digits" and c.image_size > DIGITS_MAX_SIDE:
-            # every process holds the upsampled set in memory: 1,797 x 3 x side^2 floats
-            gib = 1797 * 3 * c.image_size ** 2 * 4 / 2**30
+            # every process holds the upsampled set in memory
+            gib = DIGITS * image_bytes(c.image_size) / 2**30
             raise ConfigError(f"--image-size {c.image_size} is too large for digits: the 8x8 scans "
                               f"are upsampled in memory, {gib:.1f} GiB in every process (at most "
                               f"{DIGITS_MAX_SIDE}; the default is 16)")
@@ -122,24 +128,23 @@ class Images(Workload):
         return self.cfg.dataset != "imagefolder"
 
     def sample_bytes(self) -> int:
-        return 3 * self.cfg.image_size ** 2 * FLOAT + 8
+        return image_bytes(self.cfg.image_size) + INT64
 
     def data_bytes(self) -> int:
         """The digits at the chosen side, and their upsampling (the synthetic images are a
         small pool; image folders are read from disk)."""
         if self.cfg.dataset == "digits":
-            return 1797 * 3 * self.cfg.image_size ** 2 * FLOAT * 2
+            return DIGITS * image_bytes(self.cfg.image_size) * 2
         return 0
 
     def shared_bytes(self) -> int:
         """The digits once (the training and validation tensors) or the synthetic pools with
         their labels; an image folder's dataset is a list of paths."""
-        side = 3 * self.cfg.image_size ** 2 * FLOAT
         if self.cfg.dataset == "digits":
-            return 1797 * (side + INT64)
+            return DIGITS * self.sample_bytes()
         if self.cfg.dataset == "synthetic":
             n = self.cfg.synthetic_samples
-            return 2 * SYNTHETIC_POOL * side + (n + max(1, n // 4)) * INT64
+            return 2 * SYNTHETIC_POOL * image_bytes(self.cfg.image_size) + (n + max(1, n // 4)) * INT64
         return 0
 
     def forward_flops(self, data: Datasets) -> Optional[int]:
