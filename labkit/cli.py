@@ -502,9 +502,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         log.error("labkit %s: interrupted; every child process was stopped", command)
         return 130
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - only the two kinds below become a line
         import errno
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+
+        from .workloads.catalog import raised_line
+        line = raised_line(e, args["workload"]) if args.get("workload") else None
+        if line is not None:  # the user's workload file raised (its datasets(), model, ...)
+            log.error("labkit %s: error: %s", command, line)
+            return 2
+        if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # a full disk under labkit itself (experiment.json, a notebook): what, where; what ran
         # before is kept, every file being written atomically

@@ -1,7 +1,9 @@
 """Workloads of one's own (docs/workloads.md): the two examples load, pass the checks before
 anything is spawned and train (the hand-written GPT is causal and learns); a broken workload
 is bad input, one line, exit 2, nothing created (issue 69, item 5), whether named to a bare
-rank (torchrun -m labkit.train) or to `labkit run`. All in-process: nothing is spawned."""
+rank (torchrun -m labkit.train) or to `labkit run`; an exception in the user's own file, a layer
+the forward never uses and samples that are no pair or dict say so in one line too (issue 83).
+In-process, nothing spawned, but for one warm run: DDP on dict samples with a spare layer."""
 from __future__ import annotations
 
 import os
@@ -11,11 +13,12 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from helpers import ROOT, expect_error
+from helpers import ROOT, check_ok, expect_error
 from labkit import cli
 from labkit.core.config import TrainConfig
 from labkit.training import rank
 from labkit.workloads import Datasets, Workload, load_workload, make_workload, resolve
+from warm import warm_run
 
 GPT = f"{ROOT}/examples/workloads/student_gpt.py:StudentGPT"
 TABLE = f"{ROOT}/examples/workloads/table_mlp.py:TableMLP"
@@ -76,6 +79,52 @@ class Broken:  # a plain class: no Workload
     def datasets(self):
         return tables()
 ''',
+    # an exception in the user's own code, not a check of labkit's (issue 83, item 1)
+    "raises": '''
+class Broken(Healthy):
+    def datasets(self):
+        return Datasets(*tables())  # in_memory forgotten
+''',
+    # a layer the forward never uses (item 2): DDP would fail at its first step, by indices
+    "unused": '''
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(5, 2), nn.Linear(5, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+class Broken(Healthy):
+    def build_model(self):
+        return Net()
+''',
+    # dict samples whose keys are not the input's and target's (item 3)
+    "dict_keys": '''
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self.ds[i]
+        return {"x": x, "y": y}
+
+
+class Broken(Healthy):
+    def datasets(self):
+        train, val = tables()
+        return Datasets(Rows(train), Rows(val), in_memory=True)
+''',
+    "not_a_pair": '''
+class Broken(Healthy):
+    def datasets(self):
+        train, val = tables()
+        return Datasets(TensorDataset(*train.tensors, train.tensors[1]), val, in_memory=True)
+''',
 }
 
 # what the one line says of each (besides the workload's name)
@@ -87,6 +136,12 @@ SAYS = {
     "no_val": ("has no validation data",),
     "not_a_workload": ("Broken", "is not a workload", "labkit.workloads.Workload"),
     "missing": ("no file", "nope.py"),
+    "raises": ("raises.py:", "in datasets(): TypeError", "'in_memory'"),
+    "unused": ("2 of the model's 4 parameters get no gradient from a first batch",
+               "unused.weight, unused.bias", "--find-unused-parameters"),
+    "dict_keys": ("its first training sample is a dict of keys 'x', 'y'", "'input_ids'",
+                  "'labels'", "input_key and target_key"),
+    "not_a_pair": ("its first training sample is a tuple of 3", "a pair (input, target)"),
 }
 
 def broken_file(folder, case: str) -> str:
@@ -129,6 +184,113 @@ def test_a_broken_workload_is_one_line_to_labkit_run(tmp_path, capsys, monkeypat
     for needle in SAYS[case]:
         assert needle in lines[0], err
     assert set(os.listdir(tmp_path)) == before
+
+
+def test_a_workload_raising_names_its_own_file_and_line(tmp_path, capsys, monkeypatch):
+    """The line names the user's file and the line that raised, not labkit's frames."""
+    monkeypatch.chdir(tmp_path)
+    ref = broken_file(tmp_path, "raises")
+    path = ref.rpartition(":")[0]
+    line = next(i for i, text in enumerate(open(path), 1) if "in_memory forgotten" in text)
+    assert cli.main(["run", "ddp", "--nproc", "2", *flags(ref, tmp_path / "out")]) == 2
+    assert f"{path}:{line} in datasets()" in capsys.readouterr().err
+
+
+DICTS = '''
+import torch
+from torch import nn
+from labkit.workloads import Datasets, Workload
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Hugging Face's style: each sample a dict of the input ids and the labels."""
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(n)
+        self.ids = torch.randint(0, 16, (n, 9), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i, :-1], "labels": self.ids[i, 1:]}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+        self.spare = nn.Linear(8, 8)  # used on no batch: needs --find-unused-parameters
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+class Dicts(Workload):
+    unit = "tokens"
+
+    def datasets(self):
+        return Datasets(Tokens(96), Tokens(32), in_memory=True)
+
+    def build_model(self):
+        return Net()
+
+    def loss(self, output, target):
+        return nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
+'''
+
+
+def test_dict_samples_are_read_by_the_workloads_keys(tmp_path):
+    """Samples as dicts (item 3): the model gets the "input_ids", the loss the "labels", as
+    a pair sample's parts; the same batches through the lab's loader as through the dicts."""
+    from labkit.workloads import checks
+
+    path = tmp_path / "dicts.py"
+    path.write_text(DICTS)
+    w = make_workload(resolve(TrainConfig(workload=f"{path}:Dicts", batch_size=4,
+                                          find_unused_parameters=True), False, 1))
+    assert w.check() is not None  # the first batch's forward, loss and backward pass
+    data = checks.samples(w)
+    raw = w.datasets().train
+    x, y = default_collate([data.train[i] for i in range(3)])
+    assert torch.equal(x, torch.stack([raw[i]["input_ids"] for i in range(3)]))
+    assert torch.equal(y, torch.stack([raw[i]["labels"] for i in range(3)]))
+    assert len(data.val) == len(w.datasets().val) == 32
+
+
+def test_a_plug_in_files_class_unpickles_in_a_process_that_never_loaded_it(tmp_path):
+    """A DataLoader worker is sent the dataset pickled; its class lives in the user's file,
+    loaded under a module name of labkit's: the worker imports the file by that name."""
+    import pickle
+    import sys
+
+    path = tmp_path / "dicts.py"
+    path.write_text(DICTS)
+    cls = load_workload(f"{path}:Dicts")
+    blob = pickle.dumps(cls(TrainConfig()).datasets().train)
+    name = cls.__module__
+    del sys.modules[name]  # as in a fresh process
+    try:
+        ds = pickle.loads(blob)
+        assert type(ds).__module__ == name and ds[0]["input_ids"].shape == (8,)
+    finally:
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.warm
+def test_ddp_trains_dict_samples_and_a_spare_layer_with_find_unused_parameters(tmp_path):
+    """Two DDP ranks (its reducer would fail at the first step on a parameter without a
+    gradient): with --find-unused-parameters the run completes, the spare layer keeps its
+    initial weights (no gradient, so no step) and the layers the forward uses moved."""
+    path = tmp_path / "dicts.py"
+    path.write_text(DICTS)
+    ref, out = f"{path}:Dicts", tmp_path / "ddp"
+    check_ok(warm_run(2, ["--method", "ddp", *flags(ref, out), "--find-unused-parameters",
+                          "--calibrate-steps", "2", "--no-pin-cpus"], cwd=tmp_path))
+    torch.manual_seed(0)
+    start = make_workload(TrainConfig(workload=ref)).build_model().state_dict()
+    final = torch.load(out / "final_model.pt", weights_only=True)
+    assert torch.equal(final["spare.weight"], start["spare.weight"])
+    assert not torch.equal(final["head.weight"], start["head.weight"])
 
 
 # ------------------------------------------------------------------ the examples

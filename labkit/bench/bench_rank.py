@@ -181,11 +181,11 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
     ``pricing``: the instrument rounds too (labkit.bench.pricing), else the job's loop alone."""
     from labkit.training.dist import init, teardown
     from labkit.training.trainer import Trainer
-    from labkit.workloads import make_workload
+    from labkit.workloads import checks, make_workload
 
     rank = env_world()[0]
     workload = make_workload(cfg)
-    data = workload.datasets()
+    data = checks.samples(workload)
     loops = instrument_loops(cfg) if pricing else {AS_RUN: cfg}
     models = []
     for _ in loops:  # the same initial weights for every loop, the job's built first

@@ -135,9 +135,9 @@ def train(cfg: TrainConfig) -> None:
     from labkit.training.data import steps_per_epoch
     from labkit.training.dist import env_world, init, teardown
     from labkit.training.checkpoint import atomic_torch_save
-    from labkit.workloads import make_workload
+    from labkit.workloads import checks, make_workload
 
-    data = make_workload(cfg).datasets()
+    data = checks.samples(make_workload(cfg))
     world = env_world()[1]
     steps = steps_per_epoch(len(data.train), world, cfg.batch_size, cfg.max_steps_per_epoch)
     [model] = _same_weights(cfg, 1)
@@ -199,9 +199,9 @@ def measure_overhead(cfg: TrainConfig, steps: int, trials: int, warmup: int,
     from labkit.training.data import steps_per_epoch
     from labkit.training.dist import env_world, init, teardown
     from labkit.training.trainer import Trainer
-    from labkit.workloads import make_workload
+    from labkit.workloads import checks, make_workload
 
-    data = make_workload(cfg).datasets()
+    data = checks.samples(make_workload(cfg))
     world = env_world()[1]
     warmup, steps = trial_steps(steps_per_epoch(len(data.train), world, cfg.batch_size,
                                                 cfg.max_steps_per_epoch), warmup, steps)

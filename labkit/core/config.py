@@ -173,6 +173,13 @@ class TrainConfig:
                             "accuracy on CIFAR-10 ResNets in Vogels et al., 2019)")
     powersgd_start_iter: int = _f("method", 10, "powersgd: steps of plain all-reduce before compression "
                                   "starts (PowerSGDState's start_powerSGD_iter; at least 2)")
+    find_unused_parameters: bool = _f("method", False, "let the model have parameters that a step "
+                                      "gives no gradient (a forward that uses some layers on "
+                                      "some batches only): ddp and powersgd pass it to DDP, "
+                                      "which then walks the autograd graph from the outputs "
+                                      "after every forward to find them, a cost each step "
+                                      "(the other methods need no flag for them). Without it the "
+                                      "check before a run refuses such a model, naming them")
     local_steps: int = _f("method", 8, "localsgd and diloco: local optimizer steps H between two "
                           "synchronisations (no gradient communication in between)")
     outer_lr: float = _f("method", 0.7, "diloco: the outer optimizer's learning rate (Nesterov SGD on the "

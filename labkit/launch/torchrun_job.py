@@ -23,6 +23,7 @@ from labkit.core.results import ResultError, read_result
 from labkit.core.status import Status
 from labkit.training import budget
 from labkit.workloads.catalog import absolute as workload_path
+from labkit.workloads.catalog import own_code
 
 from .failures import is_consequence
 from .launch_params import Nodes
@@ -80,9 +81,10 @@ def validate(cfg: TrainConfig, nproc: int, nodes: Nodes = Nodes()) -> TrainConfi
         raise ConfigError(f"--nproc must be at least 1 (got {nproc}); --nproc auto: one per GPU, "
                           f"2 sharing a single GPU, else 4")
     world = nproc * nodes.node_count
-    cfg = preflight(cfg, world=world, local_world=nproc)
-    # the workload's own checks (an image folder's layout, a user's model on a first batch)
-    data = make_workload(cfg).check()
+    with own_code(cfg.workload):  # a user's workload that raises: one line, its file and line
+        cfg = preflight(cfg, world=world, local_world=nproc)
+        # the workload's own checks (an image folder's layout, a user's model on a first batch)
+        data = make_workload(cfg).check()
     if data is not None:  # datasets built: the steps an epoch has (ranks count an image folder)
         steps_per_epoch(len(data.train), cfg.trainers(world), cfg.batch_size, cfg.max_steps_per_epoch)
     check_out(cfg)

@@ -21,7 +21,7 @@ from labkit.core.errors import RunFailed
 from labkit.core.methods import key_of
 from labkit.core.status import INTERRUPTED_WHY, Status
 from labkit.workloads import checks, make_workload
-from labkit.workloads.catalog import is_builtin
+from labkit.workloads.catalog import is_builtin, own_code
 
 from . import budget, exhaustion, lifecycle, stackdump
 from . import checkpoint
@@ -29,7 +29,7 @@ from .preflight import add_resolved, from_resolved, rank_config
 from .data import steps_per_epoch
 from .dist import env_world, init, teardown
 from .result_file import ResultFile
-from .sync.registry import method_failure
+from .sync.registry import method_failure, workload_failure
 from .trainer import Trainer
 
 PROG = "labkit.train"  # how the rank names itself in its one-line errors
@@ -39,19 +39,12 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
     """Train with ``cfg`` (already resolved) on this process's rank; return the output folder.
     ``checked``: the launcher checked this machine for it too (a resolved.json)."""
     rank, world, _, local_world = env_world()
-    # everything that can reject the input happens before the process group exists
-    workload = make_workload(cfg)
-    # a workload's data must hold samples; a user's model and loss are tried on a first batch
-    # where no launcher did (the bare torchrun path): one line each, before anything is made
-    data = checks.nonempty(workload, workload.datasets())
-    if not checked and not is_builtin(cfg.workload):
-        checks.first_batch(workload, data)
-    if data.warning and rank == 0:  # every rank built the same datasets: one says so
-        print(f"{PROG}: warning: {data.warning}", file=sys.stderr, flush=True)
-    trainers = cfg.trainers(world)
-    steps = steps_per_epoch(len(data.train), trainers, cfg.batch_size, cfg.max_steps_per_epoch)
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model = workload.build_model()
+    # everything that can reject the input happens before the process group exists; a user's
+    # workload that raises there is one line naming its file and line
+    with own_code(cfg.workload):
+        workload, data, model = _built(cfg, checked, rank)
+    steps = steps_per_epoch(len(data.train), cfg.trainers(world), cfg.batch_size,
+                            cfg.max_steps_per_epoch)
     note = getattr(workload, "note", "")  # e.g. the weights it loaded
     ckpt = checkpoint.find(cfg)
     if not checked:  # the bare torchrun path: the disk and /dev/shm, on every rank alike (a
@@ -87,7 +80,8 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
         at = trainer.position() if trainer else "before training"
         # the machine ran out of something, or a method of one's own raised: one line
         ran_out = (exhaustion.translate(e, cfg.method, ctx.rank, at, out or cfg.out)
-                   or method_failure(e, cfg.method, ctx.rank, at))
+                   or method_failure(e, cfg.method, ctx.rank, at)
+                   or workload_failure(e, cfg, ctx.rank, at))
         if results is not None:
             _finish(results, ran_out or e)
         if ran_out is not None:
@@ -95,6 +89,20 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
         raise
     finally:
         teardown()
+
+
+def _built(cfg: TrainConfig, checked: bool, rank: int):
+    """The workload, its datasets and the model, before any process group: the data must hold
+    samples, and a user's model and loss are tried on a first batch where no launcher did
+    (the bare torchrun path): one line each, before anything is made."""
+    workload = make_workload(cfg)
+    data = checks.samples(workload)
+    if not checked and not is_builtin(cfg.workload):
+        checks.first_batch(workload, data)
+    if data.warning and rank == 0:  # every rank built the same datasets: one says so
+        print(f"{PROG}: warning: {data.warning}", file=sys.stderr, flush=True)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    return workload, data, workload.build_model()
 
 
 def _watch_for_stalls(cfg: TrainConfig, rank: int, trainer: Trainer,
@@ -141,11 +149,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _flags_checked(args) -> TrainConfig:
+    """The bare torchrun path's config, checked here (a user's workload's resolve may raise)."""
+    with own_code(args.workload):
+        return rank_config(args)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.resolved is None:  # the guide's bare command: the flags are checked here, first
-        return lifecycle.run_rank(lambda: run(rank_config(args)), PROG)
+        return lifecycle.run_rank(lambda: run(_flags_checked(args)), PROG)
     flags = [a for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")]
     if any(not a.startswith("--resolved") for a in flags):
         p.error(f"--resolved carries the whole config; give no other flags (got "

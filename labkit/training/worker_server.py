@@ -15,6 +15,7 @@ import torch  # noqa: E402,F401 - imported once here, inherited by every worker
 import torchvision.datasets  # noqa: E402,F401
 import torchvision.transforms  # noqa: E402,F401
 
+import labkit.core.plugins  # noqa: E402,F401 - a user's dataset class unpickles from its file
 import labkit.workloads.images.image_sets  # noqa: E402,F401
 import labkit.workloads.images.jpeg_files  # noqa: E402,F401
 from .dist import steady_malloc  # noqa: E402

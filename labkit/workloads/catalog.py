@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 from labkit.core import plugins
 from labkit.core.config import ConfigError, TrainConfig, check_optimizer, resolve_machine
@@ -34,6 +36,36 @@ def load_workload(name: str) -> type[Workload]:
         raise ConfigError(f"unknown workload {name!r}: choose one of {', '.join(BUILTIN)}, or name "
                           f"your own as path/to/file.py:Class (docs/workloads.md)")
     return plugins.load_class("workload", name, name, Workload, HINT)
+
+
+def raised_line(e: BaseException, name: str) -> Optional[str]:
+    """"workload NAME: FILE:LINE in FUNCTION(): TypeError: ..." for an exception ``e`` raised in
+    the file of a user's workload ``name``, else None (a built-in's, labkit's or torch's own)."""
+    if name in BUILTIN or not isinstance(e, Exception) or isinstance(e, ConfigError):
+        return None
+    try:
+        path = plugins.source_file(load_workload(name))
+    except ConfigError:
+        return None
+    where = plugins.raised_in(e, path) if path else None
+    if where is None:
+        return None
+    what = (str(e).strip().splitlines() or [""])[0]
+    return f"workload {name}: {where}: {type(e).__name__}: {what}".rstrip(": ")
+
+
+@contextmanager
+def own_code(name: str) -> Iterator[None]:
+    """Inside, an exception raised in the file of the user's workload ``name`` (its resolve,
+    datasets, model or loss, while the launcher checks it) becomes one line (ConfigError),
+    the way a file that fails to import already is; anything else passes unchanged."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - only the user's own code is turned into a line
+        line = raised_line(e, name)
+        if line is None:
+            raise
+        raise ConfigError(line) from None
 
 
 def absolute(name: str) -> str:

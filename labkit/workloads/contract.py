@@ -62,6 +62,10 @@ class Workload:
     check_config: ClassVar[dict] = {}
     #: the optimizer's name for people, as the report states it
     optimizer_name: ClassVar[str] = "SGD (momentum, weight decay)"
+    #: where samples are dicts (Hugging Face's style): the key of the model's input and of the
+    #: loss's target (labkit.workloads.checks.Pairs); a sample that is a pair is read as it is
+    input_key: ClassVar[str] = "input_ids"
+    target_key: ClassVar[str] = "labels"
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -90,9 +94,9 @@ class Workload:
         line naming what is wrong. Returns the datasets it built (None where it built none: an
         image folder's ranks count its images). The default builds the datasets and tries the
         model on a first batch of two samples (labkit.workloads.checks)."""
-        from .checks import first_batch, nonempty
+        from .checks import first_batch, samples
 
-        data = nonempty(self, self.datasets())
+        data = samples(self)
         first_batch(self, data)
         return data
 
@@ -209,8 +213,10 @@ class Workload:
 
         c = self.cfg
         fp = {"workload": c.workload, "dataset": c.dataset, "data_dir": c.data_dir}
+        from .checks import samples
+
         h = hashlib.sha256(json.dumps(fp, sort_keys=True).encode())
-        data = self.datasets()
+        data = samples(self)
         for ds in (data.train, data.val):
             n = len(ds)
             for i in [*range(min(64, n)), *range(max(64, n - 64), n)]:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from labkit.core.config import TrainConfig
 from labkit.training.data import train_sampler
-from labkit.workloads import make_workload
+from labkit.workloads import checks, make_workload
 
 # summation order on float32: a few ulps per step, compounded over a few steps at a small lr
 ATOL, RTOL = 5e-5, 1e-4
@@ -34,7 +34,7 @@ def reference_state(cfg: TrainConfig, trainers: int, steps: int,
     torch.set_num_threads(1)  # as each rank runs: the same convolution kernels
     try:
         w = make_workload(cfg)
-        data = w.datasets()
+        data = checks.samples(w)
         torch.manual_seed(cfg.seed)
         model = w.build_model()
         model.to(dtype)

@@ -49,7 +49,8 @@ class DDPStrategy(Strategy):
             return model
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # defaults on purpose: 25 MiB buckets, broadcast_buffers=True, no bucket views
-        self.ddp = DistributedDataParallel(model, device_ids=ids)
+        self.ddp = DistributedDataParallel(model, device_ids=ids,
+                                           find_unused_parameters=self.cfg.find_unused_parameters)
         self._grad_bytes: Optional[int] = None  # every gradient's bytes (after_backward)
         state, hook = self.comm_hook()
         self.hooked = hook is not None

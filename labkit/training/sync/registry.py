@@ -12,7 +12,9 @@ from typing import Optional
 
 from labkit.core import methods, plugins
 from labkit.core.errors import ConfigError, Exhausted, RunFailed
+from labkit.core.config import TrainConfig
 from labkit.core.methods import MethodSpec
+from labkit.workloads.catalog import raised_line
 
 from .base import Strategy
 
@@ -45,8 +47,8 @@ def _import_class(method: str, ref: str) -> type[Strategy]:
 
 
 class MethodRaised(Exhausted):
-    """A method of one's own raised while training: said as one line naming the method, the
-    user's file and line and where the run was, by the rank that raised (like the machine
+    """A method or a workload of one's own raised while training: said as one line naming it,
+    the user's file and line and where the run was, by the rank that raised (like the machine
     running out: only that rank knows), the traceback kept in the rank's log."""
 
 
@@ -64,3 +66,10 @@ def method_failure(e: BaseException, method: str, rank: int, at: str) -> Optiona
     what = (str(e).strip().splitlines() or [""])[0]
     return MethodRaised(s.key, f"rank {rank}: {type(e).__name__}: {what} at {plugins.user_frame(e, path)} "
                                f"({at})")
+
+
+def workload_failure(e: BaseException, cfg: TrainConfig, rank: int, at: str) -> Optional[MethodRaised]:
+    """MethodRaised for an exception raised in a user's workload's file (its loss, its model's
+    forward, its figures) while the method trained, else None."""
+    line = raised_line(e, cfg.workload)
+    return MethodRaised(methods.key_of(cfg.method), f"rank {rank}: {line} ({at})") if line else None
