@@ -3,6 +3,7 @@ functions in at most 4 files, as tools/reading_path.py counts them (its docstrin
 counts); and the counter is seen to work, on a made-up package whose figures are known."""
 from __future__ import annotations
 
+import ast
 import runpy
 import textwrap
 
@@ -48,25 +49,40 @@ def test_the_script_prints_lines_and_files_per_method(script, capsys):
 # ------------------------------------------------------------------ the counter on a made-up package
 TOY = {
     "labkit/__init__.py": "",
+    # the entry as labkit/train.py's: the rank's main imported and called; main hands its work
+    # to the rank's life by name (run_rank), which calls it
     "labkit/train.py": """\
         if __name__ == "__main__":
-            from labkit.training.life import start
+            from labkit.training import life
 
-            start("labkit.training.rank")
+            life.begin()
+            from labkit.training.rank import main
+
+            life.leave(main())
         """,
     "labkit/training/__init__.py": "",
     "labkit/training/life.py": """\
-        import importlib
+        def begin():
+            pass
 
 
-        def start(module):
-            importlib.import_module(module).main()
+        def run(work, *args):
+            return work(*args)
+
+
+        def leave(code):
+            return code
         """,
     "labkit/training/rank.py": """\
+        from .life import run
         from .loop import Loop
 
 
         def main():
+            return run(_train)
+
+
+        def _train():
             loop = Loop()
             loop.fit()
         """,
@@ -214,3 +230,32 @@ def test_the_counter_sees_a_step_grow(script, tmp_path):
     assert r["functions"]["labkit.training.sync.helpers:halve"] == 3
     assert r["functions"]["labkit.training.sync.extra:more"] == 2
     assert r["lines"] == 29 + 1 + 2 and r["files"] == 5, r
+
+
+def test_a_backward_run_once_before_the_loop_is_not_the_step(script, tmp_path):
+    """A check of the workload's first batch before training (labkit.workloads.checks) runs a
+    backward once, with no loop around it up to the entry: reached first, breadth first, it is
+    not the step, and the step read is the same."""
+    make_toy(tmp_path)
+    (tmp_path / "labkit/training/check.py").write_text("def first_batch(loss):\n    loss.backward()\n")
+    rank = tmp_path / "labkit/training/rank.py"
+    rank.write_text(rank.read_text().replace("from .loop import Loop",
+                                             "from .check import first_batch\nfrom .loop import Loop")
+                    .replace("    loop = Loop()\n", "    first_batch(1.0)\n    loop = Loop()\n"))
+    r = script["reading_path"](str(tmp_path), "toy")
+    assert "labkit.training.check:first_batch" not in r["functions"], r["functions"]
+    assert r["lines"] == 29 and r["files"] == 4, r
+
+
+def test_the_entry_calls_the_ranks_main_by_name():
+    """Issue 84, item 4: labkit/train.py imports the rank's main and calls it (no module named
+    by a string), and main hands lifecycle.run_rank a function of its own, not a lambda."""
+    entry = ast.parse((ROOT / "labkit" / "train.py").read_text())
+    named = [n.value for n in ast.walk(entry) if isinstance(n, ast.Call)
+             for n in n.args if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert not named, named
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "training.rank"
+               and [a.name for a in n.names] == ["main"] for n in ast.walk(entry))
+    rank = ast.parse((ROOT / "labkit" / "training" / "rank.py").read_text())
+    main = next(n for n in rank.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert not [n for n in ast.walk(main) if isinstance(n, ast.Lambda)]

@@ -175,3 +175,20 @@ def test_an_epochs_loss_and_accuracy_are_its_steps_own():
     assert m.epoch == 1 and m.all_losses == pytest.approx(losses, rel=1e-6)
     assert m.train_loss == pytest.approx(sum(losses) / 7, rel=1e-6)
     assert m.train_accuracy == pytest.approx(100 * right / images)
+
+
+def test_the_meters_figures_are_summed_by_name_each_in_its_shape():
+    """The meter's collectives (issue 84, item 5): named figures packed into one buffer and
+    unpacked by name, each in its own shape (a number, a row, rows, an empty row), none
+    shifted into its neighbour's place (world size 1: the all-reduce is the identity)."""
+    import torch
+
+    from labkit.training.instruments.meter import summed
+
+    got = summed({"data_time": 1.5, "comm": [2.0, 3.0], "held": [[4.0, 5.0], [6.0, 7.0]],
+                  "none": [], "last": [8.0]}, torch.device("cpu"))
+    assert list(got) == ["data_time", "comm", "held", "none", "last"]
+    assert got["data_time"].shape == () and got["data_time"].item() == 1.5
+    assert got["comm"].tolist() == [2.0, 3.0] and got["held"].tolist() == [[4.0, 5.0], [6.0, 7.0]]
+    assert got["none"].tolist() == [] and got["last"].tolist() == [8.0]
+    assert {t.dtype for t in got.values()} == {torch.float64}

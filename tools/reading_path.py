@@ -8,8 +8,12 @@ Static (ast only, nothing is imported), deterministic, and simple on purpose. Wh
 1. The entry is ``labkit/train.py``. From its top-level code the calls are followed (see 4) to
    find the *step*: the first function reached, breadth first in source order, that calls
    ``.backward()``, or the caller of that function, and so on up, the first that its own
-   caller calls inside a loop (the loop over the batches). A string constant naming a module of the package, passed to a call, is
-   followed as that module's ``main()`` (how ``lifecycle.start_rank`` runs it).
+   caller calls inside a loop (the loop over the batches). A function that calls ``.backward()``
+   with no loop around it up to the entry (a check of a workload's first batch, run once) is
+   not the step: the search goes on. While searching, a function of the package passed to a
+   call is followed as called (a rank's work handed to ``lifecycle.run_rank``); in the step
+   it is not (``meter.next_batch(it, self.to_device)`` is an instrument's call, read where
+   it is written).
 2. One step is what runs between two batches:
    - the body of the loop, in the step's caller, around the call of the step (fetching the
      batch, the instruments it calls inline), counted by its own lines, not the whole caller;
@@ -309,8 +313,9 @@ class Walk:
         self.read: dict[tuple[str, str], int] = {}  # (module, qualname) -> lines
         self.files: set[str] = set()
 
-    def callees(self, body_nodes, fn, module: str, cls) -> list[tuple]:
-        """The package's functions that ``body_nodes`` call, in source order."""
+    def callees(self, body_nodes, fn, module: str, cls, passed: bool = False) -> list[tuple]:
+        """The package's functions that ``body_nodes`` call, in source order; ``passed``: and
+        those passed to a call as an argument (the search for the step, 1)."""
         r = self.reader
         env = r.env(fn, module, cls) if fn is not None else {}
         out = []
@@ -323,12 +328,11 @@ class Walk:
                         t = r.member(t[1], t[2], "__init__")
                     elif t and t[0] == "inst":  # obj(...): its __call__
                         t = r.member(*r.dispatch(t[1], t[2]), "__call__")
-                    for a in node.args:  # a module named by a string: its main()
-                        if (isinstance(a, ast.Constant) and isinstance(a.value, str)
-                                and a.value in self.pkg.modules):
-                            m = self.pkg.modules[a.value].defs.get("main")
-                            if m is not None:
-                                out.append(("func", a.value, m, None))
+                    for a in node.args if passed else ():  # run_rank(work, ...): work()
+                        if isinstance(a, (ast.Name, ast.Attribute)):
+                            w = r.value(a, env, module, cls)
+                            if w and w[0] == "func":
+                                out.append(w)
                 elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                     t = r.value(node, env, module, cls)
                     if not (t and t[0] == "func" and "property" in _decorators(t[2])):
@@ -395,12 +399,13 @@ def method_class(pkg: Package, method: str) -> Optional[tuple]:
 def find_step(pkg: Package) -> tuple[tuple, Optional[tuple]]:
     """(the step function, its caller): breadth first from the entry's top-level code to the
     first function that calls ``.backward()``, then up its callers to the first one that is
-    called inside a loop (the loop over the batches)."""
+    called inside a loop (the loop over the batches); one with no loop up to the entry is a
+    backward run once (a check), not the step, and the search goes on."""
     walk = Walk(pkg, None)
     entry = pkg.modules[ENTRY]
     body = [n for n in entry.tree.body
             if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    todo = [(t, None) for t in walk.callees(body, None, ENTRY, None)]
+    todo = [(t, None) for t in walk.callees(body, None, ENTRY, None, passed=True)]
     parent: dict = {}
     while todo:
         t, up = todo.pop(0)
@@ -410,10 +415,12 @@ def find_step(pkg: Package) -> tuple[tuple, Optional[tuple]]:
         parent[key] = up
         if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and n.func.attr == "backward" for n in ast.walk(t[2])):
-            while parent[_key(t)] is not None and loop_around(parent[_key(t)], t[2]) is None:
-                t = parent[_key(t)]
-            return t, parent[_key(t)]
-        todo += [(c, t) for c in walk.callees(t[2].body, t[2], t[1], t[3])]
+            step = t
+            while parent[_key(step)] is not None and loop_around(parent[_key(step)], step[2]) is None:
+                step = parent[_key(step)]
+            if parent[_key(step)] is not None:
+                return step, parent[_key(step)]
+        todo += [(c, t) for c in walk.callees(t[2].body, t[2], t[1], t[3], passed=True)]
     raise SystemExit(f"reading_path: no function reached from {ENTRY} calls .backward()")
 
 

@@ -25,10 +25,15 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # the same life as a training rank (labkit/train.py): SIGTERM taken by a thread before
-    # torch is imported, errors as one line and torchrun's error file, then leave()
-    from labkit.training.lifecycle import start_rank
+    # torch is imported, errors as one line and torchrun's error file, then leave(). This
+    # module runs as __main__ before its own imports; main is the one of the module imported
+    # by its name, as every other module of the package sees it
+    from labkit.training import lifecycle
 
-    start_rank("labkit.bench.bench_rank")
+    lifecycle.begin_rank()
+    from labkit.bench.bench_rank import main
+
+    lifecycle.leave(main())
 
 import os
 import statistics

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .files import folder_stamp
-from .methods import result_file_of
 
 # ---- a run folder
 RUNS = "runs"                          # the project's folder of run folders (runs_root)
@@ -62,12 +61,6 @@ BENCH_RESULT = "bench_result.json"     # one job's measurements, by its rank 0
 SWEEP = "sweep.json"
 SLURM_DIR = "slurm"                    # a sweep with --slurm: the jobs' scripts, specs and logs
 SLURM_POINTS = "points.json"           # under it: each grid point's checked parameters
-
-
-def result_file(method: str) -> str:
-    """The result file name of ``method``: the guide's for ddp, allreduce and ps,
-    results_<key>.json for a method of one's own."""
-    return result_file_of(method)
 
 
 def launch_file(node_rank: int = 0) -> str:

@@ -29,12 +29,7 @@ def on_trainer(fn: TrainerHook) -> TrainerHook:
     return fn
 
 
-def remove(fn: TrainerHook) -> None:
-    """Stop calling ``fn`` for new Trainers."""
-    _trainer_hooks.remove(fn)
-
-
 def trainer_built(trainer: Any) -> None:
-    """Called by labkit.train.Trainer at the end of its construction."""
+    """Called by labkit.training.trainer.Trainer at the end of its construction."""
     for fn in list(_trainer_hooks):
         fn(trainer)

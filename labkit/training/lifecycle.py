@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Optional
 
 from labkit.core.status import HEARTBEAT_S
 
@@ -136,15 +136,13 @@ def leave_now(code: int) -> None:
 
 
 # ------------------------------------------------------------------ a rank's life
-def start_rank(module: str) -> None:
-    """The whole life of a rank under torchrun, for every rank entry point (labkit/train.py,
-    labkit.bench.bench_rank): SIGTERM when torchrun dies (torchrun starts each rank in a
-    session of its own, so a SIGKILLed torchrun would leave its ranks training on, orphaned),
-    taken by a thread before anything else (before torch is imported, so its threads inherit
-    the blocked signal); glibc's malloc made steady (labkit.training.dist.steady_malloc); then
-    ``module``'s ``main()``, then :func:`leave`."""
-    import importlib
-
+def begin_rank() -> None:
+    """The first thing every rank entry point does under torchrun (labkit/train.py,
+    labkit.bench.bench_rank), before it imports its ``main`` (and with it torch), then ends with
+    ``leave(main())``: SIGTERM when torchrun dies (torchrun starts each rank in a session of its
+    own, so a SIGKILLed torchrun would leave its ranks training on, orphaned), taken by a thread
+    (before torch is imported, so its threads inherit the blocked signal); then glibc's malloc
+    made steady (labkit.training.dist.steady_malloc)."""
     from labkit.core.procs import die_with_parent
 
     die_with_parent(signal.SIGTERM)
@@ -152,13 +150,21 @@ def start_rank(module: str) -> None:
     from .dist import steady_malloc
 
     steady_malloc()  # before the model and the data allocate anything (dist.py says why)
+
+
+def start_rank(module: str) -> None:
+    """:func:`begin_rank`, ``module``'s ``main()``, then :func:`leave`: the life of a rank whose
+    entry names its module (labkit.bench.plain_loop, until it calls begin_rank itself)."""
+    import importlib
+
+    begin_rank()
     leave(importlib.import_module(module).main())
 
 
 def warm_rank(module: str, *argv: str) -> None:
     """A rank started warm (labkit.launch.agent): forked from the node's fork server, which
     imported torch, torchvision and labkit once. Runs ``module`` as ``python -m module argv``
-    would (labkit.train, labkit.bench.bench_rank: each calls :func:`start_rank`); an exit 0
+    would (labkit.train, labkit.bench.bench_rank: each calls :func:`begin_rank`); an exit 0
     returns to the agent's multiprocessing context, any other code exits with it."""
     # the process object came pickled from the agent, with the agent's multiprocessing
     # directory (where the fork server's socket lives): this rank makes its own (its loaders'
@@ -168,8 +174,8 @@ def warm_rank(module: str, *argv: str) -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-def run_rank(work: Callable[[], object], prog: str) -> int:
-    """Run a rank's ``work`` and turn how it ends into an exit code and at most one line:
+def run_rank(work: Callable[..., object], prog: str, *args: object) -> int:
+    """Run a rank's ``work(*args)`` and turn how it ends into an exit code and at most one line:
 
     - bad input (ConfigError), seen by every rank alike: one ``<prog>: error:`` line from rank
       0, exit 2 (the others wait a moment, so torchrun does not stop rank 0 before it printed);
@@ -187,21 +193,12 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from labkit.core.config import ConfigError
-    from labkit.core.errors import Exhausted, RunFailed
-
-    def verdict():  # a failed run, not a crash: returned past record(), which would file it
-        try:
-            work()
-        except Exhausted:
-            raise  # this rank's own: filed by record()
-        except RunFailed as e:
-            return e
-        return None
+    from labkit.core.errors import Exhausted
 
     rank = int(os.environ.get("RANK", "0"))
     try:
         # record: on an exception, torchrun's per-rank error file (read by labkit.launch.failures)
-        failed = record(verdict)()
+        failed = record(_verdict)(work, *args)
     except ConfigError as e:
         return _one_line(prog, e, rank, 2)
     except KeyboardInterrupt:
@@ -218,6 +215,20 @@ def run_rank(work: Callable[[], object], prog: str) -> int:
         return 1
     # a failed run: said on every node (by its local rank 0), so each node's launcher shows it
     return 0 if failed is None else _one_line(prog, failed, int(os.environ.get("LOCAL_RANK", rank)), 1)
+
+
+def _verdict(work: Callable[..., object], *args: object) -> Optional[Exception]:
+    """``work(*args)``; a failed run (RunFailed) is not a crash: returned past ``record()``,
+    which would file it."""
+    from labkit.core.errors import Exhausted, RunFailed
+
+    try:
+        work(*args)
+    except Exhausted:
+        raise  # this rank's own: filed by record()
+    except RunFailed as e:
+        return e
+    return None
 
 
 def _one_line(prog: str, e: Exception, rank: int, code: int) -> int:

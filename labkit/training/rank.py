@@ -155,13 +155,20 @@ def _flags_checked(args) -> TrainConfig:
         return rank_config(args)
 
 
+def _train(args: argparse.Namespace) -> Optional[str]:
+    """The run ``args`` name, inside lifecycle.run_rank (a bad config is its one line): the
+    launcher's resolved.json, checked there; or the guide's bare flags, checked here first."""
+    if args.resolved is None:
+        return run(_flags_checked(args))
+    return run(from_resolved(args.resolved), True)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.resolved is None:  # the guide's bare command: the flags are checked here, first
-        return lifecycle.run_rank(lambda: run(_flags_checked(args)), PROG)
-    flags = [a for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")]
-    if any(not a.startswith("--resolved") for a in flags):
-        p.error(f"--resolved carries the whole config; give no other flags (got "
-                f"{' '.join(a for a in flags if not a.startswith('--resolved'))})")
-    return lifecycle.run_rank(lambda: run(from_resolved(args.resolved), True), PROG)
+    if args.resolved is not None:
+        flags = [a for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")]
+        if any(not a.startswith("--resolved") for a in flags):
+            p.error(f"--resolved carries the whole config; give no other flags (got "
+                    f"{' '.join(a for a in flags if not a.startswith('--resolved'))})")
+    return lifecycle.run_rank(_train, PROG, args)

@@ -367,7 +367,6 @@ class Trainer:
                 e.extra[k] = v
         e.val_samples = int(sums["count"])
 
-    # -------------------------------------------------------------- the run
     # -------------------------------------------------------------- training gone wrong
     def check_epoch(self, e: Epoch, results: Optional[ResultFile]) -> None:
         """After validation (``finish_epoch`` done): stop the run, on every rank alike, if this
@@ -391,7 +390,16 @@ class Trainer:
         self.log(f"{self.cfg.method} failed: {text}", echo=False)
         raise RunFailed(self.cfg.method, text)
 
+    # -------------------------------------------------------------- the run
     def fit(self, results: Optional[ResultFile], start_epoch: int = 1) -> None:
+        """The run on this rank: its epochs from ``start_epoch`` (a resumed run's first), then
+        the end of the run. ``results``: rank 0's result file (None on the other ranks)."""
+        self.train_epochs(results, start_epoch)
+        self.end_run(results, trained=start_epoch <= self.cfg.epochs)
+
+    def train_epochs(self, results: Optional[ResultFile], start_epoch: int) -> None:
+        """The epochs: each one trained, validated and checked, its line logged, and on rank 0
+        recorded in the result file (and the checkpoint)."""
         cfg, s = self.cfg, self.strategy
         self.log(f"labkit {__version__} | {s.describe()} | world {self.ctx.world_size}"
                  f" ({s.trainers} trainer{'s' if s.trainers > 1 else ''}) | {cfg.backend} on "
@@ -417,8 +425,14 @@ class Trainer:
                 results.update(efficiency=self.efficiency.summary(results.result.epochs))
                 if cfg.checkpoint:
                     checkpoint.save(self.out, epoch, self.model, self.optimizer, self.scaler, results.result)
+
+    def end_run(self, results: Optional[ResultFile], trained: bool) -> None:
+        """After the last epoch: the calibration steps (where this run ``trained`` an epoch: one
+        resumed past its last has none to calibrate), the final model, and the workload's last
+        lines (the references, e.g. a language model's text)."""
+        cfg = self.cfg
         self.doing = "calibration"
-        if cfg.calibrate_steps and start_epoch <= cfg.epochs:
+        if cfg.calibrate_steps and trained:
             if not self.strategy.steps_are_compute_only:
                 calibration = self.calibrate(cfg.calibrate_steps)
                 if results is not None:

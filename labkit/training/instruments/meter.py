@@ -27,6 +27,18 @@ from .timers import PARTS, MachineLoad, StepClock, StepParts, busy_figures
 BAR_REFRESH, LOG_REFRESH = 0.5, 5.0
 
 
+def summed(figures: dict[str, object], device: torch.device) -> dict[str, torch.Tensor]:
+    """Named figures (each a number, a row of numbers or rows of equal length) summed over the
+    ranks, float64, in one all-reduce: packed one after the other in the dict's order (the
+    same on every rank) and unpacked by name, each in its shape. The one place that knows
+    where a figure lies in the collective's buffer."""
+    shaped = {name: torch.tensor(v, dtype=torch.float64) for name, v in figures.items()}
+    flat = torch.cat([t.reshape(-1) for t in shaped.values()]).to(device)
+    all_reduce_sum(flat)
+    pieces = flat.split([t.numel() for t in shaped.values()])
+    return {name: x.view(t.shape) for (name, t), x in zip(shaped.items(), pieces)}
+
+
 class EpochMeter:
     def __init__(self, steps: int, warmup: int, strategy, device: torch.device, main: bool,
                  parts: StepParts, hits_of: Optional[Callable] = None, rate: str = "samples/s"):
@@ -127,30 +139,33 @@ class EpochMeter:
         s, n = self.s, len(self.s.phases)
         self.fold()
         comm = s.timer.pop()
-        mine = [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases]
-        per_step = [t if s.is_trainer else 0.0 for row in self.step_comm for t in row]
-        vec = torch.tensor([self.data_time] + mine + per_step, device=self.dev, dtype=torch.float64)
+        # the loss and the right predictions stay on the device, float32, as the steps left
+        # them (summed there, no host synchronisation first); the host's figures are float64
         counts = torch.stack([self.correct, torch.tensor(float(self.images), device=self.dev)])
         all_reduce_sum(self.losses)
         all_reduce_sum(counts)
-        all_reduce_sum(vec)
+        got = summed({"data_time": self.data_time,  # seconds waited for batches
+                      "comm": [comm.get(p, 0.0) if s.is_trainer else 0.0 for p in s.phases],
+                      # per steady-state step, a row of seconds per phase
+                      "comm_steps": [row if s.is_trainer else [0.0] * n for row in self.step_comm]},
+                     self.dev)
+        correct, judged = counts.tolist()
         losses = (self.losses / s.trainers).tolist()
         window_steps, window_time = self.steps - self.warmup, self.t_end - self.t_window
-        comm_steps = (vec[1 + n:] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
+        comm_steps = (got["comm_steps"] / s.trainers).view(-1, n).tolist() if n else []  # mean over trainers
         e = Epoch(
             epoch=epoch,
             train_loss=sum(losses) / len(losses),
-            train_accuracy=(100.0 * counts[0].item() / max(1.0, counts[1].item())
-                            if counts[1].item() else None),
+            train_accuracy=100.0 * correct / max(1.0, judged) if judged else None,
             train_time=self.t_end - self.t_start,
             train_throughput=batch_images * window_steps / window_time,
             avg_batch_time=window_time / window_steps,
-            comm={p: vec[1 + i].item() / s.trainers / self.steps for i, p in enumerate(s.phases)},
+            comm={p: got["comm"][i].item() / s.trainers / self.steps for i, p in enumerate(s.phases)},
             comm_times={p: [row[i] for row in comm_steps] for i, p in enumerate(s.phases)},
             all_losses=losses,
             steps=self.steps,
             throughput_warmup_steps=self.warmup,
-            avg_data_time=vec[0].item() / s.trainers / self.steps,
+            avg_data_time=got["data_time"].item() / s.trainers / self.steps,
             step_times=self.clock.durations(),
             machine_load=self.machine)
         self.parts_metrics(e)
@@ -167,17 +182,16 @@ class EpochMeter:
         n, world = self.steps - self.warmup, max(1, s.ctx.world_size)
         zeros, servers = [0.0] * n, world - s.trainers
         p = got["parts"]
-        rows = [p[k] if s.is_trainer else zeros for k in PARTS]
-        rows += [got["busy"] if s.is_trainer else zeros, zeros if s.is_trainer else p["optimizer"]]
-        held = [[0.0] * n for _ in range(world)]
+        held = [[0.0] * n for _ in range(world)]  # a row per rank, each its own
         if s.is_trainer:
             held[s.ctx.rank] = [a + b + c for a, b, c in zip(p["compute"], p["pull"], p["sync"])]
-        vec = torch.tensor(rows + held, dtype=torch.float64, device=self.dev)
-        all_reduce_sum(vec)
-        k = len(PARTS)
-        per = vec[:k + 1] / s.trainers
-        e.step_parts = {name: per[i].tolist() for i, name in enumerate(PARTS)}
-        busy = busy_figures(per[k]) if s.cfg.times_comm else []
+        # a server's zeros in the trainers' figures, a trainer's in the server's update
+        sums = summed({**{part: p[part] if s.is_trainer else zeros for part in PARTS},
+                       "busy": got["busy"] if s.is_trainer else zeros,
+                       "server_update": zeros if s.is_trainer else p["optimizer"],
+                       "held": held}, self.dev)
+        e.step_parts = {part: (sums[part] / s.trainers).tolist() for part in PARTS}
+        busy = busy_figures(sums["busy"] / s.trainers) if s.cfg.times_comm else []
         if busy:  # None: a step without a figure (DDP's reducer: an epoch's last step)
             e.comm_busy_times = busy
         for channel, xs in got["also"].items():  # DDP's reducer's, beside its hook's
@@ -185,9 +199,9 @@ class EpochMeter:
             all_reduce_sum(v)
             e.extra[f"comm_{channel}_times"] = busy_figures(v / s.trainers)
         if servers:
-            e.server_update_times = (vec[k + 1] / servers).tolist()
+            e.server_update_times = (sums["server_update"] / servers).tolist()
         ranks = list(range(servers, world))  # a parameter server's servers are ranks 0..K-1
-        e.sync_held = {"ranks": ranks, "times": [vec[k + 2 + r].tolist() for r in ranks]}
+        e.sync_held = {"ranks": ranks, "times": [sums["held"][r].tolist() for r in ranks]}
 
 
 class Bar:
