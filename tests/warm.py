@@ -10,7 +10,7 @@ LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT in its environment (wi
 variables and one thread), the test hooks installed as at a Python start-up
 (tests/hooks/sitecustomize.py), ``sys.argv`` as ``python -m labkit.train ARGS`` has it, and
 then labkit/train.py run as ``__main__``: the same entry point (labkit.training.lifecycle's
-start_rank), so nothing in the package knows it was forked.
+begin_rank), so nothing in the package knows it was forked.
 
 As torchrun: when a rank fails the others get SIGTERM (SIGKILL after ``GRACE`` s), and the
 launch exits 1; a launch still running after ``timeout`` seconds is killed, every rank's group,

@@ -47,9 +47,12 @@ from __future__ import annotations
 if __name__ == "__main__":
     # the same life as a training rank (labkit/train.py): SIGTERM taken by a thread before
     # torch is imported, errors as one line and torchrun's error file, then leave()
-    from labkit.training.lifecycle import start_rank
+    from labkit.training import lifecycle
 
-    start_rank("labkit.bench.plain_loop")
+    lifecycle.begin_rank()
+    from labkit.bench.plain_loop import main
+
+    lifecycle.leave(main())
 
 import dataclasses
 import os
@@ -59,6 +62,7 @@ from typing import Callable, Optional
 import torch
 
 from labkit.core import layout
+from labkit.core.methods import BASELINE
 from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_write_json
 from labkit.training import lifecycle
@@ -332,7 +336,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = rank_config(a)  # labkit bench's resolved.json (checked there), else the flags
         if not cfg.out:
             raise ConfigError("--out is required")
-        if cfg.method != "ddp":
+        if cfg.method != BASELINE:
             raise ConfigError(f"the plain loop is DDP's floor (got --method {cfg.method})")
         if a.control and not a.overhead:
             raise ConfigError("--control is the overhead job's A/A control: it needs --overhead")

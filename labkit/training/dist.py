@@ -65,7 +65,7 @@ _malloc: Optional[dict] = None  # what steady_malloc set in this process (determ
 def steady_malloc() -> Optional[dict]:
     """Fix glibc's malloc thresholds in this process; the settings, or None where there is no
     glibc ``mallopt`` (macOS, musl) and nothing changed. Every rank calls it first thing
-    (labkit.training.lifecycle.start_rank), and the loader workers' fork server.
+    (labkit.training.lifecycle.begin_rank), and the loader workers' fork server.
 
     Why: by default glibc returns freed memory at the top of its heap to the OS once more than
     128 KiB is free (``M_TRIM_THRESHOLD``) and serves large blocks by fresh ``mmap``, each

@@ -152,15 +152,6 @@ def begin_rank() -> None:
     steady_malloc()  # before the model and the data allocate anything (dist.py says why)
 
 
-def start_rank(module: str) -> None:
-    """:func:`begin_rank`, ``module``'s ``main()``, then :func:`leave`: the life of a rank whose
-    entry names its module (labkit.bench.plain_loop, until it calls begin_rank itself)."""
-    import importlib
-
-    begin_rank()
-    leave(importlib.import_module(module).main())
-
-
 def warm_rank(module: str, *argv: str) -> None:
     """A rank started warm (labkit.launch.agent): forked from the node's fork server, which
     imported torch, torchvision and labkit once. Runs ``module`` as ``python -m module argv``
