@@ -180,7 +180,8 @@ def test_every_quoted_function_has_exactly_one_marker(tmp_path, monkeypatch):
 
 
 def test_captions_are_numbered_once():
-    numbers = [c.number for c in report.CAPTIONS.values()]
+    """Each caption's number is its place among its kind's in the one captions table."""
+    numbers = [report.captions.number(k) for k in report.CAPTIONS]
     assert len(numbers) == len(set(numbers))
     assert [n for n in numbers if n.startswith("Table")] == [f"Table {i}" for i in range(1, 13)]
     assert [n for n in numbers if n.startswith("Figure")] == [f"Figure {i}" for i in range(1, 14)]

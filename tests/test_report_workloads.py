@@ -99,7 +99,7 @@ def everything_said(res: RunResults, tmp_path) -> str:
         report.html_table(report.efficiency_rows(res)),
         *(report.html_table(report.epoch_rows(d)) for d in res.ok.values()),
         *(report.caption(k, view, target=report.target_text(res)) for k in TABLES),
-        *(report.figure_caption(k, view) for k, c in report.CAPTIONS.items() if c.number.startswith("Figure")),
+        *(report.figure_caption(k, view) for k, c in report.CAPTIONS.items() if c.kind == report.captions.FIGURE),
         report.reading_markdown(report.CAPTIONS, view), *(b.text for b in blocks)])
 
 

@@ -7,22 +7,25 @@ Prints the comparison and communication tables, writes seven plots under plots/ 
 five, the ranks' waits and the bytes on the wire) and performance_report.txt. A missing, failed or corrupt result file is named and the rest
 still renders. Result files are only read, never modified.
 
-Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the text report),
-``sections`` (benchmark and cost model, variants, reproduction, package list), ``repeats``
-(--repeats), ``seeds`` (time to accuracy over seeds, with MLPerf's scoring), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (the code listings, quoting
-the source by marker), ``captions`` (every caption and number, read by report.ipynb too),
-``reading`` (the definitions the captions point to), ``summary`` (page one), ``outline`` (the
-report's order and table of contents), ``textreport`` (performance_report.txt),
-``workload_view`` (the workload's words: img/s or tokens/s, accuracy or loss, the target's
-direction) and ``examples`` (what a language model wrote).
+Modules: ``load`` (result files), ``tables``, ``plots``, ``text`` (findings, the terminal's
+summary), ``sections`` (the results, benchmark and cost model, variants, reproduction,
+environment), ``repeats`` (--repeats), ``seeds`` (time to accuracy over seeds, with MLPerf's
+scoring), ``sweep`` (the scaling study of `labkit sweep`), ``implementation`` (the code
+listings, quoting the source by marker), ``captions`` (every caption, numbered by its place, and
+references by key), ``reading`` (the definitions the captions point to), ``summary`` (page
+one), ``blocks`` (what a part returns, and the notebook's and the text's rendering of it),
+``outline`` (the parts in order, each with the function that makes it, and the table of
+contents), ``textreport`` (performance_report.txt), ``workload_view`` (the workload's words:
+img/s or tokens/s, accuracy or loss, the target's direction) and ``examples`` (what a language
+model wrote).
 The names below are what notebooks/report.ipynb, explore and the CLI use.
 """
 from __future__ import annotations
 
 from labkit.core.methods import METHOD_ORDER, RESULT_FILES, SHORT
 
-from .blocks import Block, Html, Markdown
-from .captions import CAPTIONS, caption, figure_caption, heading
+from .blocks import Block, Html, Markdown, Page, caption, plain, shown
+from .captions import CAPTIONS, figure_caption, heading, ref
 from .implementation import QuoteError, implementation_markdown, quote
 from .load import (NAN, ResultError, RunResults, load_env, load_files,
                    load_reproduction, load_result, load_run, load_variants, method_key)
@@ -42,7 +45,8 @@ from .text import (accuracy_verdicts, load_bench, ran_on_gpu, reproduction_summa
                    speed_verdicts, terminal_summary, verdict_lines)
 from .textreport import text_report, write_report
 from .summary import summary_lines
-from .outline import captions_shown, heading_markdown, not_in_run, outline, toc_markdown
+from .outline import (SECTIONS, captions_shown, heading_markdown, not_in_run, outline, page_blocks,
+                      toc_markdown)
 from .reading import reading_markdown
 from .examples import examples_section, examples_text
 from .workload_view import IMAGES, FigureView, WorkloadView, view_of, view_of_result

@@ -16,6 +16,7 @@ from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label
 from labkit.core.results import NAN
 
+from .blocks import Block, Markdown
 from .findings import accuracy_apart, exact_range_lines
 from .load import RunResults
 from .tables import chance_only, target
@@ -215,3 +216,9 @@ def discussion_markdown(res: RunResults) -> str:
     return "\n".join(f"- **{l.split(': ', 1)[0]}:** {l.split(': ', 1)[1]}" if l.startswith(names)
                      else f"- {l}" for l in discussion(res))
 
+
+
+def discussion_blocks(res: RunResults) -> list[Block]:
+    """The Discussion part: a Markdown list in the notebook, the same lines in the text report."""
+    return [Markdown(discussion_markdown(res) or "No results to discuss.",
+                     plain=(*(f"- {line}" for line in discussion(res)), ""))]

@@ -8,7 +8,7 @@ import html
 
 from labkit.core.methods import METHOD_ORDER, label
 
-from .blocks import Block, Html, Markdown
+from .blocks import Block, Html, Markdown, Shown, plain, shown
 from .load import RunResults
 
 #: the most characters of one sample's prompt or text the report shows
@@ -44,30 +44,30 @@ INTRO = ("At the end of its run each method's final model continued a few prompt
          "wrote the same samples.")
 
 
-def examples_section(res: RunResults) -> list[Block]:
-    """Display blocks: the intro, then each set of samples under the methods that wrote it."""
+def examples_blocks(res: RunResults) -> list[Block]:
+    """The report's part (blocks): the intro, then each set of samples under the methods that
+    wrote it; the text report quotes each prompt and what followed it."""
     groups = samples_of(res)
     if not groups:
         return []
-    parts = []
+    parts, said = [], []
     for ms, pairs in groups:
-        names = html.escape(", ".join(label(m) for m in ms))
-        shown = "".join(f'<pre style="white-space: pre-wrap; margin: 0.3em 0 0.6em 0; padding: 0.4em; '
-                        f'background: #f7f7f7; border-left: 3px solid #ccc">'
-                        f'<span style="color:#888">{html.escape(p)}</span>{html.escape(t)}</pre>'
-                        for p, t in pairs)
-        parts.append(f"<p><b>{names}</b></p>{shown}")
-    return [Markdown(INTRO), Html("".join(parts))]
+        names = ", ".join(label(m) for m in ms)
+        samples = "".join(f'<pre style="white-space: pre-wrap; margin: 0.3em 0 0.6em 0; padding: 0.4em; '
+                          f'background: #f7f7f7; border-left: 3px solid #ccc">'
+                          f'<span style="color:#888">{html.escape(p)}</span>{html.escape(t)}</pre>'
+                          for p, t in pairs)
+        parts.append(f"<p><b>{html.escape(names)}</b></p>{samples}")
+        said += [names + ":", *(f"  {p!r} -> {t!r}" for p, t in pairs), ""]
+    plain_intro = INTRO.replace(" (grey: the prompt; black: what the model wrote)", "")
+    return [Markdown(INTRO, plain=(plain_intro, "")), Html("".join(parts), plain=tuple(said))]
+
+
+def examples_section(res: RunResults) -> list[Shown]:
+    """The part as the notebook shows it."""
+    return shown(examples_blocks(res))
 
 
 def examples_text(res: RunResults) -> list[str]:
     """The same for performance_report.txt: each prompt and what followed it, quoted."""
-    groups = samples_of(res)
-    if not groups:
-        return []
-    out = [INTRO.replace(" (grey: the prompt; black: what the model wrote)", ""), ""]
-    for ms, pairs in groups:
-        out.append(", ".join(label(m) for m in ms) + ":")
-        out += [f"  {p!r} -> {t!r}" for p, t in pairs]
-        out.append("")
-    return out
+    return plain(examples_blocks(res))

@@ -8,6 +8,7 @@ from typing import Optional
 from labkit.core.health import diverged_where, replicas_verdict
 from labkit.core.methods import METHOD_ORDER, SPECS, label
 
+from .captions import ref
 from .load import RunResults
 from .workload_view import WorkloadView
 
@@ -48,7 +49,7 @@ def accuracy_apart(m: str, acc: float, what: str = "accuracy") -> str:
     if acc != acc or spec is None:
         return ""
     return (f"its ranks never average, so it bounds speed, not {what}" if spec.bound
-            else f"an approximate method: Table 10 judges its {what} over seeds"
+            else f"an approximate method: {ref('seeds')} judges its {what} over seeds"
             if not spec.exact else "")
 
 

@@ -12,6 +12,9 @@ import re
 import textwrap
 from importlib import resources
 
+from .blocks import Block, Later, Markdown, Text
+from .captions import ref
+
 MARKER = re.compile(r"^\s*# report-quote: ([\w-]+)\b")
 QUOTES = ("ps-trainer-index", "ps-steps-optimizer", "ps-start-pull", "ps-await-layer",
           "ps-grad-ready", "ps-push", "ps-after-backward", "allreduce-grad-ready",
@@ -108,14 +111,24 @@ def implementation_markdown(optimizer: str = "SGD") -> str:
         code("allreduce-grad-ready") + "\n\n" + code("allreduce-start")
         + "\n\n" + code("allreduce-after-backward"),
         "### Baseline DDP, and how the three compare",
-        "DDP does the same bucketing and overlap inside PyTorch's C++ reducer (25 MiB buckets, "
-        "gradient hooks, NCCL or gloo all-reduce); the reducer's own runtime statistics give its "
-        "communication in Table 2, hidden behind backward and exposed. Compared with the parameter server, both "
-        "all-reduce methods spread the traffic over all ranks (a ring moves 2(N-1)/N of the gradient "
-        "bytes per rank), while the server must receive every worker's gradients and send every "
-        "worker the parameters, so its link carries N-1 times the model per step and becomes the "
-        "bottleneck as workers are added.",
+        "DDP does the same bucketing and overlap inside PyTorch's C++ reducer (25 MiB buckets, gradient "
+        "hooks, NCCL or gloo all-reduce); the reducer's own runtime statistics give its communication in "
+        f"{ref('communication')}, hidden behind backward and exposed. Compared with the parameter server, "
+        "both all-reduce methods spread the traffic over all ranks (a ring moves 2(N-1)/N of the gradient "
+        "bytes per rank), while the server must receive every worker's gradients and send every worker "
+        "the parameters, so its link carries N-1 times the model per step and becomes the bottleneck as "
+        "workers are added.",
         code("ddp-setup"),
         "BatchNorm running statistics follow DDP's default (the first trainer's are the model's):",
         code("bn-finish-epoch"),
     ])
+
+
+def code_blocks(optimizer: str = "SGD") -> list[Block]:
+    """Appendix B: the code, quoted when the notebook shows it (Later: the text report only
+    says how many functions report.html quotes)."""
+    return [Text((f"report.html quotes the code of each method from labkit's own source "
+                  f"({len(QUOTES)} functions: the parameter server's pull and push, the manual "
+                  f"all-reduce's hooks, DDP's setup).", "")),
+            Markdown("The key code, read from labkit's own source when the report is made."),
+            Later(lambda: [Markdown(implementation_markdown(optimizer))])]

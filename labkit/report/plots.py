@@ -24,8 +24,8 @@ PLOTS = ("throughput_comparison", "training_time_comparison", "loss_curves", "ac
 
 def _bar(ax, res: RunResults, throughput: bool, ylabel: str, title: str):
     """Bars of the throughput (``throughput``) or of the time per epoch, with the 95% CI as
-    whiskers (Table 1's interval; time per epoch ~ 1 / throughput, so its whiskers are the
-    throughput's relative interval); none where no CI is available."""
+    whiskers (the comparison table's interval; time per epoch ~ 1 / throughput, so its whiskers
+    are the throughput's relative interval); none where no CI is available."""
     docs, ivs = res.ok, intervals(res)
     ms = [m for m in METHOD_ORDER if m in docs]
     thr = {m: ivs[m]["throughput"] for m in ms}
@@ -106,8 +106,8 @@ def plot_losses(docs: dict[str, Result], ax=None, repeats: Optional[dict[str, li
 
 
 def plot_accuracy(res: RunResults, ax):
-    """Figure 4: train and validation accuracy per epoch; for a workload judged on another
-    figure, that figure per epoch (plot_figure)."""
+    """The accuracy_curves figure: train and validation accuracy per epoch; for a workload
+    judged on another figure, that figure per epoch (plot_figure)."""
     if not res.view.guide:
         plot_figure(res, ax)
         return
@@ -138,7 +138,8 @@ def plot_accuracy(res: RunResults, ax):
 def plot_figure(res: RunResults, ax):
     """The first validation figure (a language model's validation loss) per epoch, each
     method solid (its other repeats faint), the references its workload records in the same
-    unit dashed (the unigram entropy of the validation text), the target of Table 1 dotted."""
+    unit dashed (the unigram entropy of the validation text), the comparison table's target
+    dotted."""
     from matplotlib.ticker import MaxNLocator
 
     f = res.view.target
@@ -165,9 +166,9 @@ def plot_figure(res: RunResults, ax):
 
 
 def plot_communication(res: RunResults, ax):
-    """Figure 5, where a trainer's step goes, for every method (labkit.core.breakdown);
-    result files written before the parts of a step were recorded: PS vs All-Reduce, each step
-    split into time blocked in communication and the rest."""
+    """The communication_overhead figure, where a trainer's step goes, for every method
+    (labkit.core.breakdown); result files written before the parts of a step were recorded: PS
+    vs All-Reduce, each step split into time blocked in communication and the rest."""
     items = {m: breakdown.of_result(d) for m, d in res.ok.items()}
     items = {m: b for m, b in items.items() if b is not None}
     if items and len(items) == len(res.ok):
@@ -218,8 +219,8 @@ def _items(res: RunResults, ax, of, none: str) -> list:
 
 
 def plot_sync_waits(res: RunResults, ax):
-    """Figure 6: per method, each trainer's mean wait at the synchronisation point (ms per
-    step), the rank most often last named above its method."""
+    """The sync_waits figure: per method, each trainer's mean wait at the synchronisation point
+    (ms per step), the rank most often last named above its method."""
     items = _items(res, ax, breakdown.waits, "no per-rank waits in these result files")
     if not items:
         return

@@ -1,8 +1,8 @@
-"""Table 11: every method of the run projected to 1024 GPUs on each interconnect from its
-measured bytes (labkit.costmodel.measured), and where each would start to beat DDP:
-on which interconnect, and below which compute time per step (a CPU run's long steps hide
-what a GPU's short ones expose). The speed side of a method that sends less, which the
-accuracy side (Table 10) completes."""
+"""The projection's table (caption key projection_methods): every method of the run projected
+to 1024 GPUs on each interconnect from its measured bytes (labkit.costmodel.measured), and
+where each would start to beat DDP: on which interconnect, and below which compute time per
+step (a CPU run's long steps hide what a GPU's short ones expose). The speed side of a method
+that sends less, which the accuracy side (the seeds' table) completes."""
 from __future__ import annotations
 
 from typing import Optional
@@ -11,16 +11,16 @@ from labkit.core import breakdown
 from labkit.core.config import VARIANTS
 from labkit.core.methods import SPECS, label
 from labkit.core.run_folder import goodputs
+from labkit.core.texttable import text_table
 from labkit.costmodel import INTERCONNECTS, get_link
 from labkit.costmodel.alphabeta import Link
 from labkit.costmodel.measured import (
     break_even, measured_inputs, project_methods, project_one, where_it_wins)
 
-from .blocks import Block, Html, Markdown
-from .captions import caption
+from .blocks import Block, Markdown, Shown, Table, TableCaption, Text, plain, shown
+from .captions import ref
 from .load import RunResults, runs_of
 from .seeds import judged
-from .tables import html_table
 
 AT = 1024  # the GPU count of the table's cells
 
@@ -134,45 +134,43 @@ def sentence(got) -> str:
     some = {m: when for m, cells in got[1].items() if m != "ddp"
             for _, _, when in cells.values() if when != "never"}
     now = "; ".join(f"{label(m)} on {', '.join(k)}" for m, k in wins.items() if k)
-    head = f"Projected to {AT} GPUs at this run's compute ({_ms(got[0])} per step; Table 11, speed only): "
+    head = (f"Projected to {AT} GPUs at this run's compute ({_ms(got[0])} per step; "
+            f"{ref('projection_methods')}, speed only): ")
     if now:
         return head + f"faster than DDP: {now}."
     later = ", ".join(label(m) for m in some)
     return head + ("no method beats DDP on any interconnect"
-                   + (f"; {later} would at other compute times per step (Table 11)." if later
+                   + (f"; {later} would at other compute times per step "
+                      f"({ref('projection_methods')})." if later
                       else ", at any compute time per step from 0.1 ms to 10 s."))
 
 
-def projection_section(res: RunResults) -> list[Block]:
-    """Display blocks (none where there is nothing to project: the report's line of what the
-    run did not include says so)."""
+def projection_blocks(res: RunResults) -> list[Block]:
+    """The report's part (blocks; none where there is nothing to project: the report's line of
+    what the run did not include says so)."""
     got = projected(res)
     if got is None:
         return []
-    table = rows(got)
-    said = lines(got)
-    return [Markdown(caption("projection_methods", at=AT, compute=_ms(got[0]))),
-            *([Html(html_table(table))] if table else []),
-            *([Markdown("\n".join(f"- {line}" for line in said))] if said else []),
-            *on_link_section(res)]
+    table, said = rows(got), [f"- {line}" for line in lines(got)]
+    return [TableCaption("projection_methods", fields={"at": AT, "compute": _ms(got[0])},
+                         notes=(f"(at this run's compute, {_ms(got[0])} per step)",)),
+            *([Table(table, text_table(table))] if table else []),
+            Markdown("\n".join(said), plain=(*said, "")) if said else Text(("",)),
+            *on_link_blocks(res)]
+
+
+def projection_section(res: RunResults) -> list[Shown]:
+    """The part as the notebook shows it."""
+    return shown(projection_blocks(res))
 
 
 def projection_text(res: RunResults) -> list[str]:
     """The same for performance_report.txt (empty where there is nothing to project)."""
-    got = projected(res)
-    if got is None:
-        return []
-    from labkit.core.texttable import text_table
-    from .captions import heading
-
-    table = rows(got)
-    return [heading("projection_methods"), f"(at this run's compute, {_ms(got[0])} per step)", "",
-            *([text_table(table), ""] if table else []),
-            *(f"- {line}" for line in lines(got)), "", *on_link_text(res)]
+    return plain(projection_blocks(res))
 
 
 # ---------------------------------------------------------------------------------------------
-# Table 12: the same model on the emulated link the run had, against the step it measured
+# projection_on_link: the same model on the emulated link the run had, against the step it measured
 # ---------------------------------------------------------------------------------------------
 
 #: the per-message latency the model gives the emulated link: TCP through the kernel, as its
@@ -197,11 +195,12 @@ def _model_link(name: str, rate_bit: float, delay_s: float) -> Link:
 
 
 def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
-    """(the link, one row per method): Table 11's model of the method's step on the run's
+    """(the link, one row per method): the projection's model of the method's step on the run's
     emulated link (a flat ring over every rank: the ring crosses each node's port once each way,
     so each port carries what one rank sends; a PS server's port every worker's copy), at the
     set rate and at the probe's goodput, beside the step the method measured, with the model's
-    error. Its workers are the run's trainers. None for a run without an emulated link or without Table 11's inputs."""
+    error. Its workers are the run's trainers. None for a run without an emulated link or
+    without the projection's inputs (inputs_of)."""
     link, inputs = emulated(res), inputs_of(res)
     if link is None or inputs is None:
         return None
@@ -230,19 +229,18 @@ def on_link_rows(got) -> list[dict]:
                 if "goodput" in r else {})} for r in rows]
 
 
-def on_link_section(res: RunResults) -> list[Block]:
+def on_link_blocks(res: RunResults) -> list[Block]:
     got = on_link(res)
     if got is None:
         return []
-    return [Markdown(caption("projection_on_link", link=got[0]["link"])),
-            Html(html_table(on_link_rows(got)))]
+    table = on_link_rows(got)
+    return [TableCaption("projection_on_link", fields={"link": got[0]["link"]}),
+            Table(table, text_table(table))]
+
+
+def on_link_section(res: RunResults) -> list[Shown]:
+    return shown(on_link_blocks(res))
 
 
 def on_link_text(res: RunResults) -> list[str]:
-    got = on_link(res)
-    if got is None:
-        return []
-    from labkit.core.texttable import text_table
-    from .captions import heading
-
-    return [heading("projection_on_link"), "", text_table(on_link_rows(got)), ""]
+    return plain(on_link_blocks(res))

@@ -1,11 +1,14 @@
 """Appendix A, "How to read this report": every definition the captions point to, said once
 (the captions stay at three lines). Each definition names the captions it serves, so a report
-shows only those of the tables it has; the notebook and the text report read the same list."""
+shows only those of the tables it has; the notebook and the text report read the same list. A
+definition refers to a table or figure by its key (``{ref[key]}``, labkit.report.captions),
+numbered as the report renders it."""
 from __future__ import annotations
 
 import textwrap
 from typing import Iterable, NamedTuple, Optional
 
+from .captions import resolve
 from .workload_view import WorkloadView, rule_words
 
 ANCHOR = "how-to-read"  # the HTML anchor the captions link to
@@ -58,8 +61,8 @@ DEFINITIONS: tuple[Definition, ...] = (
         "over compute-only steps (the same step with synchronisation skipped), plus the waits "
         "for pulls and gradients. *Hidden*: the rest of the communication, which ran while the "
         "trainer computed. *Overlap* = hidden / total, its CI by batch means over the same units "
-        "as the throughput's. Figure 5 stacks the whole step: data wait, compute, exposed "
-        "communication, optimizer and server update, the rest.",
+        "as the throughput's. {ref[communication_overhead]} stacks the whole step: data wait, "
+        "compute, exposed communication, optimizer and server update, the rest.",
         ("communication", "bench")),
     Definition(
         "On the wire",
@@ -74,7 +77,7 @@ DEFINITIONS: tuple[Definition, ...] = (
         "--repeats N runs each method once per repeat, the order rotated by one each repeat "
         "(ABC, BCA, CAB, ...) so a shared machine's drift falls on every method alike; repeat "
         "*i* trains from seed + *i* - 1. The single-run tables and figures show repeat 1; "
-        "Figures 3-4 draw the other repeats faintly.",
+        "{ref[loss_curves,accuracy_curves]} draw the other repeats faintly.",
         ("repeats",)),
     Definition(
         "MLPerf's rule",
@@ -110,9 +113,9 @@ DEFINITIONS: tuple[Definition, ...] = (
         "each method's trainers sent per step, read as the all-reduce they amount to; a "
         "parameter server as the model's PS. Nodes of 8 GPUs on NVLink, one link per GPU "
         "across nodes, nominal line rates, not measurements. Not modelled: the compute a method "
-        "adds to compress, stragglers, and {final}. On an emulated link (Table 12) the ring "
-        "crosses each node's port once each way; the latency is TCP's through the kernel plus "
-        "the link's delay.",
+        "adds to compress, stragglers, and {final}. On an emulated link "
+        "({ref[projection_on_link]}) the ring crosses each node's port once each way; the "
+        "latency is TCP's through the kernel plus the link's delay.",
         ("projection_methods", "projection_on_link", "projection")),
     Definition(
         "Reproduction",
@@ -155,7 +158,7 @@ def reading_markdown(present: Iterable[str], view: Optional[WorkloadView] = None
     """The appendix's body as Markdown: one bold term and its definition per paragraph, in the
     words of ``view``'s workload (None: the guide's)."""
     w = words(view)
-    return "\n\n".join(f"**{d.term}.** {d.text.format_map(w)}" for d in shown(present))
+    return "\n\n".join(f"**{d.term}.** {resolve(d.text).format_map(w)}" for d in shown(present))
 
 
 def reading_text(present: Iterable[str], width: int = 100,
@@ -164,5 +167,5 @@ def reading_text(present: Iterable[str], width: int = 100,
     out: list[str] = []
     w = words(view)
     for d in shown(present):
-        out += textwrap.wrap(f"{d.term}. {d.text.format_map(w).replace('*', '')}", width) + [""]
+        out += textwrap.wrap(f"{d.term}. {resolve(d.text).format_map(w).replace('*', '')}", width) + [""]
     return out

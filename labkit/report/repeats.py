@@ -9,11 +9,10 @@ from labkit.core import stats
 from labkit.core import layout
 from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.run_folder import RunFolder
+from labkit.core.texttable import text_table, two_decimals
 
-from .blocks import Block, Html, Markdown
-from .captions import caption
+from .blocks import Block, Markdown, Shown, Table, TableCaption, Text, plain, shown
 from .load import RunResults
-from .tables import html_table
 from .workload_view import WorkloadView, number
 
 
@@ -73,29 +72,25 @@ def aggregate_rows(res: RunResults) -> list[dict]:
     return rows
 
 
-def repeats_section(res: RunResults) -> list[Block]:
-    """Display blocks; none for a run without repeats (the report's "Not in this run" line
-    says how to add them)."""
+def repeats_blocks(res: RunResults) -> list[Block]:
+    """The report's part (blocks); none for a run without repeats (the report's "Not in this
+    run" line says how to add them)."""
     if not has_repeats(res):
         return []
-    order = run_order(res)
-    blocks = [Markdown(caption("repeats"))]
-    if order:
-        blocks.append(Markdown("Run order: " + "; ".join(
-            f"repeat {i}: {', '.join(o)}" for i, o in enumerate(order, 1))))
-    blocks += [Html(html_table(aggregate_rows(res))), Html(html_table(repeat_rows(res)))]
-    return blocks
+    ran = [", ".join(o) for o in run_order(res) or []]  # each repeat's methods, as they ran
+    agg, each = aggregate_rows(res), repeat_rows(res)
+    return [TableCaption("repeats"),
+            *([Markdown("Run order: " + "; ".join(f"repeat {i}: {o}" for i, o in enumerate(ran, 1)))]
+              if ran else []),
+            Text((*(f"repeat {i} ran: {o}" for i, o in enumerate(ran, 1)), "")),
+            Table(agg, text_table(agg, two_decimals)), Table(each, text_table(each, two_decimals))]
+
+
+def repeats_section(res: RunResults) -> list[Shown]:
+    """The part as the notebook shows it (none without repeats)."""
+    return shown(repeats_blocks(res))
 
 
 def repeats_text(res: RunResults) -> list[str]:
     """The same for performance_report.txt (empty without repeats)."""
-    if not has_repeats(res):
-        return []
-    from labkit.core.texttable import text_table, two_decimals
-    from .captions import heading
-
-    order = run_order(res) or []
-    return [heading("repeats"), "",
-            *(f"repeat {i} ran: {', '.join(o)}" for i, o in enumerate(order, 1)), "",
-            text_table(aggregate_rows(res), two_decimals), "",
-            text_table(repeat_rows(res), two_decimals), ""]
+    return plain(repeats_blocks(res))

@@ -28,12 +28,12 @@ from labkit.core.health import diverged_where
 from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
 from labkit.core.results import Result
 from labkit.core.status import Status
+from labkit.core.texttable import text_table, two_decimals
 
-from .blocks import Block, Html, Markdown
-from .captions import caption
-from .figures import COLORS, figure_html, plot_key
+from .blocks import Block, Figure, Markdown, Shown, Table, TableCaption, plain, shown
+from .figures import COLORS, plot_key
 from .load import RunResults, runs_of
-from .tables import html_table, target, target_text, wire_mb
+from .tables import target, target_text, wire_mb
 from .workload_view import measure, target_value, time_to_target, view_of_docs
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
@@ -215,31 +215,28 @@ def verdicts(res: RunResults) -> list[str]:
 
 
 # ------------------------------------------------------------------ the report's part
-def seeds_section(res: RunResults, plots: Optional[list] = None) -> list[Block]:
-    """Display blocks: the table, the verdict lines and the two figures (accuracy against wall
-    time and against bytes sent); a run with one seed per method gets one line saying so."""
-    if not has_seeds(res):  # the report's "Not in this run" line says how to add them
+def seeds_blocks(res: RunResults, plots: Optional[list] = None) -> list[Block]:
+    """The report's part (blocks): the table, the verdict lines and the two figures (accuracy
+    against wall time and against bytes sent, from ``plots``: write_plots' PNGs); none for a
+    run with one seed per method (the report's "Not in this run" line says how to add them)."""
+    if not has_seeds(res):
         return []
-    from .captions import figure_caption
+    table, said = rows(res), [f"- {line}" for line in verdicts(res)]
+    return [TableCaption("seeds", res.view, {"target": target_text(res), "drop": DROP_FROM}),
+            Table(table, text_table(table, two_decimals)),
+            Markdown("\n".join(said), plain=(*said, "")),
+            *(Figure(plot_key(png.stem), png, res.view) for png in plots or []
+              if plot_key(png.stem) in SEED_PLOTS)]
 
-    blocks = [Markdown(caption("seeds", res.view, target=target_text(res), drop=DROP_FROM)),
-              Html(html_table(rows(res))),
-              Markdown("\n".join(f"- {line}" for line in verdicts(res)))]
-    for png in plots or []:
-        if plot_key(png.stem) in SEED_PLOTS:
-            blocks.append(Html(figure_html(png, figure_caption(plot_key(png.stem), res.view))))
-    return blocks
+
+def seeds_section(res: RunResults, plots: Optional[list] = None) -> list[Shown]:
+    """The part as the notebook shows it (none with one seed per method)."""
+    return shown(seeds_blocks(res, plots))
 
 
 def seeds_text(res: RunResults) -> list[str]:
     """The same for performance_report.txt (empty with one seed per method)."""
-    if not has_seeds(res):
-        return []
-    from labkit.core.texttable import text_table, two_decimals
-    from .captions import heading
-
-    return [heading("seeds", res.view), "", text_table(rows(res), two_decimals), "",
-            *(f"- {line}" for line in verdicts(res)), ""]
+    return plain(seeds_blocks(res))
 
 
 # ------------------------------------------------------------------ the figures

@@ -14,11 +14,12 @@ from . import workload_view as wv
 from .load import RunResults
 from .workload_view import WorkloadView, rule_words, target_value, view_of_docs, view_of_result
 
-THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # Table 1's interval columns
-TTA, STA = "Time to target (s)", "Steps to target"  # Table 1's time to accuracy
-SENT = "Sent to target (MB per trainer)"  # Table 1, a workload not judged on accuracy
-WIRE = "On the wire (MB/step per trainer, sent / received)"  # Table 2, counted by the lab
-STATE = "Optimizer state (MiB per rank)"  # Table 2, counted by the lab
+THR_CI, SPEED_CI = "Throughput 95% CI", "Speedup 95% CI"  # the comparison table's interval columns
+TTA, STA = "Time to target (s)", "Steps to target"  # the comparison table's time to accuracy
+SENT = "Sent to target (MB per trainer)"  # the comparison's, a workload not judged on accuracy
+# the communication table's, counted by the lab
+WIRE = "On the wire (MB/step per trainer, sent / received)"
+STATE = "Optimizer state (MiB per rank)"
 
 
 def _serves(method: str) -> bool:
@@ -51,7 +52,7 @@ def target(res: RunResults) -> Optional[float]:
 
 
 def target_text(res: RunResults) -> str:
-    """The target as Table 1's caption states it."""
+    """The target as the comparison table's caption states it."""
     t, view = target(res), res.view
     if t is None:
         return ("a target (none here: synthetic data's labels are random, so accuracy stays at "
@@ -66,7 +67,7 @@ def target_text(res: RunResults) -> str:
 
 
 def time_to_target(res: RunResults, m: str) -> tuple[object, object]:
-    """Table 1's two cells for method ``m``: seconds and steps, or "not reached"."""
+    """The comparison table's two cells for method ``m``: seconds and steps, or "not reached"."""
     t = target(res)
     if t is None:
         return "-", "-"
@@ -77,8 +78,9 @@ def time_to_target(res: RunResults, m: str) -> tuple[object, object]:
 
 
 def sent_to_target(res: RunResults, m: str) -> object:
-    """Table 1's MB a trainer of method ``m`` sent until it reached the target (its steps x
-    the bytes per step on the wire, Table 2's), "not reached", or "-" where not counted."""
+    """The comparison table's MB a trainer of method ``m`` sent until it reached the target (its
+    steps x the bytes per step on the wire, the communication table's), "not reached", or "-"
+    where not counted."""
     t = target(res)
     if t is None:
         return "-"
@@ -90,7 +92,8 @@ def sent_to_target(res: RunResults, m: str) -> object:
 
 
 def throughput_column(view: WorkloadView) -> str:
-    """Table 1's throughput column: "Avg throughput (img/s)", "Avg throughput (tokens/s)"."""
+    """The comparison table's throughput column: "Avg throughput (img/s)", "Avg throughput
+    (tokens/s)"."""
     return f"Avg throughput ({view.rate})"
 
 
@@ -193,7 +196,7 @@ def wire_mb(doc: Result) -> Optional[tuple[float, float]]:
 
 
 def wire_text(wire: Optional[tuple[float, float]]) -> str:
-    """MB sent / received per step, as Table 2 and the variants table give them."""
+    """MB sent / received per step, as the communication and variants tables give them."""
     return "-" if wire is None else f"{wire[0]:.2f} / {wire[1]:.2f}"
 
 
@@ -237,9 +240,10 @@ def communication_rows(res: RunResults) -> list[dict]:
 
 
 def efficiency_rows(res: RunResults) -> list[dict]:
-    """Table 9, per method: model FLOPs per image or token (forward and backward), MFU against the GPU's
-    peak for the precision used, peak GPU memory per rank, and the data wait as a share of the
-    step (labkit.core.efficiency; "-" where a file has none, e.g. a CPU run's MFU)."""
+    """GPU use (caption key efficiency), per method: model FLOPs per image or token (forward
+    and backward), MFU against the GPU's peak for the precision used, peak GPU memory per rank,
+    and the data wait as a share of the step (labkit.core.efficiency; "-" where a file has none,
+    e.g. a CPU run's MFU)."""
     rows, per = [], res.view.per_unit
     for m in METHOD_ORDER:
         if m not in res.ok:
@@ -389,7 +393,7 @@ def config_rows(res: RunResults) -> list[dict]:
 
 
 def variant_rows(base: dict[str, Result], variants: dict[str, Result]) -> list[dict]:
-    """Table 5: each variant beside its synchronous method, in the workload's words."""
+    """The variants table: each variant beside its synchronous method, in the workload's words."""
     view = view_of_docs([*base.values(), *variants.values()])
     f = view.target
     best = ("best val acc %" if view.guide else

@@ -275,7 +275,8 @@ def waits_lines(res: RunResults) -> list[str]:
 
 
 def ran_on_gpu(res: RunResults) -> bool:
-    """Whether any method's ranks computed on a GPU (Table 9, GPU use, is shown only then)."""
+    """Whether any method's ranks computed on a GPU (the GPU use table, efficiency, is shown
+    only then)."""
     return any(str(d.world.get("device", "")).startswith("cuda") for d in res.ok.values())
 
 
@@ -316,8 +317,8 @@ def link_lines(res: RunResults) -> list[str]:
 
 
 def terminal_summary(res: RunResults) -> str:
-    """What `labkit experiment` and `labkit report` end with: Table 1 and the verdicts (and,
-    with several seeds per method, Table 10 and its verdicts)."""
+    """What `labkit experiment` and `labkit report` end with: the comparison table and the
+    verdicts (and, with several seeds per method, the seeds' table and its verdicts)."""
     if not res.ok:
         return ""
     seeds = seeds_text(res)  # several seeds: time to accuracy and its verdicts, too

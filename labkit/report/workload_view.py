@@ -130,7 +130,7 @@ class WorkloadView:
         return f"{t:.2f}% {f.label}" if self.guide else f"a {f.label} of {f.text(t)}"
 
     def best_column(self) -> str:
-        """Table 1's column of the best value: "Best accuracy (%)" (the guide's), "Best
+        """The comparison table's column of the best value: "Best accuracy (%)" (the guide's), "Best
         validation loss (nats/token)"."""
         return "Best accuracy (%)" if self.guide else f"Best {self.target.column}"
 
