@@ -104,7 +104,14 @@ def _add_experiment(e: argparse.ArgumentParser, sweep: bool = False) -> None:
     _add_nodes(e)
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the commands that train, whose flags are TrainConfig's and a plug-in's options
+TRAINING = ("run", "experiment", "sweep", "bench")
+
+
+def build_parser(plugins: tuple[type, ...] = ()) -> argparse.ArgumentParser:
+    """The `labkit` command's parser; ``plugins``: the Options dataclasses of the methods and
+    workload of one's own a command line names, whose fields become flags of the commands
+    that train (labkit.training.plugin_options)."""
     # errors in one line and a hint, like every other labkit error (not argparse's usage block)
     p = OneLineParser(prog="labkit", description="Measure what data-parallel training costs.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more detail: the torchrun "
@@ -116,7 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
                 _report_parser, _reproduce_parser, _runs_parser, _diff_parser, add_check_parser,
                 _warm_parser):
         add(sub)
+    if plugins:
+        from .training.plugin_options import add_flags
+        for name in TRAINING:
+            add_flags(sub.choices[name], list(plugins))
     return p
+
+
+def parse_args(argv: list[str]) -> dict:
+    """The command line as a dict, a plug-in's options under ``options`` (their flags known
+    once the command line's first reading named the plug-in: labkit.training.plugin_options)."""
+    if not any(a in TRAINING for a in argv):  # report, runs, diff, ...: no plug-in to look for
+        return vars(build_parser().parse_args(argv))
+    from .training.plugin_options import into_options, parse
+
+    ns, names = parse(lambda found: build_parser(tuple(found)), argv)
+    return into_options(vars(ns), names)
 
 
 # argument_default=SUPPRESS: only flags the user gave appear, so they can override a YAML file
@@ -340,7 +362,7 @@ def cmd_experiment(args: dict) -> int:
         print(f"  {m:10s} {e['status']}" + (f"  ({e['error']})" if e.get("error") else ""))
     print(f"report: {status['report']}")
     from .report import load_run, terminal_summary
-    print("\n" + terminal_summary(load_run(run)))  # Table 1 with its CIs and the verdicts
+    print("\n" + terminal_summary(load_run(run)))  # the comparison table with its CIs and the verdicts
     from .report.accounting import account_text
     # the lab's own time beside training's; -q: the summary alone
     if logging.getLogger("labkit").isEnabledFor(logging.INFO) and (text := account_text(run)):
@@ -481,7 +503,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     _without_iri_grammars()
     as_program, argv = argv is None, sys.argv[1:] if argv is None else argv
-    args = vars(build_parser().parse_args(argv))
+    args = parse_args(argv)
     setup_logging(args.pop("verbose") - args.pop("quiet"))
     command = args.pop("command")
     if as_program and command != "warm":

@@ -43,7 +43,8 @@ def check(line: str) -> str | None:
         parser, args = train_parser(), words[words.index("labkit.train") + 1:]
     else:
         args = words[words.index("labkit") + 1:] if "labkit" in words else words[3:]
-        parser = build_parser()
+        # with the flags of the methods and workloads of one's own it names (their Options)
+        parser = build_parser(example_options())
         if args[:1] == ["model"]:
             parser, args = model_parser(), args[1:]
     try:
@@ -82,13 +83,33 @@ SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
+def example_options() -> tuple[type, ...]:
+    """The Options dataclasses of the examples' methods and workloads (examples/), whose flags
+    the docs show as they are given once a command names the example."""
+    import ast
+
+    from labkit.core.methods import REGISTRY
+    from labkit.training.plugin_options import classes
+
+    refs = [f"{p}:{n.name}" for p in sorted((ROOT / "examples").glob("*/*.py"))
+            for n in ast.parse(p.read_text()).body if isinstance(n, ast.ClassDef)
+            and any(getattr(b, "id", "") in ("Strategy", "Workload") for b in n.bases)]
+    methods = [r for r in refs if "/methods/" in r]
+    specs, aliases = dict(REGISTRY.specs), dict(REGISTRY.aliases)
+    try:  # loading a method registers it: this process's other tests list what is registered
+        return tuple(dict.fromkeys(classes(methods, None) + [c for r in refs if "/workloads/" in r
+                                                              for c in classes([], r)]))
+    finally:
+        REGISTRY.specs, REGISTRY.aliases = specs, aliases
+
+
 def labkit_flags() -> set[str]:
     """Every flag of every labkit subcommand, of labkit model and of labkit.train."""
     from labkit.costmodel.cli import build_parser as model_parser
     from labkit.cli import build_parser
     from labkit.training.rank import parser as train_parser
 
-    top = build_parser()
+    top = build_parser(example_options())
     parsers = [top, model_parser(), train_parser(), *top.subcommands.choices.values()]
     return {f for p in parsers for f in FLAG.findall(p.format_help())}
 
@@ -126,8 +147,9 @@ def default_problems(page: Path) -> list[str]:
     import dataclasses
 
     from labkit.core.config import TrainConfig
+    from labkit.core.params import default
 
-    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name: default(f) for f in dataclasses.fields(TrainConfig)}
     plain = {"none": None, "on": True, "off": False}
     found, in_table = [], False
     for line in page.read_text().splitlines():

@@ -137,9 +137,16 @@ def resolves(dotted: str) -> bool:
         if node is None:
             return False
         if len(rest) > 1 and isinstance(node, ast.ClassDef):
-            return rest[1] in members(node)
+            return any(rest[1] in members(c) for c in with_bases(node, defined(path)))
         return True
     return False
+
+
+def with_bases(node: ast.ClassDef, names: dict) -> list[ast.ClassDef]:
+    """A class and the bases defined beside it in its module (TrainConfig's General), whose
+    members are its members too."""
+    bases = [names.get(b.id) for b in node.bases if isinstance(b, ast.Name)]
+    return [node, *(c for b in bases if isinstance(b, ast.ClassDef) for c in with_bases(b, names))]
 
 
 def path_problems(name: str, text: str) -> list[str]:

@@ -1,7 +1,8 @@
 """The GPU data path and the efficiency figures, checked where they can be on a CPU (seconds):
 the device-side batches and the JPEG decoding run on the CPU device here with the same code
-(labkit.training.gpu_data), FLOPs are counted on the meta device, MFU is arithmetic, and the
-report's data-loader flag reads a handmade result. The CUDA runs are tests/test_gpu_ranks.py."""
+(labkit.training.gpu_data, labkit.workloads.images.gpu_decode), FLOPs are counted on the meta
+device, MFU is arithmetic, and the report's data-loader flag reads a handmade result. The CUDA
+runs are tests/test_gpu_ranks.py."""
 from __future__ import annotations
 
 import random
@@ -18,7 +19,9 @@ from labkit.core.config import ConfigError, TrainConfig
 from labkit.workloads import resolve
 from labkit.training import gpu_data
 from labkit.training.data import ShardSampler, make_loader, train_sampler
+from labkit.workloads.images import gpu_decode
 from labkit.workloads.images.image_sets import SyntheticImages, build_datasets
+from labkit.workloads.images.jpeg_files import JpegFiles
 
 sys.path.insert(0, str(ROOT / "tools"))
 import make_jpeg_folder  # noqa: E402
@@ -81,7 +84,7 @@ def test_decoded_jpegs_match_the_cpu_path(jpeg_tree):
     training crops drawn from the loader's generator (same seed, same batch)."""
     cfg, cpu = _decoded(jpeg_tree, "cpu")
     _, files = _decoded(jpeg_tree, "gpu")
-    assert isinstance(files.train, gpu_data.JpegFiles)
+    assert isinstance(files.train, JpegFiles)
     assert files.train.samples == cpu.train.samples and files.val.samples == cpu.val.samples
     val = ShardSampler(len(cpu.val), 2, 1)
     ref = _batches(make_loader(cpu.val, val, 4, 0, False, drop_last=False, seed=0))
@@ -106,9 +109,9 @@ def test_crop_box_is_torchvisions_rule():
     rng = random.Random(0)
     for _ in range(200):
         h, w = rng.randint(20, 600), rng.randint(20, 600)
-        t, l, ch, cw = gpu_data.crop_box(h, w, rng)
+        t, l, ch, cw = gpu_decode.crop_box(h, w, rng)
         assert 0 <= t <= h - ch and 0 <= l <= w - cw and ch > 0 and cw > 0
-    assert gpu_data.crop_box(10, 1000, random.Random(0), scale=(1.0, 1.0)) == (0, 493, 10, 13)
+    assert gpu_decode.crop_box(10, 1000, random.Random(0), scale=(1.0, 1.0)) == (0, 493, 10, 13)
 
 
 def test_a_file_the_gpu_decoder_cannot_read_is_named_or_left_out(tmp_path, jpeg_tree, image_tree):

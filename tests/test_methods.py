@@ -36,8 +36,9 @@ def ring_cmd(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     (base / "my_methods").mkdir()
     shutil.copy(RING, base / "my_methods" / "ring.py")
     # gloo, as helpers.torchrun gives the equivalence runs on a machine with fewer GPUs than ranks
+    # with an option of the method's own (issue 84): 2 messages per round instead of 1
     p = _labkit(base, "run", "my_methods/ring.py:RingAllReduce", "--nproc", "2", *TINY,
-                "--backend", "gloo", "--runs-dir", "runs")
+                "--backend", "gloo", "--runs-dir", "runs", "--ring-segments", "2")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     found = list((base / "runs").glob("*_ring_all_reduce/results_ring_all_reduce.json"))
     assert len(found) == 1, found
@@ -67,16 +68,14 @@ def test_the_built_ins_are_registered_as_a_users_method_is():
         assert issubclass(cls, Strategy) and (cls.__module__, cls.__name__) == (module, name)
 
 
-# what a method of one's own declares on its class (registry.spec_of makes its spec of them)
-DECLARED = ("title", "exact", "phases", "serves")
-
-
 def test_a_built_ins_metadata_is_its_spec_alone():
     """Issue 58: DDP's class inherited Strategy's phases ("comm",) while its spec said (): two
-    places that disagreed. A built-in's class and its own bases declare none of the spec's
-    fields; a strategy's running phases are its spec's."""
+    places that disagreed. Issue 84: the class is the one place, a built-in's as a user's: its
+    spec is made of its declarations (registry.spec_of), the registry's spec of a built-in is
+    that one, and a strategy's running phases are its spec's."""
     from labkit.core.config import TrainConfig
     from labkit.training.dist import DistContext
+    from labkit.training.sync.registry import spec_of
 
     declared = {}
     ctx = DistContext(0, 1, 0, 1, "gloo", torch.device("cpu"))
@@ -85,11 +84,11 @@ def test_a_built_ins_metadata_is_its_spec_alone():
         if not s.builtin:
             continue
         cls = load_method(key)
-        own = [c for c in cls.__mro__ if issubclass(c, Strategy) and c is not Strategy]
-        declared[key] = sorted(a for c in own for a in DECLARED if a in vars(c))
+        declared[key] = vars(cls).get("key")
+        assert spec_of(cls, key, s.source, builtin=True) == s, key
         assert cls(TrainConfig(method=key), ctx).phases == s.phases, key
     assert {"ddp", "allreduce", "ps", "nosync", "localsgd"} <= set(declared)
-    assert declared == dict.fromkeys(declared, [])
+    assert declared == {k: k for k in declared}  # each class declares its own key
 
 
 def test_a_users_key_and_result_file_come_from_its_class_name():
@@ -163,6 +162,25 @@ def test_labkit_run_takes_a_users_method(ring_cmd):
         "check: ring_all_reduce is exact: after 3 steps on 2 trainers"), p.stdout[-3000:]
 
 
+@ring
+def test_a_users_method_has_flags_of_its_own(ring_run, capsys):
+    """A method's Options dataclass makes its flags (issue 84): `labkit run FILE:Class --help`
+    lists the ring's --ring-segments; the run was given 2, which its result file records under
+    the config's options and the ranks were handed (the resolved.json they read)."""
+    from labkit import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["run", str(RING) + ":RingAllReduce", "--help"])
+    assert done.value.code == 0
+    assert "--ring-segments RING_SEGMENTS" in capsys.readouterr().out
+    doc = load_json(ring_run / "results_ring_all_reduce.json")
+    assert doc["config"]["options"] == {"ring_segments": 2}
+    assert load_json(ring_run / "resolved.json")["train"]["options"] == {"ring_segments": 2}
+    with pytest.raises(SystemExit):  # a built-in's help does not list another method's options
+        cli.main(["run", "ddp", "--help"])
+    assert "--ring-segments" not in capsys.readouterr().out
+
+
 def test_a_name_that_names_no_method_is_one_line():
     with pytest.raises(ConfigError, match="unknown method 'sgd'.*path/to/file.py:Class"):
         methods.check_name("sgd")
@@ -205,14 +223,19 @@ def _lists_of_methods(path: Path) -> list[str]:
 
 def test_only_the_registry_lists_the_methods():
     """The report, notebooks, runs index and bench take methods, names and result files from
-    labkit.core.methods: no other module spells a result file or lists the three."""
-    registry_module = ROOT / "labkit" / "core" / "methods.py"
-    sources = [p for p in (ROOT / "labkit").rglob("*.py") if p != registry_module]
+    labkit.core.methods, which reads them from the classes' declarations written out
+    (labkit/core/builtins.py): no other module lists the three, and a result file is spelled
+    only by the class that declares it."""
+    written = ROOT / "labkit" / "core" / "builtins.py"
+    sources = [p for p in (ROOT / "labkit").rglob("*.py") if p != written]
+    own = {f: ROOT / (methods.spec(k).source.partition(":")[0].replace(".", "/") + ".py")
+           for k, (_, f) in GUIDE.items()}
     lists = [where for p in sources for where in _lists_of_methods(p)]
     files = [f"{p.relative_to(ROOT)}: {f}" for p in sources + list((ROOT / "notebooks").glob("*.ipynb"))
-             for _, f in GUIDE.values() if f in p.read_text()]
+             for _, f in GUIDE.values() if f in p.read_text() and p != own[f]]
     assert lists == [] and files == []
-    assert _lists_of_methods(registry_module), "the check finds a list of the three"
+    assert _lists_of_methods(written), "the check finds a list of the three"
+    assert all(f in own[f].read_text() for f in own)
 
 
 # ------------------------------------------------------------------ a method that cannot run

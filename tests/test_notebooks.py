@@ -11,6 +11,7 @@ import pytest
 
 from helpers import ROOT, tiny_cfg
 from labkit.core.config import TrainConfig
+from labkit.core.params import default
 from labkit.orchestrate.kernels import kernel_name
 from labkit.launch import launch_params
 from labkit.launch.launch_params import LAUNCH_PARAMS, NOTEBOOK_ONLY, LaunchParams
@@ -35,10 +36,10 @@ def test_committed_notebooks_have_no_outputs(path):
 
 def test_run_method_parameters_map_one_to_one_to_the_config():
     params = parameters_cell(ROOT / "notebooks" / "run_method.ipynb")
-    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name: default(f) for f in dataclasses.fields(TrainConfig)}
     assert set(params) == set(fields) | set(LAUNCH_PARAMS) | set(NOTEBOOK_ONLY)
     assert {k: params[k] for k in fields} == fields  # same defaults as the command line
-    launcher = {f.name: f.default for f in dataclasses.fields(LaunchParams)}
+    launcher = {f.name: default(f) for f in dataclasses.fields(LaunchParams)}
     assert {k: params[k] for k in launcher} == launcher and params["resolved"] is None
 
 

@@ -180,8 +180,8 @@ TOY = {
             return 0
         """,
     "labkit/core/__init__.py": "",
-    "labkit/core/methods.py": """\
-        METHODS = (MethodSpec("toy", "Toy", "labkit.training.sync.toy:Toy"),)
+    "labkit/core/builtins.py": """\
+        METHODS = {"toy": {"spec": {"key": "toy", "source": "labkit.training.sync.toy:Toy"}}}
         """,
 }
 

@@ -257,6 +257,38 @@ def test_dict_samples_are_read_by_the_workloads_keys(tmp_path):
     assert len(data.val) == len(w.datasets().val) == 32
 
 
+def test_a_workloads_options_are_flags_of_its_own(tmp_path, capsys, monkeypatch):
+    """A workload's Options dataclass makes its flags (issue 84): listed by --help once the
+    workload is named, given on the command line into the config's options, read by the
+    workload as self.options; a value its field refuses is one line."""
+    from labkit.core.config import TrainConfig
+
+    path = tmp_path / "opts.py"
+    path.write_text(DICTS.replace("class Dicts(Workload):", """from dataclasses import dataclass
+from labkit.core.params import option
+
+
+@dataclass
+class DictsOptions:
+    windows: int = option(96, "dicts: training windows", "data", at_least=8)
+
+
+class Dicts(Workload):
+    Options = DictsOptions""").replace("Tokens(96)", "Tokens(self.options.windows)"))
+    ref = f"{path}:Dicts"
+    monkeypatch.chdir(tmp_path)  # a default runs/ would be made here
+    with pytest.raises(SystemExit):
+        cli.main(["run", "ddp", "--workload", ref, "--help"])
+    assert "--windows WINDOWS" in capsys.readouterr().out
+    args = cli.parse_args(["run", "ddp", "--workload", ref, "--windows", "40"])
+    assert args["options"] == {"windows": 40}
+    w = make_workload(TrainConfig(workload=ref, options=args["options"]))
+    assert w.options.windows == 40 and len(w.datasets().train) == 40
+    assert cli.main(["run", "ddp", "--workload", ref, "--windows", "4", "--nproc", "2"]) == 2
+    assert "--windows must be at least 8 (got 4)" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["opts.py"]  # nothing made
+
+
 def test_a_plug_in_files_class_unpickles_in_a_process_that_never_loaded_it(tmp_path):
     """A DataLoader worker is sent the dataset pickled; its class lives in the user's file,
     loaded under a module name of labkit's: the worker imports the file by that name."""

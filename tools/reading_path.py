@@ -39,8 +39,8 @@ Static (ast only, nothing is imported), deterministic, and simple on purpose. Wh
    reading a ``@property`` is calling it. An object whose class is a base of the method's
    class (the loop's ``Strategy``) is the method's class: its hooks resolve on that class's
    MRO, so ``s.after_backward()`` reads DDP's for ddp and the parameter server's for ps.
-5. The method's class is the one labkit/core/methods.py registers for it (``MethodSpec``'s
-   ``package.module:Class``).
+5. The method's class is the one that declares its key (``key = "ddp"``), whose
+   ``package.module:Class`` labkit/core/builtins.py names (its spec's ``source``).
 
 ``obj(...)`` is ``__call__``, ``super().f`` the next class's ``f`` in the method's MRO. Calls
 the script cannot resolve (an unannotated parameter's methods, a callback from a list, torch's
@@ -60,7 +60,7 @@ from typing import Optional
 
 GUIDE = ("ddp", "allreduce", "ps")
 ENTRY = "labkit.train"
-REGISTRY = "labkit.core.methods"
+REGISTRY = "labkit.core.builtins"
 #: the instruments: modules that measure a step (its parts' times, the epoch's figures, the
 #: bytes on the wire). The step calls them as named components, read at the call site
 #: (``meter.step_ends(...)``, ``mark("sync")``), like torchtitan's metrics and profiler.
@@ -382,17 +382,17 @@ class Walk:
 
 
 def method_class(pkg: Package, method: str) -> Optional[tuple]:
-    """(module, ClassDef) that labkit/core/methods.py registers for ``method``."""
+    """(module, ClassDef) whose ``package.module:Class`` labkit/core/builtins.py gives as the
+    ``source`` of ``method``'s spec (read as text: nothing is imported)."""
     reg = pkg.modules.get(REGISTRY)
     for node in ast.walk(reg.tree) if reg else []:
-        if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "MethodSpec"
-                and node.args and getattr(node.args[0], "value", None) == method):
-            for a in node.args:
-                if isinstance(a, ast.Constant) and isinstance(a.value, str) and ":" in a.value:
-                    mod, _, name = a.value.partition(":")
-                    t = pkg.lookup(mod, name)
-                    if t and t[0] == "class":
-                        return t[1], t[2]
+        if isinstance(node, ast.Dict) and any(getattr(k, "value", None) == "key" for k in node.keys):
+            d = {getattr(k, "value", None): getattr(v, "value", None) for k, v in zip(node.keys, node.values)}
+            if d.get("key") == method and ":" in (d.get("source") or ""):
+                mod, _, name = d["source"].partition(":")
+                t = pkg.lookup(mod, name)
+                if t and t[0] == "class":
+                    return t[1], t[2]
     raise SystemExit(f"reading_path: no class registered for method {method!r} in {REGISTRY}")
 
 

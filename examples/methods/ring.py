@@ -17,19 +17,35 @@ two halves of the classic ring (Patarasuk and Yuan, 2009):
 Each rank sends and receives 2(n-1)/n of the gradient bytes, the bandwidth-optimal amount, and
 the sums run in another order than gloo's all-reduce: the method is exact (the same parameters
 as DDP up to summation order), which labkit checks.
+
+Its one option, ``--ring-segments S``, sends each round's chunk as S messages one after
+another: more, smaller messages, the latency-bandwidth trade a ring is tuned by (NCCL splits
+its chunks the same way). The sums are the same, so it stays exact.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from labkit.core.params import option
 from labkit.training.sync import Strategy, broadcast_parameters
+
+
+@dataclass
+class RingOptions:
+    # a field is a flag of every command that trains (--ring-segments), read as self.options
+    ring_segments: int = option(1, "ring: messages each round's chunk is sent as, one after "
+                                "another (more and smaller messages: latency against bandwidth)",
+                                at_least=1)
 
 
 class RingAllReduce(Strategy):
     title = "Ring All-Reduce"
     exact = True           # the same parameters as DDP, up to summation order
     phases = ("comm",)     # timed below with self.timer("comm"): result key avg_comm_time
+    Options = RingOptions  # its flags: `labkit run ring.py:RingAllReduce --help` lists them
 
     def setup(self, model: nn.Module) -> nn.Module:
         broadcast_parameters(model)  # every rank starts from rank 0's weights, as DDP does
@@ -65,6 +81,9 @@ class RingAllReduce(Strategy):
 
     def _exchange(self, send: torch.Tensor, recv: torch.Tensor, right: int, left: int) -> None:
         # through the lab's helpers: each transfer is timed and its bytes counted
-        out = self.send(send.contiguous(), dst=right, async_op=True)
-        self.recv(recv, src=left)
-        out.wait()
+        segments = self.options.ring_segments
+        for out_part, in_part in zip(send.contiguous().tensor_split(segments),
+                                     recv.tensor_split(segments)):
+            out = self.send(out_part, dst=right, async_op=True)
+            self.recv(in_part, src=left)
+            out.wait()

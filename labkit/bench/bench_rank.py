@@ -46,11 +46,11 @@ import torch.distributed as dist
 from labkit.core import layout
 from labkit.core.config import ConfigError, TrainConfig, build_parser
 from labkit.core.files import atomic_path, atomic_write_json
-from labkit.core.methods import moved_bytes
 from labkit.training import lifecycle
 from labkit.training.dist import env_world, is_distributed
 from labkit.training.instruments.timers import PARTS, Stopwatch, busy_figures
 from labkit.training.preflight import add_resolved, rank_config
+from labkit.training.sync import load_method
 
 from .plain_loop import rounds
 from .pricing import (AS_RUN, instrument_loops, instrument_pairs, loops_agree, per_step_work,
@@ -212,7 +212,7 @@ def measure(cfg: TrainConfig, steps: int, trials: int, warmup: int, profile_step
         doc["instruments"]["work"] = per_step_work(tr, data, doc["step_time"]["median"])
         params = [p for p in tr.model.parameters() if p.requires_grad]
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
-        push, pull = moved_bytes(cfg, grad_bytes)
+        push, pull = load_method(cfg.method).bytes_per_step(cfg, grad_bytes)
         wire = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.compress, params[0].dtype)
         collectives = (measure_collectives(push, max(pull, 4), wire, ctx.device)
                        if ctx.distributed else {})

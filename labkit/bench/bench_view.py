@@ -20,7 +20,7 @@ from typing import Optional
 from labkit.core import breakdown, stats
 from labkit.core import layout
 from labkit.core.files import atomic_path
-from labkit.core.methods import MethodSpec, find, register
+from labkit.core.methods import BASELINE, MethodSpec, find, register
 from labkit.core.run_folder import read_json
 from labkit.core.texttable import short_number
 from labkit.core.texttable import text_table as _table
@@ -96,7 +96,7 @@ def _rate(r: dict) -> str:
 def compare_to_ddp(results: list[dict]) -> None:
     """Throughput ratio to (uncompressed) DDP at the same process count, where it was run;
     also per trainer, which is fair to a parameter server (its servers do not train)."""
-    ddp = {r["nproc"]: r for r in results if r["variant"] == "ddp"}
+    ddp = {r["nproc"]: r for r in results if r["variant"] == BASELINE}
     for r in results:
         d = ddp.get(r["nproc"])
         r["throughput_vs_ddp"] = r["throughput"] / d["throughput"] if d else None
@@ -108,7 +108,7 @@ def vs_ddp_interval(r: dict, results: list[dict]) -> Optional[stats.Interval]:
     """Throughput relative to DDP at the same process count with its 95% CI over the two
     jobs' trials (stats.ratio_over_trials on the step times, scaled by the global batches);
     None without a DDP job, or for DDP itself."""
-    d = next((x for x in results if x["variant"] == "ddp" and x["nproc"] == r["nproc"]), None)
+    d = next((x for x in results if x["variant"] == BASELINE and x["nproc"] == r["nproc"]), None)
     if d is None or d is r:
         return None
     iv = stats.ratio_over_trials(d["step_time"]["trials"], r["step_time"]["trials"])

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.core.config import TrainConfig
+from labkit.core.methods import BASELINE
 from labkit.core.results import Epoch
 from labkit.training import guards
 from labkit.training.dist import is_distributed, sync_device
@@ -66,7 +67,7 @@ def instrument_loops(cfg: TrainConfig) -> dict[str, TrainConfig]:
     out = {AS_RUN: cfg}
     if cfg.times_comm:
         out["--time-comm off"] = dataclasses.replace(cfg, time_comm="off")
-        if cfg.method == "ddp" and cfg.compress == "none":  # a hook of its own leaves no choice
+        if cfg.method == BASELINE and cfg.compress == "none":  # a hook of its own: no choice
             other = "hook" if cfg.time_comm == "stats" else "stats"
             out[f"--time-comm {other}"] = dataclasses.replace(cfg, time_comm=other)
     if cfg.progress:

@@ -13,37 +13,28 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
-from . import params
+from . import builtins, params
+from .builtins import BuiltinOptions
 from .errors import ConfigError
-from .methods import check_name, result_file_of, server_ranks
+from .methods import BASELINE, check_name, result_file_of, server_ranks
+
+#: the workload a run trains unless --workload names another (its class declares it: the guide's)
+DEFAULT_WORKLOAD = next(name for name, d in builtins.WORKLOADS.items() if d["default"])
 
 __all__ = ["ConfigError", "TrainConfig", "VARIANTS", "DEFAULT_VARIANTS", "resolve_machine",
            "build_parser"]
 
 Amp = Literal["off", "bf16", "fp16"]
-PSMode = Literal["collective", "p2p"]
 Compress = Literal["none", "fp16", "bf16"]
 Backend = Literal["nccl", "gloo"]
 Device = Literal["cuda", "cpu"]
-Decode = Literal["gpu", "cpu"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 TimeComm = Literal["stats", "hook", "off"]
 
 #: Named variants of the methods (labkit bench --variants, labkit experiment --methods):
-#: name -> the TrainConfig fields that make it
-VARIANTS: dict[str, dict] = {
-    "ddp": dict(method="ddp"),
-    "allreduce": dict(method="allreduce"),
-    "ps": dict(method="ps", ps_mode="collective"),
-    "ps-p2p": dict(method="ps", ps_mode="p2p"),
-    "ps-sharded": dict(method="ps", ps_mode="collective", ps_servers=2),
-    "ps-async": dict(method="ps", ps_mode="collective", ps_staleness=2),
-    "ddp-fp16": dict(method="ddp", compress="fp16"),
-    "ddp-bf16": dict(method="ddp", compress="bf16"),
-    "allreduce-fp16": dict(method="allreduce", compress="fp16"),
-    "ps-fp16": dict(method="ps", ps_mode="collective", compress="fp16"),
-}
-DEFAULT_VARIANTS = ("ddp", "allreduce", "ps", "ps-p2p")  # labkit bench
+#: name -> the TrainConfig fields that make it, as each method's class declares them
+VARIANTS: dict[str, dict] = builtins.VARIANTS
+DEFAULT_VARIANTS = builtins.BENCH_VARIANTS  # labkit bench
 
 
 #: the concerns TrainConfig's fields are grouped by (each field's ``group``), in the order
@@ -66,13 +57,12 @@ def _f(group: str, default: Any, help: str, **meta: Any) -> Any:
 
 
 @dataclass
-class TrainConfig:
-    """One run's settings, flat as the flags are; each field belongs to one concern of GROUPS
-    (its metadata's ``group``), under which ``--help`` lists it, and its help text says what it
-    holds."""
-    GROUPS: ClassVar[dict[str, str]] = GROUPS
+class General:
+    """The settings of a run that are no method's or workload's own, flat as the flags are;
+    each field belongs to one concern of GROUPS (its metadata's ``group``), under which
+    ``--help`` lists it, and its help text says what it holds."""
 
-    method: str = _f("method", "ddp", "synchronisation method: ddp (DistributedDataParallel), allreduce "
+    method: str = _f("method", BASELINE, "synchronisation method: ddp (DistributedDataParallel), allreduce "
                      "(hand-written bucketed all-reduce), ps (parameter server on rank 0), an "
                      "installed package's method, or your own class as path/to/file.py:Class or "
                      "package.module:Class (docs/methods.md)")
@@ -92,7 +82,7 @@ class TrainConfig:
                                   "(default: cuda with nccl, cpu with gloo); --backend gloo "
                                   "--device cuda runs several ranks on one GPU, gloo moving CUDA "
                                   "tensors (tests of the CUDA code paths without one GPU per rank)")
-    workload: str = _f("model", "images", "what is trained and how it is judged: images (the guide's "
+    workload: str = _f("model", DEFAULT_WORKLOAD, "what is trained and how it is judged: images (the guide's "
                        "ResNet image classifiers), lm (a decoder-only transformer language "
                        "model), or your own class as path/to/file.py:Class or "
                        "package.module:Class (docs/workloads.md)")
@@ -106,24 +96,9 @@ class TrainConfig:
                               "resnet10_small on digits, else resnet50. lm: the transformer's "
                               "size, tiny | small | gpt2 (GPT-2 small, 124M); default tiny "
                               "(docs/workloads.md)")
-    seq_len: Optional[int] = _f("data", None, "lm: tokens in a sample's context window (default: 64 for "
-                                "tiny, 256 for small, 1024 for gpt2)")
     weights: Optional[str] = _f("model", None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
                                 "loaded with weights_only; a classifier head of another size is "
                                 "re-initialised")
-    num_classes: int = _f("data", 1000, "classes of the synthetic dataset")
-    image_size: Optional[int] = _f("data", None, "image side the model sees: digits are upsampled to it "
-                                   "(default 16, twice the scans' 8x8; at most 224), synthetic "
-                                   "images drawn at it and imagefolder images cropped to it "
-                                   "(default 32 for _small models, else 224)")
-    synthetic_samples: int = _f("data", 2048, "training samples in the synthetic dataset (val: a quarter)")
-    skip_bad_images: bool = _f("data", False, "imagefolder: leave out images PIL cannot open or verify "
-                               "(truncated, not images, unreadable) with a warning, instead of "
-                               "stopping with an error naming them")
-    decode: Optional[Decode] = _f("data", None, "imagefolder: where JPEGs are decoded and augmented: gpu "
-                                  "(loader workers read the files, torchvision's nvJPEG decoder "
-                                  "and the transforms run on the GPU) or cpu (PIL in the loader "
-                                  "workers); default: gpu on a GPU, else cpu")
     lr: Optional[float] = _f("optimisation", None, "learning rate (default: the workload's; images: 0.1 x "
                              "global batch / 256, the linear scaling rule of Goyal et al.)")
     momentum: float = _f("optimisation", 0.9, "SGD momentum")
@@ -137,18 +112,6 @@ class TrainConfig:
     warmup_steps: int = _f("measurement", 3, "steps per epoch left out of the steady-state throughput")
     amp: Amp = _f("model", "off", "mixed precision on GPUs: off | bf16 | fp16")
     channels_last: bool = _f("model", False, "use channels_last memory format (GPUs)")
-    bucket_mb: float = _f("method", 25.0, "allreduce and ps collective: gradient bucket size in MiB (the "
-                          "first bucket, the first gradients backward produces, at most 1 MiB "
-                          "as in DDP)")
-    no_overlap: bool = _f("method", False, "allreduce: all-reduce after backward instead of overlapping it")
-    ps_mode: PSMode = _f("method", "collective", "ps: collective (flat reduce + broadcast) or p2p (the "
-                         "guide's per-tensor send/recv)")
-    ps_servers: int = _f("method", 1, "ps: server ranks (0..K-1); K > 1 shards the flattened parameters "
-                         "across them, each server owning one slice (collective mode)")
-    ps_staleness: Optional[int] = _f("method", None, "ps: asynchronous with bounded staleness S: the server "
-                                     "applies each worker's gradient as it arrives and a worker "
-                                     "runs at most S steps ahead of the slowest (default: "
-                                     "synchronous)")
     time_comm: TimeComm = _f("measurement", "stats", "how communication is timed for the report's breakdown of "
                              "a step: stats (DDP: its reducer's own runtime statistics, read "
                              "every step, DDP's built-in C++ path untouched; the other methods: "
@@ -168,24 +131,6 @@ class TrainConfig:
     compress: Compress = _f("method", "none", "gradient compression for communication: none | fp16 | "
                             "bf16 (allreduce and ps send fp16 gradients; ddp uses PyTorch's "
                             "fp16_compress_hook or bf16_compress_hook)")
-    powersgd_rank: int = _f("method", 2, "powersgd: rank of the low-rank approximation of each gradient "
-                            "matrix (PowerSGDState's matrix_approximation_rank; 2 matched SGD's "
-                            "accuracy on CIFAR-10 ResNets in Vogels et al., 2019)")
-    powersgd_start_iter: int = _f("method", 10, "powersgd: steps of plain all-reduce before compression "
-                                  "starts (PowerSGDState's start_powerSGD_iter; at least 2)")
-    find_unused_parameters: bool = _f("method", False, "let the model have parameters that a step "
-                                      "gives no gradient (a forward that uses some layers on "
-                                      "some batches only): ddp and powersgd pass it to DDP, "
-                                      "which then walks the autograd graph from the outputs "
-                                      "after every forward to find them, a cost each step "
-                                      "(the other methods need no flag for them). Without it the "
-                                      "check before a run refuses such a model, naming them")
-    local_steps: int = _f("method", 8, "localsgd and diloco: local optimizer steps H between two "
-                          "synchronisations (no gradient communication in between)")
-    outer_lr: float = _f("method", 0.7, "diloco: the outer optimizer's learning rate (Nesterov SGD on the "
-                         "averaged parameter change; 0.7 as in Douillard et al., 2023)")
-    outer_momentum: float = _f("method", 0.9, "diloco: the outer optimizer's Nesterov momentum (0.9 as in "
-                               "Douillard et al., 2023)")
     compile: bool = _f("model", False, "torch.compile the model (GPUs; the first steps compile and count "
                        "as warm-up)")
     compile_backend: CompileBackend = _f("model", "inductor", "torch.compile's backend with --compile: "
@@ -210,6 +155,18 @@ class TrainConfig:
                         "(Linux; where no even share exists, e.g. 3 ranks on 2 cores, the OS "
                         "places them), so that where the OS puts the ranks does not change a "
                         "launch's speed (--no-pin-cpus: the OS places them)")
+    options: dict = field(default_factory=dict, metadata={
+        "help": "the options of a method or workload of one's own, by name (its Options "
+                "dataclass makes their flags; a built-in's are fields of their own)",
+        "group": "method", "flag": False})
+
+
+@dataclass
+class TrainConfig(BuiltinOptions, General):
+    """One run's settings, flat as the flags are: the general fields (:class:`General`), every
+    built-in method's and workload's options as their classes declare them
+    (labkit.core.builtins.BuiltinOptions), and a plug-in's options in ``options``."""
+    GROUPS: ClassVar[dict[str, str]] = GROUPS
 
     # --- helpers ---
     def __post_init__(self):
@@ -223,7 +180,11 @@ class TrainConfig:
         return self.time_comm != "off"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as every record holds it (``options`` only where a plug-in has some)."""
+        d = dataclasses.asdict(self)
+        if not d["options"]:
+            del d["options"]
+        return d
 
     def trainers(self, world_size: int) -> int:
         """Ranks that train: all of them, less a parameter server's server ranks."""
@@ -287,41 +248,34 @@ def _resolve_machine(c: TrainConfig, cuda_available: bool) -> None:
 
 
 def _resolve_device(c: TrainConfig, cuda_available: bool) -> None:
-    """--device and --decode against the machine (labkit.training.gpu_data decodes on the GPU)."""
+    """--device against the machine."""
     if c.device is None:
         c.device = "cuda" if c.backend == "nccl" else "cpu"
     if c.device == "cuda" and not cuda_available:
         raise ConfigError("--device cuda needs a CUDA GPU and none is available (use --device cpu)")
     if c.backend == "nccl" and c.device != "cuda":
         raise ConfigError("backend nccl runs on GPUs only: --device cpu needs --backend gloo")
-    if c.decode is None:
-        c.decode = "gpu" if c.device == "cuda" else "cpu"
-    if c.decode == "gpu" and c.device != "cuda":
-        raise ConfigError("--decode gpu needs the ranks on a CUDA GPU" + (
-            " and none is available (use --decode cpu)" if not cuda_available else
-            " (--device cuda, or the default nccl backend)"))
 
 
 def _check_ranges(c: TrainConfig) -> None:
-    for name in ("epochs", "batch_size", "local_steps", "powersgd_rank"):
+    """The general fields' ranges, then the options' (each as its owner declares it:
+    labkit.core.params.option), of every built-in's, so a mistyped option is refused whichever
+    method runs."""
+    for name in ("epochs", "batch_size"):
         if getattr(c, name) < 1:
             raise ConfigError(f"{params.flag(name)} must be at least 1 (got {getattr(c, name)})")
-    for name in ("max_steps_per_epoch", "max_val_steps", "seq_len"):
+    for name in ("max_steps_per_epoch", "max_val_steps"):
         v = getattr(c, name)
         if v is not None and v < 1:
             raise ConfigError(f"{params.flag(name)} must be at least 1 (got {v})")
-    for name in ("workers", "warmup_steps", "ps_staleness", "calibrate_steps"):
+    for name in ("workers", "warmup_steps", "calibrate_steps"):
         v = getattr(c, name)
         if v is not None and v < 0:
             raise ConfigError(f"{params.flag(name)} must be 0 or more (got {v})")
-    if c.ps_servers < 1:
-        raise ConfigError(f"--ps-servers must be at least 1 (got {c.ps_servers})")
-    if c.powersgd_start_iter < 2:  # PowerSGDState asserts it (error feedback, warm start)
-        raise ConfigError(f"--powersgd-start-iter must be at least 2: PyTorch's PowerSGD takes "
-                          f"two plain all-reduce steps first (got {c.powersgd_start_iter})")
-    for name in ("bucket_mb", "timeout", "loader_timeout"):
+    for name in ("timeout", "loader_timeout"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{params.flag(name)} must be positive (got {getattr(c, name)})")
+    params.check_ranges(c, tuple(f.name for f in dataclasses.fields(BuiltinOptions)))
 
 
 def check_optimizer(c: TrainConfig) -> None:
@@ -332,7 +286,3 @@ def check_optimizer(c: TrainConfig) -> None:
         raise ConfigError(f"--momentum must be in [0, 1) (got {c.momentum})")
     if c.weight_decay < 0:
         raise ConfigError(f"--weight-decay must be 0 or more (got {c.weight_decay})")
-    if not c.outer_lr > 0:
-        raise ConfigError(f"--outer-lr must be positive (got {c.outer_lr})")
-    if not 0 <= c.outer_momentum < 1:
-        raise ConfigError(f"--outer-momentum must be in [0, 1) (got {c.outer_momentum})")

@@ -1,8 +1,9 @@
-"""The methods as every layer knows them: one registry of specs, the built-in three included.
+"""The methods as every layer knows them: one registry of specs, the built-ins included.
 
-What a method *does* lives in its class (labkit.training.sync.Strategy, or a user's subclass in
-a file or package of their own); what every layer needs to *know* about it without importing
-the training code (the launcher, the result writer, the report) is its :class:`MethodSpec`:
+A method is its class (labkit.training.sync.Strategy, or a user's subclass in a file or package
+of their own), which declares everything about it; what every layer needs to *know* about it
+without importing the training code (the launcher, the result writer, the report) is its
+:class:`MethodSpec`, made of the class's declarations (labkit.training.sync.registry.spec_of):
 
 - its key (the folder and report name) and the guide's ``"method"`` string and result file
   name (for the built-ins a contract with the guide's users; for a user's method derived from
@@ -16,8 +17,10 @@ the training code (the launcher, the result writer, the report) is its :class:`M
 ``--method`` takes a registered key, the name of an installed package's entry point in the
 group :data:`ENTRY_POINT_GROUP`, or such a reference. The training side loads the class
 (labkit.training.sync.registry) and registers its spec here with :func:`register`, the
-function the built-ins below are registered with; a result file records its method's spec, so
-the report registers a user's method from the file without importing the user's code.
+function the built-ins are registered with, from labkit.core.builtins (their classes'
+declarations, written out for the processes that import no torch); a result file records its
+method's spec, so the report registers a user's method from the file without importing the
+user's code.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Callable, Iterator, Optional
 
+from . import builtins
 from .errors import ConfigError
 
 ENTRY_POINT_GROUP = "labkit.methods"
@@ -84,31 +88,18 @@ REGISTRY = Registry()
 register = REGISTRY.register
 find = REGISTRY.find
 
-for _s in (
-    MethodSpec("ddp", "Baseline DDP (PyTorch)", "Baseline DDP", "results_baseline_ddp.json",
-               (), False, True, "labkit.training.sync.ddp:DDPStrategy", True),
-    MethodSpec("allreduce", "Manual All-Reduce", "Manual All-Reduce", "results_all_reduce.json",
-               ("comm",), False, True, "labkit.training.sync.allreduce:AllReduceStrategy", True),
-    MethodSpec("ps", "Parameter Server (PS)", "Parameter Server", "results_ps.json",
-               ("pull", "push"), True, True, "labkit.training.sync.ps:ParameterServer", True),
-    # the bound: forward, backward and optimizer with no communication (--methods ...,nosync)
-    MethodSpec("nosync", "No synchronisation (bound)", "No sync (bound)", "results_nosync.json",
-               (), False, False, "labkit.training.sync.nosync:NoSync", True, True),
-    # communicating less, approximately (docs/communication-efficient.md)
-    MethodSpec("powersgd", "DDP with PowerSGD (PyTorch)", "PowerSGD", "results_powersgd.json",
-               (), False, False, "labkit.training.sync.powersgd:PowerSGD", True),
-    MethodSpec("localsgd", "Local SGD", "Local SGD", "results_localsgd.json",
-               ("comm",), False, False, "labkit.training.sync.local_sgd:LocalSGD", True),
-    MethodSpec("diloco", "DiLoCo", "DiLoCo", "results_diloco.json",
-               ("comm",), False, False, "labkit.training.sync.diloco:DiLoCo", True),
-):
-    register(_s)
+# the built-ins, in table order, as their classes declare them (labkit.core.builtins is written
+# from the classes for the processes that import no torch)
+for _d in builtins.METHODS.values():
+    register(MethodSpec(**{**_d["spec"], "phases": tuple(_d["spec"]["phases"])}))
 
 #: the guide's three: every comparison table has a row for each (a missing one says why)
-GUIDE_METHODS: tuple[str, ...] = ("ddp", "allreduce", "ps")
+GUIDE_METHODS: tuple[str, ...] = tuple(k for k, d in builtins.METHODS.items() if d["guide"])
 #: what `labkit experiment` runs without --methods: the guide's three and the no-communication
 #: bound, which puts an upper limit on what any method could gain by communicating less
-DEFAULT_METHODS: tuple[str, ...] = GUIDE_METHODS + ("nosync",)
+DEFAULT_METHODS: tuple[str, ...] = tuple(k for k, d in builtins.METHODS.items() if d["default"])
+#: the guide's baseline: the reference every speedup, verdict and projection is measured against
+BASELINE: str = next(k for k, d in builtins.METHODS.items() if d["baseline"])
 
 
 class _Keys(Sequence):
@@ -145,7 +136,6 @@ class _Field(Mapping):
 
 # the order of every table and figure: the built-ins, then methods in the order registered
 METHOD_ORDER: Sequence[str] = _Keys()
-METHODS = METHOD_ORDER
 SPECS: Mapping[str, MethodSpec] = _Field(lambda s: s)
 RESULT_FILES: Mapping[str, str] = _Field(lambda s: s.result_file)
 METHOD_NAMES: Mapping[str, str] = _Field(lambda s: s.guide_name)
@@ -224,12 +214,3 @@ def result_file_of(method: str) -> str:
 def server_ranks(method: str, ps_servers: int) -> int:
     """How many ranks serve: ``ps_servers`` for a parameter server, none otherwise."""
     return ps_servers if spec(method).serves else 0
-
-
-def moved_bytes(cfg, grad_bytes: int) -> tuple[int, int]:
-    """(bytes a trainer pushes or all-reduces per step, bytes it pulls per step) for a
-    TrainConfig ``cfg`` whose model's gradients are ``grad_bytes``: the bench's collectives
-    (labkit.bench.bench_rank) and an emulated cluster's link check (labkit.training.budget)."""
-    push = grad_bytes // 2 if cfg.compress != "none" else grad_bytes  # fp16, bf16: 2 bytes
-    pull = grad_bytes if spec(cfg.method).serves else 0  # a PS worker pulls fp32 parameters
-    return push, pull

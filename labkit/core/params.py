@@ -92,6 +92,53 @@ def field_types(cls: type) -> dict[str, FieldType]:
     return {f.name: _read(f.name, hints[f.name]) for f in dataclasses.fields(cls)}
 
 
+def option(default: Any, help: str, group: str = "method", **meta: Any) -> Any:
+    """A field of a method's or workload's options dataclass (its ``Options``): its default,
+    its help text for ``--help``, the concern it is listed under, and what it accepts:
+    ``at_least=N`` (a whole number N or more), ``positive=True`` (more than 0), ``below=X``
+    (less than X); None, where the type allows it, always passes."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, **meta})
+
+
+def check_ranges(obj: Any, fields: Optional[tuple[str, ...]] = None) -> None:
+    """ConfigError, one line, for the first field of the dataclass ``obj`` (of ``fields``, if
+    given) whose value its metadata refuses (:func:`option`)."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if v is None or (fields is not None and f.name not in fields):
+            continue
+        m, low = f.metadata, f.metadata.get("at_least")
+        if "below" in m and not (low or 0) <= v < m["below"]:
+            raise ConfigError(f"{flag(f.name)} must be in [{low or 0}, {m['below']}) (got {v})")
+        if low is not None and v < low:
+            raise ConfigError(f"{flag(f.name)} must be {'0 or more' if low == 0 else f'at least {low}'}"
+                              f" (got {v})")
+        if m.get("positive") and not v > 0:
+            raise ConfigError(f"{flag(f.name)} must be positive (got {v})")
+
+
+def options_of(cls: type, cfg: Any) -> Any:
+    """An instance of the options dataclass ``cls`` with the values a config ``cfg`` holds:
+    each a field of the config (a built-in's), else a key of its ``options`` (a method or
+    workload of one's own), else the field's default."""
+    own = getattr(cfg, "options", None) or {}
+    names = {f.name for f in dataclasses.fields(cfg)}
+    kw = {f.name: getattr(cfg, f.name) if f.name in names else own[f.name]
+          for f in dataclasses.fields(cls) if f.name in names or f.name in own}
+    return cls(**kw)
+
+
+def default(f: dataclasses.Field) -> Any:
+    """A field's default, one of its default_factory's making where it has that instead."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def flagged(cls: type) -> list[dataclasses.Field]:
+    """The fields of a parameter dataclass that are flags (not those marked ``flag=False``,
+    such as the config's ``options`` of a plug-in, whose own dataclass makes their flags)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("flag", True)]
+
+
 def choices(cls: type, name: str) -> tuple[str, ...]:
     """The allowed values of a Literal field."""
     return field_types(cls)[name].choices or ()
@@ -110,7 +157,7 @@ def add_arguments(p: argparse.ArgumentParser, cls: type, skip: tuple = (),
     titles = getattr(cls, "GROUPS", None) or {}  # fields of a concern under one heading of --help
     groups = {g: p.add_argument_group(title) for g, title in titles.items()}
     parser = p
-    for f in dataclasses.fields(cls):
+    for f in flagged(cls):
         if f.name in skip:
             continue
         p = groups.get(f.metadata.get("group"), parser)
@@ -147,14 +194,16 @@ def to_flags(obj: Any) -> list[str]:
     """A parameter dataclass -> the flags that give it (only values that differ from the
     defaults)."""
     args: list[str] = []
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if v == f.default:
+    values = [(f.name, getattr(obj, f.name), f.default) for f in flagged(type(obj))]
+    # a plug-in's options: each a flag its own Options dataclass adds to the parser
+    values += [(k, v, None) for k, v in (getattr(obj, "options", None) or {}).items()]
+    for name, v, default in values:
+        if v == default:
             continue
         if isinstance(v, bool):
-            args.append(flag(f.name) if v else "--no-" + f.name.replace("_", "-"))
+            args.append(flag(name) if v else "--no-" + name.replace("_", "-"))
         elif v is not None:
-            args += [flag(f.name), str(v)]
+            args += [flag(name), str(v)]
     return args
 
 

@@ -45,8 +45,8 @@ def read(path: str) -> tuple[TrainConfig, int, dict[str, Any]]:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{path!r} is not a resolved config ({type(e).__name__}: {e})") from None
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    if set(train) != names:  # written by another labkit: its fields are not these
-        odd = sorted(set(train) ^ names)
+    if set(train) | {"options"} != names:  # written by another labkit: its fields are not these
+        odd = sorted((set(train) | {"options"}) ^ names)  # (options: only a plug-in's are kept)
         raise ConfigError(f"{path!r} is not a resolved config of this labkit (field(s) "
                           f"{', '.join(odd)} differ)")
     methods.register(spec, train["method"])  # by its key and by the reference the config names

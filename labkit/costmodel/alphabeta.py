@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+from labkit.core import builtins
+
 MiB = 2 ** 20
 GB = 1e9  # bandwidths are in decimal GB/s, as vendors state them
 
@@ -14,7 +16,13 @@ DDP_BUCKET_BYTES = 25 * MiB      # DistributedDataParallel's bucket_cap_mb defau
 GPUS_PER_NODE = 8                # an HGX/DGX box
 ERROR_TARGET_PCT = 25.0          # compare_with_bench(): a prediction within this is "ok"
 
-MODELLED_METHODS = ("ddp", "allreduce", "ps", "ps_sharded")  # names predict_step takes
+#: method -> how the model predicts its step, as its class declares it (labkit.core.builtins):
+#: "ring" (bucketed ring all-reduces, overlapped with backward) or "server" (a parameter server)
+PATTERNS: dict[str, str] = {k: d["cost_model"] for k, d in builtins.METHODS.items() if d["cost_model"]}
+#: a parameter server sharded over several servers, as the model names it: "<method>_sharded"
+SHARDED = "_sharded"
+#: the names predict_step takes: the methods with a model, and each server's sharded form
+MODELLED_METHODS = (*PATTERNS, *(k + SHARDED for k, p in PATTERNS.items() if p == "server"))
 DEFAULT_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -219,13 +227,14 @@ def predict_step(method: str, compute: float, grad_bytes: float, p: int, link: L
     parameter server, the servers are extra processes); ``link``: the link between workers, or
     between nodes when ``intra`` (the link inside a node) is given.
 
-    - ``ddp`` / ``allreduce``: buckets of ``bucket_bytes`` (default 25 MiB), each ring
+    - a "ring" method (:data:`PATTERNS`: ddp, allreduce): buckets of ``bucket_bytes`` (default 25 MiB), each ring
       all-reduced; comm = sum of the buckets' all-reduce times; exposed = ``exposed_comm`` with
       backward = ``backward_fraction * compute`` (no overlap if ``overlap=False``).
-    - ``ps``: one server; comm = pull + push (``server_broadcast_time`` + ``server_reduce_time``);
+    - a "server" method (ps): one server; comm = pull + push (``server_broadcast_time`` + ``server_reduce_time``);
       nothing overlaps (the pull comes before forward, the push after backward), so
       exposed = comm.
-    - ``ps_sharded``: the same with ``servers`` servers (default: as many as workers).
+    - its ``<method>_sharded`` (ps_sharded): the same with ``servers`` servers (default: as many
+      as workers).
 
     Returns ``{"method", "p", "servers", "buckets", "compute", "comm", "exposed", "step"}``
     (seconds) with step = compute + exposed.
@@ -235,7 +244,7 @@ def predict_step(method: str, compute: float, grad_bytes: float, p: int, link: L
     if p < 1:
         raise ValueError(f"p must be at least 1 (got {p})")
     buckets = 0
-    if method in ("ddp", "allreduce"):
+    if PATTERNS.get(method) == "ring":
         sizes = bucket_sizes(grad_bytes, bucket_bytes or DDP_BUCKET_BYTES)
         times = [allreduce_time(s, p, link, intra, gpus_per_node) for s in sizes]
         comm = sum(times)
@@ -243,9 +252,9 @@ def predict_step(method: str, compute: float, grad_bytes: float, p: int, link: L
         buckets = len(sizes)
         servers = 0
     else:
-        if method == "ps":
+        if method in PATTERNS:
             if servers not in (None, 1):
-                raise ValueError("method 'ps' has one server; use 'ps_sharded' for more")
+                raise ValueError(f"method {method!r} has one server; use {method + SHARDED!r} for more")
             servers = 1
         elif servers is None:
             servers = p

@@ -9,7 +9,9 @@ from typing import Iterable, Optional
 
 from labkit.bench.bench_view import check, probe_streams
 
-from .alphabeta import DDP_BUCKET_BYTES, ERROR_TARGET_PCT, Link, MiB, predict_step
+from labkit.core import builtins
+
+from .alphabeta import DDP_BUCKET_BYTES, ERROR_TARGET_PCT, PATTERNS, SHARDED, Link, MiB, predict_step
 
 
 BURST_MARGIN = 4  # calibrate: sizes within 4 tbf bursts per ring edge are left out on a link
@@ -173,13 +175,15 @@ def predict_row(row: dict, link: Link, config: Optional[dict] = None) -> dict:
     n = float(row["grad_bytes"])
     compute = median_of(row["compute_time"])
     nproc = int(row.get("world_size") or row["nproc"])
-    if method == "ps":
+    if PATTERNS.get(method) == "server":
         servers = int(row.get("servers") or config.get("ps_servers") or 1)
         workers = int(row.get("trainers") or nproc - servers)
-        return predict_step("ps" if servers == 1 else "ps_sharded", compute, n, workers, link,
-                            servers=servers)
+        return predict_step(method if servers == 1 else method + SHARDED, compute, n, workers,
+                            link, servers=servers)
     bucket_mb = row.get("bucket_mb") or config.get("bucket_mb") or DDP_BUCKET_BYTES / MiB
-    overlap = True if method == "ddp" else _row_overlap(row, config)
+    # a method without the option always overlaps (DDP); the others as the row says
+    overlap = (_row_overlap(row, config) if "no_overlap" in builtins.METHODS[method]["options"]
+               else True)
     return predict_step(method, compute, n, nproc, link, bucket_bytes=bucket_mb * MiB,
                         overlap=overlap)
 

@@ -14,6 +14,7 @@ from labkit.bench.bench_view import link_fit_line
 from labkit.bench.bench_view import load as load_bench
 from labkit.core.cliparser import OneLineParser
 from labkit.core.files import atomic_write_json
+from labkit.core.methods import BASELINE
 from labkit.core.texttable import text_table
 
 from .alphabeta import BACKWARD_FRACTION, ERROR_TARGET_PCT, GPUS_PER_NODE, INTERCONNECTS, MiB
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _projection_inputs(doc: dict, args) -> tuple[float, float, Optional[int]]:
     """compute (s), gradient bytes and batch: the flags, else the bench's first DDP row at its
     fewest processes (else its first row)."""
-    rows = sorted(doc["results"], key=lambda r: (r["method"] != "ddp", r["nproc"]))
+    rows = sorted(doc["results"], key=lambda r: (r["method"] != BASELINE, r["nproc"]))
     base = rows[0]
     compute = args.compute_ms / 1e3 if args.compute_ms else median_of(base["compute_time"])
     grad = args.grad_mb * MiB if args.grad_mb else float(base["grad_bytes"])

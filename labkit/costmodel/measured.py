@@ -22,7 +22,7 @@ that sends in every step is taken to all-reduce 25 MiB buckets while backward ru
 model's DDP (optimistic for one that all-reduces only after backward); one that talks every
 few steps waits for its round (no overlap). Not modelled: the
 compute a method adds to compress (PowerSGD's matrix products), stragglers, and accuracy,
-which Table 10 judges.
+which the report's table of time to accuracy over seeds judges.
 """
 from __future__ import annotations
 
@@ -31,11 +31,16 @@ from typing import Optional, Sequence
 import numpy as np
 
 from labkit.core import breakdown
+from labkit.core.methods import BASELINE
 from labkit.core.results import Result
 
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS,
-                        INTERCONNECTS, allreduce_time, bucket_sizes, exposed_comm, get_link,
-                        predict_step)
+                        INTERCONNECTS, PATTERNS, allreduce_time, bucket_sizes, exposed_comm,
+                        get_link, predict_step)
+
+#: the one-server parameter server's model, which every method whose ranks serve is projected
+#: by (the model's "server" pattern, as the built-in parameter server declares it)
+SERVER = next(k for k, p in PATTERNS.items() if p == "server")
 
 
 def trainers_wire(doc: Result) -> Optional[tuple[float, float, int]]:
@@ -79,7 +84,7 @@ def project_one(inputs: dict, p: int, link, *, serves: bool,
     """One method's projected step on ``p`` GPUs: {"compute", "comm", "exposed", "step"} (s)."""
     c = inputs["compute"]
     if serves:  # a PS worker pulls and pushes what it sent: the model's one-server PS
-        pred = predict_step("ps", c, inputs["sent"], p, link)
+        pred = predict_step(SERVER, c, inputs["sent"], p, link)
         return {k: pred[k] for k in ("compute", "comm", "exposed", "step")}
     sizes = bucket_sizes(inputs["round"], DDP_BUCKET_BYTES)
     times = [allreduce_time(s, p, link, intra) for s in sizes]
@@ -108,7 +113,7 @@ def project_methods(inputs: dict[str, dict], serves: dict[str, bool],
     return rows
 
 
-def where_it_wins(rows: list[dict], m: str, base: str = "ddp",
+def where_it_wins(rows: list[dict], m: str, base: str = BASELINE,
                   margin: float = 0.01) -> dict[str, Optional[int]]:
     """{link: the smallest GPU count at which ``m``'s projected step is shorter than
     ``base``'s by more than ``margin``, None if at none}."""

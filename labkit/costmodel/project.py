@@ -7,7 +7,8 @@ from typing import Optional, Sequence, Union
 from labkit.core.files import atomic_path
 
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS, GB,
-                        GPUS_PER_NODE, MODELLED_METHODS, Link, MiB, get_link, predict_step)
+                        GPUS_PER_NODE, MODELLED_METHODS, PATTERNS, SHARDED, Link, MiB, get_link,
+                        predict_step)
 
 
 def project(compute_time: float, grad_bytes: float,
@@ -36,11 +37,12 @@ def project(compute_time: float, grad_bytes: float,
         link = get_link(key)
         for p in gpus:
             for method in methods:
-                servers = ps_servers if method == "ps_sharded" else None
+                sharded = method.endswith(SHARDED) and method not in PATTERNS
+                servers = ps_servers if sharded else None
                 pred = predict_step(method, compute_time, grad_bytes, p, link,
                                     bucket_bytes=bucket_bytes, servers=servers,
                                     backward_fraction=backward_fraction,
-                                    intra=intra_link if method in ("ddp", "allreduce") else None,
+                                    intra=intra_link if PATTERNS.get(method) == "ring" else None,
                                     gpus_per_node=gpus_per_node)
                 rows.append({
                     "link": key if isinstance(key, str) else link.name,
@@ -101,8 +103,12 @@ def plot_projection(rows: list[dict], path: str) -> str:
     nrows = math.ceil(len(links) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows),
                              sharex=True, sharey=True, squeeze=False)
-    # ddp wide underneath: with equal bucket sizes allreduce's line lies on top of it
-    styles = {"ddp": ("o-", 4), "allreduce": ("s--", 1.5), "ps": ("^-", 1.5), "ps_sharded": ("v:", 2)}
+    # the first ring method (DDP) wide underneath: with equal bucket sizes the next one's
+    # (the hand-written all-reduce's) line lies on top of it
+    rings = [m for m in methods if PATTERNS.get(m) == "ring"]
+    styles = {**dict(zip(rings, [("o-", 4), ("s--", 1.5)])),
+              **{m: ("^-", 1.5) for m in methods if PATTERNS.get(m) == "server"},
+              **{m: ("v:", 2) for m in methods if m.endswith(SHARDED) and m not in PATTERNS}}
     gpus = sorted({r["gpus"] for r in rows})
     for ax, key in zip(axes.flat, links):
         mine = [r for r in rows if r["link"] == key]

@@ -33,28 +33,23 @@ import signal
 import sys
 import uuid
 
+from labkit.core import builtins
+
 #: what every rank imports before its first step, measured with ``python -X importtime``: torch
-#: and its distributed packages, labkit's training layer and its methods; torch._dynamo too,
-#: which the first call of any torch.optim optimizer imports (torch._disable_dynamo: 1.4 s)
+#: and its distributed packages, labkit's training layer; torch._dynamo too, which the first
+#: call of any torch.optim optimizer imports (torch._disable_dynamo: 1.4 s); then every built-in
+#: method's module and what it declares it imports (its class's ``preload``)
 COMMON = [
     "torch", "torch._dynamo", "torch.distributed", "torch.distributed.elastic.multiprocessing.errors",
-    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
-    "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook", "torch.nn.parallel",
     "torch.utils.flop_counter", "torch.utils.data", "psutil",
     "labkit.training.lifecycle", "labkit.training.rank", "labkit.training.trainer",
     "labkit.training.data", "labkit.training.sync.registry", "labkit.workloads.catalog",
     "labkit.training.instruments.exactness",
-    *(f"labkit.training.sync.{m}" for m in (
-        "ddp", "allreduce", "ps", "ps_async", "ps_collective", "ps_p2p", "ps_sharded",
-        "powersgd", "local_sgd", "diloco", "nosync")),
+    *dict.fromkeys(m for d in builtins.METHODS.values() for m in d["preload"]),
 ]
-#: what a built-in workload's ranks import beyond COMMON (labkit.workloads.catalog.BUILTIN):
-#: the language model's need no torchvision
-BY_WORKLOAD = {
-    "images": ["torchvision", "labkit.workloads.images.models",
-               "labkit.workloads.images.image_sets"],
-    "lm": ["labkit.workloads.lm.model", "labkit.workloads.lm.corpus"],
-}
+#: what a built-in workload's ranks import beyond COMMON, as its class declares it: the
+#: language model's need no torchvision
+BY_WORKLOAD = {name: list(d["preload"]) for name, d in builtins.WORKLOADS.items()}
 #: what the warm process imports when the launch's workload is not known: every built-in's
 PRELOAD = COMMON + [m for mods in BY_WORKLOAD.values() for m in mods]
 #: what an experiment's warm process (labkit.launch.warm) imports beyond a workload's preload:

@@ -237,7 +237,7 @@ def _from_resolved(path: str, given: dict, injected: dict):
     too, so the executed notebook shows what ran); any other value is refused, not ignored."""
     cfg, nproc, nodes = resolved.read(path)
     held = {**cfg.to_dict(), **nodes, "nproc": nproc}
-    defaults = {f.name: f.default for c in (TrainConfig, LaunchParams) for f in dataclasses.fields(c)}
+    defaults = {f.name: params.default(f) for c in (TrainConfig, LaunchParams) for f in dataclasses.fields(c)}
     other = {**{k: v for k, v in given.items() if v not in (defaults[k], held.get(k, defaults[k]))},
              **injected}
     if other:
@@ -256,7 +256,7 @@ def parameters_cell(width: int = 100) -> str:
              "None = automatic.", "# Made by tools/parameters_cell.py from those classes: "
              "edit their defaults, not this cell."]
     fields = [f for c in (TrainConfig, LaunchParams) for f in dataclasses.fields(c)]
-    own = [(f.name, f.default, f.metadata.get("help", "")) for f in fields]
+    own = [(f.name, params.default(f), f.metadata.get("help", "")) for f in fields]
     for name, default, help_ in own + [(k, None, h) for k, h in NOTEBOOK_ONLY.items()]:
         line = f"{name} = {default!r}  # {help_}"
         lines.append(line if len(line) <= width else line[: width - 3] + "...")

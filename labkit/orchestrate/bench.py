@@ -41,7 +41,7 @@ from labkit.bench.instrument_cost import instrument_lines
 from labkit.core import layout
 from labkit.core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from labkit.core.files import atomic_write_json, now_str
-from labkit.core.methods import absolute, is_name, key_of, spec
+from labkit.core.methods import BASELINE, absolute, is_name, key_of, spec
 from labkit.core.run_folder import read_json
 from labkit.core.status import Status
 from labkit.costmodel.calibrate import link_fit
@@ -203,7 +203,7 @@ def _overhead_jobs(cfg: TrainConfig, plan: BenchPlan, skipped: list) -> list:
 
     out = []
     for n in plan.nprocs:
-        vcfg = dataclasses.replace(cfg, out=None, **VARIANTS["ddp"])
+        vcfg = dataclasses.replace(cfg, out=None, **VARIANTS[BASELINE])
         try:
             why = unsupported(vcfg)
             if why:

@@ -68,7 +68,7 @@ def checking_line(key: str, nproc: int, steps: int, timeout: float, workload: st
 
 def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS,
                  timeout: float = CHECK_TIMEOUT, say=None,
-                 workload: str = DEFAULT_WORKLOAD) -> tuple[bool, str]:
+                 workload: str = DEFAULT_WORKLOAD, options: Optional[dict] = None) -> tuple[bool, str]:
     """(exact or approximate, one line). ConfigError for a method that does not load.
     ``timeout``: how long a collective may wait; ``say``: called with the line that says what
     is being checked and how long it may take, before the ranks start. The ranks run with the
@@ -97,7 +97,7 @@ def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS
                       max_steps_per_epoch=steps, max_val_steps=1, lr=0.01, calibrate_steps=0,
                       checkpoint=False, progress=False, pin_cpus=False, backend="gloo",
                       device="cpu", workers=0, timeout=timeout, debug_collectives=not s.builtin,
-                      **small)
+                      options=dict(options or {}), **small)
     (say or log.info)(checking_line(s.key, nproc, steps, timeout, workload))
     tmp = tempfile.mkdtemp(prefix="labkit-check-")
     out = os.path.join(tmp, s.key)
@@ -113,19 +113,24 @@ def check_method(method: str, nproc: int = CHECK_NPROC, steps: int = CHECK_STEPS
 
 
 def check_before_measuring(method: str, nproc: int = CHECK_NPROC, timeout: float = CHECK_TIMEOUT,
-                           workload: str = DEFAULT_WORKLOAD) -> Optional[str]:
+                           workload: str = DEFAULT_WORKLOAD,
+                           options: Optional[dict] = None) -> Optional[str]:
     """For a method of one's own that claims exactness: its check's line; ConfigError (one
     line, nothing else run) when it is not exact. None for the built-ins (the tests check
     them) and approximate methods. ``timeout``: the run's --timeout, the check's own bound
-    (CHECK_TIMEOUT) where that is longer."""
+    (CHECK_TIMEOUT) where that is longer; ``options``: the method's own (checked first, and
+    the check runs with them)."""
+    from labkit.core import params
     from labkit.training.sync import load_method
 
-    load_method(absolute(method))  # ConfigError, one line, for a method that does not load
+    cls = load_method(absolute(method))  # ConfigError, one line, for a method that does not load
+    params.check_ranges(params.options_of(cls.Options, TrainConfig(options=dict(options or {}))))
     s = find(absolute(method))
     if s.builtin or not s.exact:
         return None
     exact, line = check_method(method, max(2, min(nproc, CHECK_NPROC)),
-                               timeout=min(timeout, CHECK_TIMEOUT), workload=workload)
+                               timeout=min(timeout, CHECK_TIMEOUT), workload=workload,
+                               options=options)
     if not exact:
         raise ConfigError(line)
     return f"check: {line}"
@@ -135,7 +140,7 @@ def checked_launch(cfg: TrainConfig, nproc: int, out: str, nodes, **kw):
     """`labkit run`: the exactness check of a method of one's own, then its launch."""
     from labkit.launch.launch import launch
 
-    line = check_before_measuring(cfg.method, nproc, cfg.timeout, cfg.workload)
+    line = check_before_measuring(cfg.method, nproc, cfg.timeout, cfg.workload, cfg.options)
     if line:
         log.info("%s", line)
     return launch(cfg, nproc, out, nodes, **kw)

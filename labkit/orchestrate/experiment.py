@@ -85,7 +85,8 @@ def prepare(cfg: TrainConfig, exp: Experiment,
         cluster.check_machine(spec)
     # a method of one's own that claims exactness: checked first (seconds), or nothing runs
     checked = [line for c in p.resolved.values()
-               if (line := check_before_measuring(c.method, p.nproc, c.timeout, c.workload))]
+               if (line := check_before_measuring(c.method, p.nproc, c.timeout, c.workload,
+                                                  c.options))]
     # packages, code, data fingerprints: before any folder
     return dataclasses.replace(p, snap=snapshot(p.resolved, p.cfg.seed), plan=p.plan + checked)
 

@@ -13,7 +13,7 @@ from statistics import mean
 from labkit.core import breakdown, stats
 from labkit.core import efficiency
 from labkit.core.health import diverged_where, replicas_verdict
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label
+from labkit.core.methods import BASELINE, METHOD_ORDER, SHORT, SPECS, label
 from labkit.core.results import NAN
 
 from .blocks import Block, Markdown
@@ -36,7 +36,7 @@ def judged_lines(res: RunResults) -> list[str]:
     docs = res.ok
     if len(docs) < 2:
         return []
-    if "ddp" not in docs:
+    if BASELINE not in docs:
         return ["No Baseline DDP result, so no speedup or accuracy verdicts."]
     lines = [f"Speed: {RULE}."] + context_lines(res, speed_verdicts(res))
     chance = chance_only(res)
@@ -71,11 +71,11 @@ def _speed(res: RunResults, m: str) -> str:
     """The paragraph's first sentence: the speed verdict against DDP (without the name that
     starts it), or DDP's own throughput."""
     docs = res.ok
-    if m == "ddp" or "ddp" not in docs or len(docs) < 2:
+    if m == BASELINE or BASELINE not in docs or len(docs) < 2:
         what = "accuracy" if res.view.guide else res.view.target.label
-        ref = f"the reference for speed and {what}, " if m == "ddp" and len(docs) > 1 else ""
+        ref = f"the reference for speed and {what}, " if m == BASELINE and len(docs) > 1 else ""
         return f"{ref}{docs[m].overall.avg_train_throughput:.1f} {res.view.rate} on average."
-    others = [k for k in METHOD_ORDER if k in docs and k != "ddp"]
+    others = [k for k in METHOD_ORDER if k in docs and k != BASELINE]
     return speed_sentence(res, m, speed_verdicts(res)[others.index(m)]).split(": ", 1)[1]
 
 
@@ -86,8 +86,10 @@ def _time(res: RunResults, m: str) -> list[str]:
     ep, comm = d.epochs, d.overall.comm
     step = mean(e.avg_batch_time for e in ep if e.avg_batch_time is not None) if ep else NAN
     out = []
-    a = comm.get("comm", NAN) if m == "allreduce" else NAN
-    pull, push = (comm.get("pull", NAN), comm.get("push", NAN)) if m == "ps" else (NAN, NAN)
+    s = SPECS[m]  # an exact method's "comm" phase is its gradients' all-reduce; a PS's, two
+    a = comm.get("comm", NAN) if s.exact and "comm" in s.phases else NAN
+    pull, push = ((comm.get("pull", NAN), comm.get("push", NAN)) if {"pull", "push"} <= set(s.phases)
+                  else (NAN, NAN))
     if a == a and step == step:
         out.append(f"A trainer waited {1000 * a:.1f} ms per step for gradient all-reduce after "
                    f"backward, {100 * a / step:.0f}% of its {1000 * step:.0f} ms step.")

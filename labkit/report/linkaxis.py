@@ -23,7 +23,7 @@ from typing import Optional
 
 from labkit.core import stats
 from labkit.core.files import atomic_path
-from labkit.core.methods import METHOD_ORDER, SPECS, label
+from labkit.core.methods import BASELINE, METHOD_ORDER, SPECS, label
 from labkit.core.results import Result
 from labkit.core.status import Status
 from labkit.core.texttable import text_table
@@ -36,7 +36,7 @@ UNSHAPED_GAP = 4.0
 DODGE = 1.06
 #: a method beats DDP at a rate: the label its comparison gets there
 FASTER, SLOWER, NOISE, SKIP = "faster", "slower", "within noise", "not judged"
-BASE = "ddp"
+BASE = BASELINE
 
 
 def is_link_sweep(sw) -> bool:

@@ -179,18 +179,18 @@ def plot_communication(res: RunResults, ax):
         return
     docs, c = res.ok, comm_ms(res)
     labels, comm_parts, rest = [], [], []
-    for m in ("allreduce", "ps"):
-        if m not in docs:
-            continue
+    # the methods that time their communication in phases: the hand-written all-reduce's "comm",
+    # the parameter server's pull and push (DDP's is inside PyTorch: the breakdown's)
+    for m in [m for m in METHOD_ORDER if m in docs and SPECS[m].phases]:
         step = 1000 * mean(e.avg_batch_time for e in docs[m].epochs if e.avg_batch_time is not None)
         parts = c[m]
         labels.append(label(m))
         comm_parts.append(parts)
         rest.append(max(0.0, step - sum(parts.values())))
-    colors = {"allreduce": "#55A868", "pull": "#DD8452", "push": "#C44E52"}
-    names = {"allreduce": "all-reduce", "pull": "parameter pull", "push": "gradient push"}
+    colors = {"comm": "#55A868", "pull": "#DD8452", "push": "#C44E52"}
+    names = {"comm": "all-reduce", "pull": "parameter pull", "push": "gradient push"}
     bottom = [0.0] * len(labels)
-    for part in ("allreduce", "pull", "push"):
+    for part in ("comm", "pull", "push"):
         vals = [p.get(part, 0.0) for p in comm_parts]
         if any(vals):
             ax.bar(labels, vals, bottom=bottom, color=colors[part], label=names[part])

@@ -9,7 +9,7 @@ from typing import Optional
 
 from labkit.core import breakdown
 from labkit.core.config import VARIANTS
-from labkit.core.methods import SPECS, label
+from labkit.core.methods import BASELINE, SPECS, label
 from labkit.core.run_folder import goodputs
 from labkit.core.texttable import text_table
 from labkit.costmodel import INTERCONNECTS, get_link
@@ -39,10 +39,10 @@ def inputs_of(res: RunResults) -> Optional[dict[str, dict]]:
         x = measured_inputs(runs[0]) if runs else None
         if x is not None:
             inputs[m] = x
-    if "ddp" not in inputs or len(inputs) < 2:
+    if BASELINE not in inputs or len(inputs) < 2:
         return None
     for x in inputs.values():  # the same compute: the projection compares what each sends
-        x["compute"] = inputs["ddp"]["compute"]
+        x["compute"] = inputs[BASELINE]["compute"]
     return inputs
 
 
@@ -80,13 +80,13 @@ def projected(res: RunResults) -> Optional[tuple[float, dict[str, dict[str, tupl
     links = list(dict.fromkeys(r["link"] for r in proj))
     out: dict[str, dict[str, tuple]] = {}
     for m, x in inputs.items():
-        now = where_it_wins(proj, m) if m != "ddp" else {}
-        out[m] = {k: (step[("ddp", k)] / step[(m, k)], now.get(k) is not None,
-                      None if m == "ddp" else
-                      _when(break_even(x, inputs["ddp"], AT, get_link(k), serves=serves[m],
-                                       base_serves=serves["ddp"], low=GRID[0], high=GRID[1])))
+        now = where_it_wins(proj, m) if m != BASELINE else {}
+        out[m] = {k: (step[(BASELINE, k)] / step[(m, k)], now.get(k) is not None,
+                      None if m == BASELINE else
+                      _when(break_even(x, inputs[BASELINE], AT, get_link(k), serves=serves[m],
+                                       base_serves=serves[BASELINE], low=GRID[0], high=GRID[1])))
                   for k in links}
-    return inputs["ddp"]["compute"], out
+    return inputs[BASELINE]["compute"], out
 
 
 def _as_ddp(cells: dict[str, tuple]) -> bool:
@@ -108,7 +108,7 @@ def rows(got) -> list[dict]:
              **{INTERCONNECTS[k].name: f"{ratio:.2f}x" + ("" if _never(cells) or when == "never"
                                                           else f"; wins: {when}")
                 for k, (ratio, _, when) in cells.items()}}
-            for m, cells in got[1].items() if m != "ddp" and not _as_ddp(cells)]
+            for m, cells in got[1].items() if m != BASELINE and not _as_ddp(cells)]
 
 
 def lines(got) -> list[str]:
@@ -116,7 +116,7 @@ def lines(got) -> list[str]:
     interconnect, or that it never beats DDP at any compute time per step."""
     out = []
     for m, cells in got[1].items():
-        if m == "ddp":
+        if m == BASELINE:
             continue
         if _as_ddp(cells):
             out.append(f"{label(m)}: the same as DDP (1.00x) on every interconnect, at any "
@@ -130,8 +130,8 @@ def lines(got) -> list[str]:
 def sentence(got) -> str:
     """The projection in one sentence, for the report's summary."""
     wins = {m: [INTERCONNECTS[k].name for k, (_, now, _) in cells.items() if now]
-            for m, cells in got[1].items() if m != "ddp"}
-    some = {m: when for m, cells in got[1].items() if m != "ddp"
+            for m, cells in got[1].items() if m != BASELINE}
+    some = {m: when for m, cells in got[1].items() if m != BASELINE
             for _, _, when in cells.values() if when != "never"}
     now = "; ".join(f"{label(m)} on {', '.join(k)}" for m, k in wins.items() if k)
     head = (f"Projected to {AT} GPUs at this run's compute ({_ms(got[0])} per step; "

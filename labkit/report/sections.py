@@ -13,7 +13,7 @@ from labkit.bench import bench_view
 from labkit.core import layout
 from labkit.core.config import VARIANTS
 from labkit.core.files import atomic_path
-from labkit.core.methods import label
+from labkit.core.methods import BASELINE, label
 from labkit.core.run_folder import RunFolder
 from labkit.core.status import Status
 
@@ -92,7 +92,7 @@ def cost_model_blocks(doc: dict, out: Optional[Path]) -> list[Block]:
     blocks += [TableCaption("costmodel", fields=dict(ok=sum(ok), total=len(ok),
                                                      target=costmodel.ERROR_TARGET_PCT)),
                Table(costmodel.validation_table(checks))]
-    base = sorted(doc["results"], key=lambda r: (r["method"] != "ddp", r["nproc"]))[0]
+    base = sorted(doc["results"], key=lambda r: (r["method"] != BASELINE, r["nproc"]))[0]
     compute, grad = base["compute_time"]["median"], float(base["grad_bytes"])
     rows = costmodel.project(compute, grad, batch=base["batch_size"])
     where = ("measured on this CPU, so the curves show what each network would do to a step of "

@@ -25,7 +25,7 @@ import numpy as np
 from labkit.core import stats
 from labkit.core.config import VARIANTS
 from labkit.core.health import diverged_where
-from labkit.core.methods import METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
+from labkit.core.methods import BASELINE, METHOD_ORDER, SHORT, SPECS, label  # noqa: F401 (SHORT: tests read seeds.SHORT)
 from labkit.core.results import Result
 from labkit.core.status import Status
 from labkit.core.texttable import text_table, two_decimals
@@ -38,8 +38,10 @@ from .workload_view import measure, target_value, time_to_target, view_of_docs
 
 #: where N >= DROP_FROM, the fastest and the slowest seed are dropped (MLPerf's rule)
 DROP_FROM = 5
-#: the baselines every method is judged against, in this order, where they ran
-BASELINES = ("ddp", "ddp-bf16")
+#: the baselines every method is judged against, in this order, where they ran: the guide's
+#: baseline (DDP), then its variant with bf16 gradients
+BASELINES = tuple(v for v, fields in VARIANTS.items() if fields["method"] == BASELINE
+                  and fields.get("compress", "none") in ("none", "bf16"))
 
 
 @dataclass

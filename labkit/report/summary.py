@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from labkit.core import breakdown
-from labkit.core.methods import METHOD_ORDER, SPECS, label
+from labkit.core.methods import BASELINE, METHOD_ORDER, SPECS, label
 from labkit.core.texttable import two_decimals
 
 from . import projection
@@ -40,21 +40,21 @@ def fastest_line(res: RunResults) -> Optional[str]:
     methods = [m for m in METHOD_ORDER if m in res.ok and not _bound(m)]
     thr = {m: _row(rows, m)[throughput_column(res.view)] for m in methods}
     thr = {m: v for m, v in thr.items() if isinstance(v, float) and v == v}
-    if not thr or "ddp" not in res.ok:
+    if not thr or BASELINE not in res.ok:
         return None
-    others = [m for m in METHOD_ORDER if m in res.ok and m != "ddp"]  # speed_verdicts' order
+    others = [m for m in METHOD_ORDER if m in res.ok and m != BASELINE]  # speed_verdicts' order
     verdict = {m: v.label for m, v in zip(others, speed_verdicts(res))}
     top = max(thr, key=thr.get)
     r = _row(rows, top)
     said = f"{label(top)}, {two_decimals(thr[top])} {rate} (95% CI {r[THR_CI]})"
-    if top != "ddp":
+    if top != BASELINE:
         said += f", {r['Speedup vs DDP']} DDP (95% CI {r[SPEED_CI]}: {WORDS[verdict[top]]})"
-    sure = (verdict.get(top) == "faster" if top != "ddp" else
-            all(verdict[m] == "slower" for m in methods if m != "ddp"))
+    sure = (verdict.get(top) == "faster" if top != BASELINE else
+            all(verdict[m] == "slower" for m in methods if m != BASELINE))
     lead = (f"Fastest here ({ref('comparison')})" if sure else
             f"Highest measured throughput ({ref('comparison')}; no verdict: see its interval)")
     rest = [f"{label(m)} {_row(rows, m)['Speedup vs DDP']} DDP (95% CI {_row(rows, m)[SPEED_CI]}: "
-            f"{WORDS[verdict[m]]})" for m in methods if m not in ("ddp", top)]
+            f"{WORDS[verdict[m]]})" for m in methods if m not in (BASELINE, top)]
     return f"{lead}: {said}" + (f"; {'; '.join(rest)}" if rest else "") + "."
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 from labkit.core import stats
 from labkit.core import layout
 from labkit.core.files import atomic_path
-from labkit.core.methods import METHOD_ORDER, label
+from labkit.core.methods import METHOD_ORDER, SPECS, label
 from labkit.core.run_folder import RunFolder
 from labkit.core.results import Result
 from labkit.core.status import Status
@@ -198,8 +198,8 @@ def limits(sw: Sweep) -> list[str]:
              for iv in [stats.throughput(docs)] if not iv.available and iv.note}
     for note in sorted(no_ci):
         lines.append(f"Some points have no confidence interval: {note}.")
-    if "ps" in {k[0] for k in series(sw)}:
-        lines.append("Parameter Server: rank 0 serves and trains nothing, so n processes are n-1 "
+    for m in dict.fromkeys(k[0] for k in series(sw) if k[0] in SPECS and SPECS[k[0]].serves):
+        lines.append(f"{label(m)}: rank 0 serves and trains nothing, so n processes are n-1 "
                      "trainers (column Trainers); its ideal line is drawn per process, like the "
                      "others, which charges it for the server.")
     for p in sw.points:

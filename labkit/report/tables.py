@@ -5,7 +5,7 @@ import html
 from typing import Optional
 
 from labkit.core import breakdown, stats
-from labkit.core.methods import GUIDE_METHODS, METHOD_ORDER, SPECS, find, label
+from labkit.core.methods import BASELINE, GUIDE_METHODS, METHOD_ORDER, SPECS, find, label
 from labkit.core.results import NAN, Efficiency, Result
 from labkit.core.texttable import text_table as _text_table
 from labkit.core.texttable import two_decimals
@@ -108,13 +108,13 @@ def intervals(res: RunResults) -> dict[str, dict]:
     """Per method with results: its throughput and, against DDP, its speedup, each a
     ``stats.Interval`` (95% CI over steps, or over repeats)."""
     docs = res.ok
-    base = method_runs(res, "ddp") if "ddp" in docs else None
+    base = method_runs(res, BASELINE) if BASELINE in docs else None
     out = {}
     for m in METHOD_ORDER:
         if m in docs:
             runs = method_runs(res, m)
             out[m] = {"throughput": stats.throughput(runs),
-                      "speedup": stats.speedup(runs, base) if base and m != "ddp" else None}
+                      "speedup": stats.speedup(runs, base) if base and m != BASELINE else None}
     return out
 
 
@@ -140,7 +140,7 @@ def comparison_rows(res: RunResults) -> list[dict]:
                          SPEED_CI: "-", TTA: "-", STA: "-", **({} if view.guide else {SENT: "-"})})
             continue
         thr, sp = ivs[m]["throughput"], ivs[m]["speedup"]
-        if m == "ddp":
+        if m == BASELINE:
             speed, speed_ci = "1.00x (baseline)", "-"
         elif sp is None or sp.value is None:
             speed, speed_ci = "n/a (no DDP result)", "n/a"
@@ -172,13 +172,13 @@ def best_value(view: WorkloadView, doc: Result) -> object:
 
 def comm_ms(res: RunResults) -> dict[str, dict[str, float]]:
     """Per-step communication times in ms (trainer blocked in sync), by each method's timed
-    phases: {"allreduce": ...} for the "comm" phase, {"pull": ..., "push": ...} for a PS."""
+    phases: {"comm": ...} for an all-reduce's phase, {"pull": ..., "push": ...} for a PS."""
     out = {}
     for m, d in res.ok.items():
         phases = SPECS[m].phases if m in SPECS else ()
         if phases:
             comm = d.overall.comm
-            out[m] = {("allreduce" if p == "comm" else p): 1000 * comm.get(p, NAN) for p in phases}
+            out[m] = {p: 1000 * comm.get(p, NAN) for p in phases}
     return out
 
 
@@ -228,7 +228,7 @@ def communication_rows(res: RunResults) -> list[dict]:
         elif m in c or total is not None:
             row["All-Reduce (ms)"] = total if total is not None else sum(c[m].values())
             row["Total comm time (ms)"] = row["All-Reduce (ms)"]
-        elif m == "ddp":  # a result file from before DDP's all-reduce was timed
+        elif m == BASELINE:  # a result file from before DDP's all-reduce was timed
             row["Total comm time (ms)"] = "(inside PyTorch)"
         if total is not None:
             ov = b.overlap
@@ -403,7 +403,7 @@ def variant_rows(base: dict[str, Result], variants: dict[str, Result]) -> list[d
         c, ep, overall = d.config, d.epochs, d.overall
         stale = [e.extra["max_staleness_observed"] for e in ep if "max_staleness_observed" in e.extra]
         rows.append({
-            "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", "ddp")) else None,
+            "run": name, "servers": c.get("ps_servers") if _serves(c.get("method", BASELINE)) else None,
             "staleness bound": c.get("ps_staleness"), "compress": c.get("compress", "none"),
             view.rate: overall.avg_train_throughput,
             "final train loss": ep[-1].train_loss if ep else None,

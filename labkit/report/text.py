@@ -10,7 +10,7 @@ from typing import Optional
 from labkit.bench import bench_view
 from labkit.core import breakdown
 from labkit.core import stats
-from labkit.core.methods import METHOD_ORDER, SPECS, label
+from labkit.core.methods import BASELINE, METHOD_ORDER, SPECS, label
 from labkit.core.results import Result
 from labkit.core.run_folder import goodputs
 
@@ -37,11 +37,11 @@ ONE_LAUNCH = ("Each method ran once: a faster or slower verdict rests on the noi
 
 def _against_ddp(res: RunResults, judge, bounds: bool = True) -> list[stats.Verdict]:
     docs = res.ok
-    if "ddp" not in docs:
+    if BASELINE not in docs:
         return []
-    base = method_runs(res, "ddp")
+    base = method_runs(res, BASELINE)
     return [judge(label(m), method_runs(res, m), base) for m in METHOD_ORDER
-            if m in docs and m != "ddp" and (bounds or not _bound(m))]
+            if m in docs and m != BASELINE and (bounds or not _bound(m))]
 
 
 def _bound(m: str) -> bool:
@@ -83,9 +83,9 @@ def bound_claim(res: RunResults) -> Optional[str]:
     without a bound and DDP."""
     docs = res.ok
     bound = next((m for m in METHOD_ORDER if m in docs and _bound(m)), None)
-    if bound is None or "ddp" not in docs:
+    if bound is None or BASELINE not in docs:
         return None
-    iv = stats.speedup(method_runs(res, "ddp"), method_runs(res, bound))
+    iv = stats.speedup(method_runs(res, BASELINE), method_runs(res, bound))
     if iv.value is None:
         return f"No-communication bound: not available ({iv.note or 'no throughput'})."
     if iv.value >= 1:  # a bound measured slower than DDP: the noise of the machine
@@ -145,11 +145,11 @@ def verdict_lines(res: RunResults) -> list[str]:
     docs = res.ok
     if len(docs) < 2:
         return []
-    if "ddp" not in docs:
+    if BASELINE not in docs:
         return ["No Baseline DDP result, so no speedup or accuracy verdicts."]
     lines = [f"Speed ({RULE}):"]
     speed = speed_verdicts(res)
-    others = [m for m in METHOD_ORDER if m in docs and m != "ddp"]  # speed_verdicts' order
+    others = [m for m in METHOD_ORDER if m in docs and m != BASELINE]  # speed_verdicts' order
     lines += [speed_sentence(res, m, v) for m, v in zip(others, speed)]
     lines += context_lines(res, speed)
     chance = chance_only(res)
@@ -166,14 +166,14 @@ def verdict_lines(res: RunResults) -> list[str]:
 def speed_sentence(res: RunResults, m: str, v: stats.Verdict) -> str:
     """A method's speed verdict against DDP, with the part of its step that differs most."""
     return (v.sentence + {"faster": ", faster than DDP", "slower": ", slower than DDP"}
-            .get(v.label, "") + "." + phase_text(res.ok[m], res.ok["ddp"]))
+            .get(v.label, "") + "." + phase_text(res.ok[m], res.ok[BASELINE]))
 
 
 def context_lines(res: RunResults, speed: list[stats.Verdict]) -> list[str]:
     """What the speed verdicts rest on: one launch per method, the machine's load, the leader
     where no interval could be computed, the no-communication bound, the methods' kinds."""
     lines = []
-    if any(v.label in ("faster", "slower") for v in speed) and len(method_runs(res, "ddp")) == 1:
+    if any(v.label in ("faster", "slower") for v in speed) and len(method_runs(res, BASELINE)) == 1:
         lines.append(ONE_LAUNCH)
     load = load_line(res)
     lines += [load] if load else []

@@ -260,7 +260,8 @@ def _png_output(fig) -> dict:
                      "text/plain": f"<Figure: {fig.axes[0].get_title()}>"}}
 
 
-# Views that are not one value per epoch: the report's Figures 5 and 6 for the picked runs
+# Views that are not one value per epoch: the report's figures of a step's breakdown and of the
+# trainers' waits at the synchronisation point, for the picked runs
 VIEWS = (
     ("breakdown", "where a trainer's step goes (ms per step)"),
     ("sync_waits", "each trainer's wait at the synchronisation point (ms per step)"),
@@ -277,7 +278,8 @@ def available_views(runs: list[Run]) -> list[str]:
 
 def plot_view(runs: list[Run], view: str, run_names: Optional[Iterable[str]] = None,
               methods: Optional[Iterable[str]] = None, ax=None):
-    """Figure 5 (``breakdown``) or Figure 6 (``sync_waits``) of the report, one bar (or group
+    """The report's figure of a step's breakdown (``breakdown``) or of the trainers' waits
+    (``sync_waits``), one bar (or group
     of bars, one per trainer) per picked run x method; returns the axis."""
     import matplotlib.pyplot as plt
 

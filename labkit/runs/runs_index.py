@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from labkit.core import layout
 from labkit.core.files import finite
-from labkit.core.methods import METHOD_ORDER, RESULT_FILES, label
+from labkit.core.methods import BASELINE, METHOD_ORDER, RESULT_FILES, label
 from labkit.core.results import read_result
 from labkit.core.run_folder import NOT_PARAMETERS, RunFolder, parameters
 from labkit.core.stats import interval_text
@@ -94,7 +94,7 @@ def _results(folder: RunFolder, row: Row) -> None:
     res = report.load_run(folder.path)
     row.rate = res.view.rate if res.ok else ""
     ivs = report.intervals(res)
-    verdicts = dict(zip([m for m in METHOD_ORDER if m in res.ok and m != "ddp"],
+    verdicts = dict(zip([m for m in METHOD_ORDER if m in res.ok and m != BASELINE],
                         report.speed_verdicts(res)))
     for m in METHOD_ORDER:
         if m in ivs:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from labkit.core.config import ConfigError, TrainConfig
-from labkit.core.methods import moved_bytes, server_ranks, spec
+from labkit.core.methods import server_ranks, spec
 from labkit.core.resources import Need, disk_need, memory_need, shm_need
 from labkit.workloads import Workload, make_workload
 
@@ -71,17 +71,19 @@ def machine(cfg: TrainConfig, ranks: int, where: str, methods: int = 1, flags: s
 def step_link_bytes(cfg: TrainConfig, nodes: int, ranks_per_node: int) -> Optional[float]:
     """About how many bytes one training step of a resolved ``cfg`` moves each way over a
     node's link, its ranks on ``nodes`` nodes of ``ranks_per_node``: from the model's size
-    and what the method sends (labkit.core.methods.moved_bytes). An all-reduce of the
+    and what the method sends (its class's bytes_per_step). An all-reduce of the
     gradients (DDP, the hand-written all-reduce) carries 2 (N-1)/N of them over each of N
     nodes' links, the least any all-reduce can (a ring's share); a parameter server's node
     that holds no server pushes the gradients out and pulls the parameters in. None where
     that is not known: one node, a method that sends less or not in every step (PowerSGD,
     local SGD, DiLoCo, the bound, a method of one's own), an asynchronous parameter server,
     or servers on every node."""
+    from .sync import load_method  # torch: only once a run is being checked
+
     s = spec(cfg.method)
     if nodes < 2 or not (s.builtin and s.exact) or cfg.ps_staleness:
         return None
-    push, pull = moved_bytes(cfg, FLOAT * make_workload(cfg).state_values())
+    push, pull = load_method(cfg.method).bytes_per_step(cfg, FLOAT * make_workload(cfg).state_values())
     if not s.serves:
         return 2 * (nodes - 1) / nodes * push
     if server_ranks(cfg.method, cfg.ps_servers) > (nodes - 1) * ranks_per_node:

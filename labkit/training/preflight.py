@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from labkit.core import params
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.workloads import resolve
 
@@ -38,6 +39,7 @@ def preflight(cfg: TrainConfig, world: Optional[int] = None,
     if cfg.backend == "nccl" and local_world > torch.cuda.device_count():
         raise ConfigError(f"{local_world} processes per node but only {torch.cuda.device_count()} "
                           f"GPU(s): nccl needs one GPU per process (lower --nproc_per_node)")
+    params.check_ranges(load_method(cfg.method).options_of(cfg))  # as its Options declares
     strategy_class(cfg).check(cfg, world)  # the method's own rules (processes, options)
     return cfg
 

@@ -1,7 +1,9 @@
 """What the ranks' loader-worker fork server (labkit.training.workers) runs once, at its start,
 and nothing else imports: the server dies with its rank, takes SIGTERM as any process does,
-and holds torch, torchvision's datasets and labkit's data modules, so that each worker it forks
-starts without importing them."""
+and holds torch and the modules the built-in workloads' loader workers import (each one's
+``worker_preload``, read from labkit.core.builtins: no workload is named here), so that each
+worker it forks starts without importing them."""
+import importlib
 import signal
 
 from labkit.core.procs import die_with_parent
@@ -12,12 +14,14 @@ signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 die_with_parent(signal.SIGKILL)
 
 import torch  # noqa: E402,F401 - imported once here, inherited by every worker
-import torchvision.datasets  # noqa: E402,F401
-import torchvision.transforms  # noqa: E402,F401
 
 import labkit.core.plugins  # noqa: E402,F401 - a user's dataset class unpickles from its file
-import labkit.workloads.images.image_sets  # noqa: E402,F401
-import labkit.workloads.images.jpeg_files  # noqa: E402,F401
+from labkit.core.builtins import WORKLOADS  # noqa: E402 - the written copy: no workload imported
 from .dist import steady_malloc  # noqa: E402
+
+for _name in dict.fromkeys(m for w in WORKLOADS.values() for m in w["worker_preload"]):
+    # every built-in's: the server is started with module names only, not knowing which
+    # workload its rank trains
+    importlib.import_module(_name)
 
 steady_malloc()  # as in the ranks; the workers it forks inherit it

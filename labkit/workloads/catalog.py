@@ -9,18 +9,32 @@ import os
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from labkit.core import plugins
-from labkit.core.config import ConfigError, TrainConfig, check_optimizer, resolve_machine
+from labkit.core import builtins, params, plugins
+from labkit.core.config import (DEFAULT_WORKLOAD, ConfigError, TrainConfig, check_optimizer,
+                                resolve_machine)
 
 from .contract import Workload
 
-#: the built-in workloads: name -> module:Class (nothing else in the package lists them)
-BUILTIN = {
-    "images": "labkit.workloads.images:Images",
-    "lm": "labkit.workloads.lm:LanguageModel",
-}
-DEFAULT = "images"
+#: the built-in workloads: name -> module:Class, as their classes declare them (labkit.core.
+#: builtins is written from the classes: :func:`builtin_classes`)
+BUILTIN = {name: d["source"] for name, d in builtins.WORKLOADS.items()}
+DEFAULT = DEFAULT_WORKLOAD
 HINT = "a workload subclasses labkit.workloads.Workload (docs/workloads.md)"
+
+
+def builtin_classes() -> list[type[Workload]]:
+    """Every built-in workload's class: in each package of labkit/workloads, a Workload
+    subclass that declares a ``name`` of its own (labkit.workloads.contract). Found by looking,
+    so that a new built-in workload is one new package and nothing lists them."""
+    import pkgutil
+
+    found = []
+    for info in pkgutil.iter_modules([os.path.dirname(__file__)]):
+        if info.ispkg:
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            found += [c for c in vars(module).values() if isinstance(c, type)
+                      and issubclass(c, Workload) and vars(c).get("name") and c.__module__ == module.__name__]
+    return found
 
 
 def is_builtin(name: str) -> bool:
@@ -87,6 +101,8 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     the machine's part (labkit.core.config.resolve_machine), then the workload's (its dataset,
     model, input size and learning rate). ConfigError with one line naming the problem."""
     c = resolve_machine(dataclasses.replace(cfg, workload=absolute(cfg.workload)), cuda_available)
-    load_workload(c.workload).resolve(c, cuda_available, c.trainers(world_size))
+    cls = load_workload(c.workload)
+    cls.resolve(c, cuda_available, c.trainers(world_size))
+    params.check_ranges(params.options_of(cls.Options, c))  # as its Options declares them
     check_optimizer(c)
     return c

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar, Optional
 
+from labkit.core import params
 from labkit.core.config import TrainConfig
 
 from .datasets import Datasets
@@ -41,6 +42,11 @@ class Figure:
 VAL_LOSS = Figure("val_loss", "validation loss", "", higher_is_better=False, short="loss")
 
 
+@dataclass
+class NoOptions:
+    """A workload without options of its own."""
+
+
 class Workload:
     """Subclass it, give the class attributes and the methods below that have no default.
 
@@ -62,6 +68,22 @@ class Workload:
     check_config: ClassVar[dict] = {}
     #: the optimizer's name for people, as the report states it
     optimizer_name: ClassVar[str] = "SGD (momentum, weight decay)"
+    #: a built-in's --workload name (a class in labkit/workloads/ that declares one here is a
+    #: built-in workload; a user's is named by its file or module and class)
+    name: ClassVar[str] = ""
+    #: the workload a run trains unless --workload names another (one built-in: the guide's)
+    default: ClassVar[bool] = False
+    #: its options, a dataclass whose fields become its flags (``seq_len`` -> ``--seq-len``),
+    #: read as ``self.options`` (labkit.core.params.option declares a field)
+    Options: ClassVar[type] = NoOptions
+    #: modules its ranks import, which a warm process imports once for all of them
+    #: (labkit.launch.agent); a workload of one's own is never preloaded
+    preload: ClassVar[tuple[str, ...]] = ()
+    #: modules its DataLoader workers import (its datasets' classes, what they transform with):
+    #: the ranks' fork server (labkit.training.worker_server) imports every built-in's once, so
+    #: that each worker it forks starts without importing them; a workload of one's own is not
+    #: preloaded (its dataset class unpickles from its file)
+    worker_preload: ClassVar[tuple[str, ...]] = ()
     #: where samples are dicts (Hugging Face's style): the key of the model's input and of the
     #: loss's target (labkit.workloads.checks.Pairs); a sample that is a pair is read as it is
     input_key: ClassVar[str] = "input_ids"
@@ -69,6 +91,7 @@ class Workload:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        self.options = params.options_of(type(self).Options, cfg)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -11,15 +11,32 @@ in fp16, copy the result back into the fp32 gradients. Half the bytes on the wir
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 from labkit.core.config import TrainConfig
+from labkit.core.params import option
 
 from .base import FP16_ONLY, Strategy, broadcast_parameters, refuse_compress
-from .buckets import Bucket, InOrder, backward_order, make_buckets
+from .buckets import Bucket, BucketOptions, InOrder, backward_order, make_buckets
+
+
+@dataclass
+class AllReduceOptions(BucketOptions):
+    no_overlap: bool = option(False, "allreduce: all-reduce after backward instead of overlapping it")
 
 
 class AllReduceStrategy(Strategy):
+    key, title, short, result_file = ("allreduce", "Manual All-Reduce", "Manual All-Reduce",
+                                      "results_all_reduce.json")
+    phases = ("comm",)
+    order, guide, default = 1, True, True
+    Options = AllReduceOptions
+    variants = {"allreduce": {}, "allreduce-fp16": {"compress": "fp16"}}
+    bench_variants = ("allreduce",)
+    cost_model = "ring"
+
     @classmethod
     def check(cls, cfg: TrainConfig, world: int) -> None:
         refuse_compress(cfg, FP16_ONLY.format("allreduce"), ("none", "fp16"))

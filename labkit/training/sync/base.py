@@ -10,12 +10,14 @@ local optimizer, and no communication.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit.core import params
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.methods import spec
 from labkit.training.dist import DistContext, is_distributed
@@ -116,23 +118,77 @@ class Collectives:
                            phase)
 
 
+FLOAT = 4  # bytes of an fp32 value: the weights, gradients and optimizer state the lab keeps
+
+
+@dataclass
+class NoOptions:
+    """A method without options of its own."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """Bytes one rank holds of the model: its parameters, gradients and optimizer state."""
+    parameters: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer
+
+
 class Strategy(Collectives):
-    # --- what a method of one's own declares (labkit.training.sync.registry.spec_of reads it
-    # into its MethodSpec). A built-in declares none of it: its MethodSpec line in
-    # labkit.core.methods is the one place (tests/test_methods.py holds it), and a running
-    # strategy reads its spec (self.phases), never these class attributes ---
-    #: the report's name for it (default: the class name)
-    title: str = ""
+    # --- what a method declares, each in its own class: labkit.training.sync.registry.spec_of
+    # makes its MethodSpec of them (what a result file records of it), and `python
+    # tools/builtins.py` writes the built-ins' declarations into labkit.core.builtins for the
+    # processes that do not import torch (the command line's flags, the report) ---
+    #: a built-in's --method name, folder and report key (a user's: from its class name,
+    #: RingAllReduce -> ring_all_reduce); a class that declares one here is a built-in method
+    key: ClassVar[str] = ""
+    #: its name, as the result file's "method" says it (the guide's, for the guide's three;
+    #: default: the class name)
+    title: ClassVar[str] = ""
+    #: its name in the report's tables and figures (default: the title)
+    short: ClassVar[str] = ""
+    #: the result file (default: results_<key>.json; the guide's three: the guide's names)
+    result_file: ClassVar[str] = ""
     #: True: the same parameters as DDP up to summation order (checked); False: approximate
-    exact: bool = True
+    exact: ClassVar[bool] = True
     #: the communication phases it times with ``self.timer(phase)`` (result keys
     #: avg_comm_time for "comm", avg_comm_time_<phase> for the others)
-    phases: tuple[str, ...] = ("comm",)
+    phases: ClassVar[tuple[str, ...]] = ("comm",)
     #: ranks 0..K-1 serve rather than train (then override the role properties below)
-    serves: bool = False
-
+    serves: ClassVar[bool] = False
+    #: a reference that never communicates (nosync): judged by speed only, no verdicts
+    bound: ClassVar[bool] = False
+    #: where it stands in every table and figure (a user's methods follow the built-ins, in
+    #: the order they were named)
+    order: ClassVar[float] = 100.0
+    #: one of the experiment guide's three (every comparison table has a row for each)
+    guide: ClassVar[bool] = False
+    #: the guide's baseline, the reference every speedup is measured against (DDP)
+    baseline: ClassVar[bool] = False
+    #: run by `labkit experiment` when no --methods is given
+    default: ClassVar[bool] = False
+    #: its options, a dataclass whose fields become its flags (``ps_servers`` ->
+    #: ``--ps-servers``); a running strategy reads them as ``self.options``
+    Options: ClassVar[type] = NoOptions
+    #: named variants (labkit bench --variants, labkit experiment --methods): name -> the
+    #: option values that make it; the method's own key is a variant of its defaults
+    variants: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: the variants labkit bench times without --variants
+    bench_variants: ClassVar[tuple[str, ...]] = ()
+    #: modules its ranks import beyond the training loop's, which a warm process imports once
+    #: for all of them (labkit.launch.agent); a method of one's own is never preloaded
+    preload: ClassVar[tuple[str, ...]] = ()
+    #: how the alpha-beta cost model predicts its step (labkit.costmodel: "ring" all-reduce,
+    #: "server" for a parameter server), or "" where it has no model
+    cost_model: ClassVar[str] = ""
     def __init__(self, cfg: TrainConfig, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
+        #: the method's options (its class's Options dataclass), as ``cfg`` holds them
+        self.options = type(self).options_of(cfg)
         #: names of the communication phases this method times (keys of PhaseTimer.totals,
         #: and of its result keys: labkit.core.methods)
         self.phases: tuple[str, ...] = spec(cfg.method).phases
@@ -160,6 +216,36 @@ class Strategy(Collectives):
     def check(cls, cfg: TrainConfig, world: int) -> None:
         """Reject a config this method cannot run with ``world`` processes (ConfigError, one
         line), before any process group exists. Nothing to check by default."""
+
+    @classmethod
+    def options_of(cls, cfg: TrainConfig) -> Any:
+        """This method's options (an instance of :attr:`Options`) in ``cfg``: a built-in's are
+        fields of the config, a user's method's are in ``cfg.options``; a field neither holds
+        takes its default."""
+        return params.options_of(cls.Options, cfg)
+
+    @classmethod
+    def server_ranks(cls, cfg: TrainConfig) -> int:
+        """How many of the ranks serve rather than train (ranks 0..K-1): none by default."""
+        return 0
+
+    @classmethod
+    def bytes_per_step(cls, cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
+        """(bytes a trainer reduces or pushes, bytes it pulls) in a synchronisation, its model's
+        gradients being ``grad_bytes``: what its collectives carry before a ring's 2(n-1)/n,
+        for the link preflight and the bench's reference collectives (one collective of the
+        same bytes). By default one all-reduce of the gradients, at 2 bytes a value with
+        --compress."""
+        return (grad_bytes // 2 if cfg.compress != "none" else grad_bytes), 0
+
+    @classmethod
+    def memory_per_rank(cls, cfg: TrainConfig, values: int, state_per_value: int,
+                        world: int) -> list[Held]:
+        """What each of the ``world`` ranks holds of the model's ``values`` fp32 weights: its
+        parameters, gradients and optimizer state (``state_per_value`` values per weight) in
+        bytes. By default a replica on every rank (DDP's 16 bytes a weight with AdamW)."""
+        one = Held(FLOAT * values, FLOAT * values, FLOAT * values * state_per_value)
+        return [one] * world
 
     def describe(self) -> str:
         """The method as the first line of a run names it (a method of one's own: its key and

@@ -8,6 +8,16 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from labkit.core.params import option
+
+
+@dataclass
+class BucketOptions:
+    """The gradient buckets' size: an option of every method that buckets its gradients."""
+    bucket_mb: float = option(25.0, "allreduce and ps collective: gradient bucket size in MiB (the "
+                              "first bucket, the first gradients backward produces, at most 1 MiB "
+                              "as in DDP)", positive=True)
+
 
 @dataclass
 class Bucket:

@@ -20,6 +20,7 @@ docs/where-the-time-goes.md says what each counts.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -28,6 +29,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (bf16_compress_hook,
                                                                       fp16_compress_hook)
 from torch.nn.parallel import DistributedDataParallel
+
+from labkit.core.params import option
 
 from .base import Strategy
 
@@ -41,7 +44,27 @@ COMPRESS_HOOKS = {"fp16": fp16_compress_hook, "bf16": bf16_compress_hook}
 SAMPLE_EVERY = {"cpu": 1, "cuda": 20}
 
 
+@dataclass
+class DDPOptions:
+    find_unused_parameters: bool = option(
+        False, "let the model have parameters that a step gives no gradient (a forward that uses "
+        "some layers on some batches only): ddp and powersgd pass it to DDP, which then walks "
+        "the autograd graph from the outputs after every forward to find them, a cost each step "
+        "(the other methods need no flag for them). Without it the check before a run refuses "
+        "such a model, naming them")
+
+
 class DDPStrategy(Strategy):
+    key = "ddp"
+    title, short, result_file = "Baseline DDP (PyTorch)", "Baseline DDP", "results_baseline_ddp.json"
+    phases = ()  # DDP's all-reduce runs inside backward: the reducer's statistics time it
+    order, guide, baseline, default = 0, True, True, True
+    Options = DDPOptions
+    variants = {"ddp": {}, "ddp-fp16": {"compress": "fp16"}, "ddp-bf16": {"compress": "bf16"}}
+    bench_variants = ("ddp",)
+    preload = ("torch.nn.parallel", "torch.distributed.algorithms.ddp_comm_hooks.default_hooks")
+    cost_model = "ring"
+
     # report-quote: ddp-setup  (quoted in the report: labkit/report/implementation.py)
     def setup(self, model: nn.Module) -> nn.Module:
         self.stats: Optional[ReducerStats] = None  # the reducer's figures (--time-comm)

@@ -18,15 +18,29 @@ from zero. Approximate.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
-from .local_sgd import LocalSGD
+from labkit.core.params import option
+
+from .local_sgd import LocalSGD, LocalSGDOptions
+
+
+@dataclass
+class DiLoCoOptions(LocalSGDOptions):
+    outer_lr: float = option(0.7, "diloco: the outer optimizer's learning rate (Nesterov SGD on the "
+                             "averaged parameter change; 0.7 as in Douillard et al., 2023)",
+                             positive=True)
+    outer_momentum: float = option(0.9, "diloco: the outer optimizer's Nesterov momentum (0.9 as in "
+                                   "Douillard et al., 2023)", at_least=0, below=1)
 
 
 class DiLoCo(LocalSGD):
+    key, title, short, order = "diloco", "DiLoCo", "DiLoCo", 6
+    Options = DiLoCoOptions
 
     def setup(self, model: nn.Module) -> nn.Module:
         model = super().setup(model)

@@ -20,6 +20,7 @@ through the lab's helper, so it is timed and its bytes counted like any method's
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -27,11 +28,22 @@ from torch import nn
 
 from labkit.core.config import TrainConfig
 from labkit.core.methods import key_of
+from labkit.core.params import option
 
 from .base import Strategy, broadcast_parameters, refuse_compress
 
 
+@dataclass
+class LocalSGDOptions:
+    local_steps: int = option(8, "localsgd and diloco: local optimizer steps H between two "
+                              "synchronisations (no gradient communication in between)", at_least=1)
+
+
 class LocalSGD(Strategy):
+    key, title, short = "localsgd", "Local SGD", "Local SGD"
+    exact, phases, order = False, ("comm",), 5
+    Options = LocalSGDOptions
+
     @classmethod
     def check(cls, cfg: TrainConfig, world: int) -> None:
         refuse_compress(cfg, f"{key_of(cfg.method)} sends parameters, not gradients (drop "

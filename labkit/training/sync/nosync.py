@@ -13,6 +13,9 @@ from .base import Strategy, broadcast_parameters
 
 
 class NoSync(Strategy):
+    key, title, short = "nosync", "No synchronisation (bound)", "No sync (bound)"
+    exact, phases, bound = False, (), True
+    order, default = 3, True
     steps_are_compute_only = True  # the calibration reads its last steps, runs none of its own
 
     def setup(self, model: nn.Module) -> nn.Module:

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
 
 from labkit.core.config import ConfigError
+from labkit.core.params import option
 from labkit.training.instruments.timers import label
 
 from .base import Strategy
-from .buckets import InOrder, backward_order, group_params
+from .buckets import BucketOptions, InOrder, backward_order, group_params
 
 
 # ---------------------------------------------------------------- what every protocol shares
@@ -41,11 +43,26 @@ from .buckets import InOrder, backward_order, group_params
 SERVER = 0  # the (first) server's rank
 
 
+@dataclass
+class PSOptions(BucketOptions):
+    ps_mode: Literal["collective", "p2p"] = option(
+        "collective", "ps: collective (flat reduce + broadcast) or p2p (the guide's per-tensor "
+        "send/recv)")
+    ps_servers: int = option(1, "ps: server ranks (0..K-1); K > 1 shards the flattened parameters "
+                             "across them, each server owning one slice (collective mode)", at_least=1)
+    ps_staleness: Optional[int] = option(
+        None, "ps: asynchronous with bounded staleness S: the server applies each worker's "
+        "gradient as it arrives and a worker runs at most S steps ahead of the slowest (default: "
+        "synchronous)", at_least=0)
+
+
 class ServerRoles:
     """Roles of a parameter-server job, mixed into a Strategy: ranks 0..servers-1 serve (they
     hold the parameters and the optimizer), the others train. Needs ``self.servers`` and
-    ``self.ctx``."""
+    ``self.ctx``. Every protocol of the parameter server (labkit.training.sync.ps) takes its
+    options."""
     servers: int
+    Options = PSOptions
 
     @classmethod
     def check(cls, cfg, world: int) -> None:

@@ -5,8 +5,10 @@ method and the user's file and line, never a traceback.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
+import pkgutil
 import traceback
 from typing import Optional
 
@@ -20,7 +22,8 @@ from .base import Strategy
 
 
 def load_method(method: str) -> type[Strategy]:
-    """The class ``method`` names, its spec registered (once per process)."""
+    """The class ``method`` names, its spec registered (once per process). A built-in's class
+    must declare what labkit.core.builtins says of it (that file is written from the classes)."""
     methods.check_name(method)
     s = methods.find(method)
     if s is not None:
@@ -31,14 +34,38 @@ def load_method(method: str) -> type[Strategy]:
     cls = _import_class(method, ref)
     if s is None:
         methods.register(spec_of(cls, key, ref), method)
+    elif s.builtin and spec_of(cls, key, ref, builtin=True) != s:
+        raise ConfigError(f"method {key}: its class declares another spec than labkit/core/builtins.py "
+                          f"holds: run `python tools/builtins.py` to write that file again")
     return cls
 
 
-def spec_of(cls: type[Strategy], key: str, ref: str) -> MethodSpec:
-    """A user's method's spec, from its class's attributes (docs/methods.md)."""
-    title = cls.title or cls.__name__
-    return MethodSpec(key, title, title, f"results_{key}.json", tuple(cls.phases),
-                      bool(cls.serves), bool(cls.exact), ref)
+def builtin_classes() -> list[type[Strategy]]:
+    """Every built-in method's class, in table order: in this package, each Strategy subclass
+    that declares a ``key`` of its own (labkit.training.sync.base). Found by looking, so that a
+    new built-in method is one new module and nothing lists them."""
+    found = []
+    for info in pkgutil.iter_modules([os.path.dirname(__file__)]):
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        found += [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, Strategy)
+                  and c.__module__ == module.__name__ and vars(c).get("key")]
+    return sorted(found, key=lambda c: c.order)
+
+
+def spec_of(cls: type[Strategy], key: str, ref: str, builtin: bool = False) -> MethodSpec:
+    """A method's spec, from its class's declarations (labkit.training.sync.base.Strategy):
+    its names and result file as the class itself declares them (a subclass of another method
+    is a method of its own), the rest as it inherits them."""
+    title = own(cls, "title") or cls.__name__
+    return MethodSpec(key, title, own(cls, "short") or title,
+                      own(cls, "result_file") or f"results_{key}.json", tuple(cls.phases),
+                      bool(cls.serves), bool(cls.exact), ref, builtin, bool(cls.bound))
+
+
+def own(cls: type, name: str):
+    """What ``cls`` itself declares as ``name`` (Strategy's default where it does not): the
+    declarations that name one method (its title, result file, variants) are not inherited."""
+    return vars(cls).get(name, getattr(Strategy, name))
 
 
 def _import_class(method: str, ref: str) -> type[Strategy]:

@@ -5,9 +5,11 @@ momentum, its lr from the linear scaling rule."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 from labkit.core import params
+from labkit.core.params import option
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.workloads.contract import Figure, Workload
 from labkit.workloads.datasets import Datasets
@@ -28,7 +30,30 @@ def image_bytes(side: int) -> int:
     return 3 * side ** 2 * FLOAT
 
 
+@dataclass
+class ImagesOptions:
+    num_classes: int = option(1000, "classes of the synthetic dataset", "data")
+    image_size: Optional[int] = option(None, "image side the model sees: digits are upsampled to it "
+                                       "(default 16, twice the scans' 8x8; at most 224), synthetic "
+                                       "images drawn at it and imagefolder images cropped to it "
+                                       "(default 32 for _small models, else 224)", "data")
+    synthetic_samples: int = option(2048, "training samples in the synthetic dataset (val: a quarter)",
+                                    "data")
+    skip_bad_images: bool = option(False, "imagefolder: leave out images PIL cannot open or verify "
+                                   "(truncated, not images, unreadable) with a warning, instead of "
+                                   "stopping with an error naming them", "data")
+    decode: Optional[Literal["gpu", "cpu"]] = option(
+        None, "imagefolder: where JPEGs are decoded and augmented: gpu (loader workers read the "
+        "files, torchvision's nvJPEG decoder and the transforms run on the GPU) or cpu (PIL in "
+        "the loader workers); default: gpu on a GPU, else cpu", "data")
+
+
 class Images(Workload):
+    name, default = "images", True  # the guide's
+    Options = ImagesOptions
+    preload = ("torchvision", "labkit.workloads.images.models", "labkit.workloads.images.image_sets")
+    worker_preload = ("torchvision.datasets", "torchvision.transforms",
+                      "labkit.workloads.images.image_sets", "labkit.workloads.images.jpeg_files")
     title = "image classification"
     unit = "images"
     rate = "img/s"
@@ -54,6 +79,7 @@ class Images(Workload):
             # digits at 16x16: as accurate as 32x32 after 3 epochs, at 3x the throughput on a
             # CPU (docs/performance.md)
             c.image_size = 16 if c.dataset == "digits" else 32 if c.model.endswith("_small") else 224
+        cls._resolve_decode(c, cuda)
         for name in ("num_classes", "synthetic_samples", "image_size"):
             if getattr(c, name) < 1:
                 raise ConfigError(f"{params.flag(name)} must be at least 1 (got {getattr(c, name)})")
@@ -64,6 +90,17 @@ class Images(Workload):
                               f"are upsampled in memory, {gib:.1f} GiB in every process (at most "
                               f"{DIGITS_MAX_SIDE}; the default is 16)")
         super().resolve(cfg, cuda, trainers)
+
+    @staticmethod
+    def _resolve_decode(c: TrainConfig, cuda: bool) -> None:
+        """--decode against the ranks' device (labkit.workloads.images.gpu_decode decodes on the
+        GPU)."""
+        if c.decode is None:
+            c.decode = "gpu" if c.device == "cuda" else "cpu"
+        if c.decode == "gpu" and c.device != "cuda":
+            raise ConfigError("--decode gpu needs the ranks on a CUDA GPU" + (
+                " and none is available (use --decode cpu)" if not cuda else
+                " (--device cuda, or the default nccl backend)"))
 
     def check(self) -> Optional[Datasets]:
         """An image folder's layout and images (the ranks count them), else the in-memory

@@ -14,8 +14,8 @@ from torch.utils.data import Dataset, TensorDataset
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.workloads.datasets import Datasets
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .gpu_decode import IMAGENET_MEAN, IMAGENET_STD
+
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -246,6 +246,11 @@ class SyntheticImages(Dataset):
 
     def __getitem__(self, i: int):
         return self.images[i % self.POOL], self.labels[i]
+
+    def device_parts(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A dataset that can live on the device (labkit.workloads.datasets): the pool, every
+        sample's label, and the pool's size (sample i's image is the pool's i mod POOL)."""
+        return self.images, self.labels, self.POOL
 
 
 def _synthetic(cfg: TrainConfig) -> Datasets:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 from labkit.core.config import ConfigError, TrainConfig
+from labkit.core.params import option
 from labkit.workloads import Datasets, Figure, Workload
 
 from . import sizes
@@ -64,7 +66,16 @@ def dataset_of(data_dir: str) -> str:
     return "text"
 
 
+@dataclass
+class LanguageModelOptions:
+    seq_len: Optional[int] = option(None, "lm: tokens in a sample's context window (default: 64 for "
+                                    "tiny, 256 for small, 1024 for gpt2)", "data", at_least=1)
+
+
 class LanguageModel(Workload):
+    name = "lm"
+    Options = LanguageModelOptions
+    preload = ("labkit.workloads.lm.model", "labkit.workloads.lm.corpus")
     title = "language modelling"
     unit = "tokens"
     rate = "tokens/s"
