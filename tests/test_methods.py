@@ -484,6 +484,56 @@ def test_the_bench_measures_a_users_method_beside_ddp(tmp_path):
     assert shown.returncode == 0 and "ring_all_reduce" in shown.stdout, shown.stdout + shown.stderr
 
 
+# ------------------------------------------------------------------ a method that does not replicate
+NOT_REPLICATED = '''
+import torch
+from labkit.training.sync.allreduce import AllReduceStrategy
+
+
+class Shards(AllReduceStrategy):
+    """The all-reduce, but declaring what a sharded method declares, each hook visible: its
+    ranks' last bias differs on purpose (a shard of one's own, as it were), its whole model is
+    a sentinel, its forward 'cannot run without communication'."""
+    replicates, calibrates, exact = False, False, False
+    compute_measured = "the step less its measured communication (a test's words)"
+
+    def finish_epoch(self, model):
+        super().finish_epoch(model)
+        with torch.no_grad():  # rank 1's copy of one tensor differs: its own shard
+            list(model.parameters())[-1].add_(float(self.ctx.rank))
+
+    def replicas(self, model):
+        named = [(n, t) for n, t in model.named_parameters()][:-1]
+        return named, None  # what the ranks hold alike: all but the last tensor
+
+    def full_state(self, model, optimizer):
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state[next(iter(state))].fill_(7.0)  # "gathered": what the loop must save
+        return state, optimizer.state_dict() if optimizer is not None else None
+'''
+
+
+def test_a_method_that_does_not_replicate_is_checked_saved_and_timed_by_its_own_hooks(tmp_path):
+    """The contract without replicas (issue 84, item 2): the replica check compares what the
+    method's replicas() says the ranks hold alike (its last tensor differs on rank 1, which the
+    whole-model check would stop the run for), the checkpoint and the final model are what its
+    full_state() gathers (a sentinel here), and a method that cannot skip its communication runs
+    no compute-only steps: its log says how its compute is measured instead."""
+    path = tmp_path / "shards.py"
+    path.write_text(NOT_REPLICATED)
+    out = tmp_path / "out"
+    check_ok(warm_run(2, TINY + ["--method", f"{path}:Shards", "--out", str(out)], cwd=tmp_path))
+    doc = load_json(out / "results_shards.json")
+    assert doc["status"] == "completed" and doc["epochs"][-1]["replicas"]["identical"]
+    assert "calibration" not in doc
+    final = torch.load(out / "final_model.pt", weights_only=True)
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    first = next(iter(final))
+    assert bool((final[first] == 7.0).all()) and bool((ckpt["model"][first] == 7.0).all())
+    log = (out / "train.log").read_text()
+    assert "no compute-only steps: shards" in log and "a test's words" in log
+
+
 # ------------------------------------------------------------------ ZeRO-1, through the interface
 ZERO1 = ROOT / "examples" / "methods" / "zero1.py"
 

@@ -186,7 +186,7 @@ def _epoch_checks(tr, epoch: int, per_call: _PerCall) -> list[tuple]:
             per_call(lambda: guards.fingerprint(tensors), 1), epoch)]
     if cfg.check_replicas and tr.ctx.distributed:  # one process: nothing to compare
         out.append(("replica check (fingerprint, all-gather, compare)", "epoch",
-                    per_call(lambda: guards.check_replicas(tr.model, 1), 1), epoch))
+                    per_call(lambda: guards.check_replicas(*tr.strategy.replicas(tr.model), 1), 1), epoch))
     return out
 
 

@@ -95,21 +95,22 @@ def results(ckpt: dict) -> Result:
     return Result.from_dict(ckpt["results"], "the checkpoint's result file")
 
 
-def restore(ckpt: dict, model, optimizer, scaler) -> int:
-    """Model, optimizer and scaler as the checkpoint has them; the epoch to start from."""
-    model.load_state_dict(ckpt["model"])  # in place: PS/allreduce views stay views
-    if optimizer is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
+def restore(ckpt: dict, strategy, model, optimizer, scaler) -> int:
+    """Model, optimizer and scaler as the checkpoint has them, loaded on every rank as the
+    method keeps them (``strategy.load_full_state``: a replica, or a sharded method's shard);
+    the epoch to start from."""
+    strategy.load_full_state(model, optimizer, ckpt["model"], ckpt["optimizer"])
     if scaler is not None and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     return ckpt["epoch"] + 1
 
 
-def save(out: str, epoch: int, model, optimizer, scaler, result: Result) -> None:
-    """Rank 0, after every epoch: everything needed to continue (the result file as plain
-    values: the checkpoint loads with weights_only)."""
-    atomic_torch_save({"epoch": epoch, "model": model.state_dict(),
-                       "optimizer": optimizer.state_dict(),
+def save(out: str, epoch: int, model_state: dict, optimizer_state: Optional[dict], scaler,
+         result: Result) -> None:
+    """Rank 0, after every epoch: everything needed to continue, the model's and optimizer's
+    state as the method's full_state gave them (the result file as plain values: the
+    checkpoint loads with weights_only)."""
+    atomic_torch_save({"epoch": epoch, "model": model_state, "optimizer": optimizer_state,
                        "scaler": scaler.state_dict() if scaler else None,
                        "results": result.to_dict()},
                       os.path.join(out, layout.CHECKPOINT))

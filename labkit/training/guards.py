@@ -136,12 +136,13 @@ def _word_sums_at_once(words: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def gather(mine: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``mine``, one row per rank (one collective; none for one process)."""
+def gather(mine: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's ``mine`` (of ``group``: None, every rank), one row per rank (one
+    collective; none for one process)."""
     if not is_distributed():
         return mine.unsqueeze(0)
-    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(rows, mine)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, mine, group=group)
     return torch.stack(rows)
 
 
@@ -175,18 +176,23 @@ def mismatch_text(d: dict) -> str:
             f"(--no-check-replicas turns the check off)")
 
 
-def check_replicas(model: nn.Module, epoch: int) -> tuple[dict, Optional[dict]]:
-    """Fingerprint, gather, compare: (this epoch's "replicas" entry, the mismatch or None).
-    A mismatch is seen by every rank alike, so all take part in gathering the float64 sums of
-    the tensor that differs, for the message."""
+def check_replicas(named: list[tuple[str, torch.Tensor]], group, epoch: int
+                   ) -> tuple[dict, Optional[dict]]:
+    """Fingerprint, gather, compare the ``named`` tensors the ranks of ``group`` (None: every
+    rank) must hold alike (the method's ``replicas``): (this epoch's "replicas" entry, the
+    mismatch or None), its ranks global ones. A mismatch is seen by every rank of the group
+    alike, so all take part in gathering the float64 sums of the tensor that differs."""
     t0 = time.perf_counter()
-    named = tensors(model)
-    table = gather(fingerprint([t for _, t in named]))
-    bad = compare([n for n, _ in named], table, epoch)
+    table = gather(fingerprint([t for _, t in named]) if named else torch.zeros(0, dtype=torch.int64),
+                   group)
+    bad = compare([n for n, _ in named], table, epoch) if named else None
     if bad is not None:
         t = named[bad.pop("index")][1].detach()
-        sums = gather(t.sum(dtype=torch.float64).reshape(1)).view(-1).tolist()
+        sums = gather(t.sum(dtype=torch.float64).reshape(1), group).view(-1).tolist()
         bad["sum"], bad["reference_sum"] = sums[bad["rank"]], sums[bad["reference_rank"]]
+        if group is not None:  # the group's ranks as the world numbers them
+            bad["rank"], bad["reference_rank"] = (dist.get_global_rank(group, bad[k])
+                                                  for k in ("rank", "reference_rank"))
     entry = {"identical": bad is None, "tensors": len(named), "ranks": table.shape[0],
              "seconds": time.perf_counter() - t0}
     return entry, bad

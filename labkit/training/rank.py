@@ -58,7 +58,8 @@ def run(cfg: TrainConfig, checked: bool = False) -> Optional[str]:
     results = trainer = None
     try:
         trainer = Trainer(cfg, ctx, out, data, model, steps, workload)
-        start = (checkpoint.restore(ckpt, trainer.model, trainer.optimizer, trainer.scaler)
+        start = (checkpoint.restore(ckpt, trainer.strategy, trainer.model, trainer.optimizer,
+                                    trainer.scaler)
                  if ckpt else 1)
         if ctx.is_main:
             results = ResultFile(cfg, ctx, trainer.strategy.trainers, out, trainer.strategy.phases,

@@ -377,7 +377,7 @@ class Trainer:
         if d is not None:
             self._stop(results, guards.divergence_text(d, cfg, self.strategy.trainers), diverged=d)
         if cfg.check_replicas and self.ctx.distributed:  # one process: nothing to compare
-            e.replicas, bad = guards.check_replicas(self.model, e.epoch)
+            e.replicas, bad = guards.check_replicas(*self.strategy.replicas(self.model), e.epoch)
             if bad is not None:
                 self._stop(results, guards.mismatch_text(bad), replicas_differ=bad)
 
@@ -419,21 +419,26 @@ class Trainer:
             for p in s.phases:
                 line += f" | {p} {1000 * e.comm[p]:.1f} ms/step"
             self.log(line)
+            self.doing = "checkpoint"
+            # every rank: a sharded method gathers its shards for rank 0 to save
+            state = s.full_state(self.model, self.optimizer) if cfg.checkpoint else None
             if results is not None:
-                self.doing = "checkpoint"
                 results.add_epoch(e)
                 results.update(efficiency=self.efficiency.summary(results.result.epochs))
-                if cfg.checkpoint:
-                    checkpoint.save(self.out, epoch, self.model, self.optimizer, self.scaler, results.result)
+                if state is not None:
+                    checkpoint.save(self.out, epoch, *state, self.scaler, results.result)
 
     def end_run(self, results: Optional[ResultFile], trained: bool) -> None:
         """After the last epoch: the calibration steps (where this run ``trained`` an epoch: one
         resumed past its last has none to calibrate), the final model, and the workload's last
         lines (the references, e.g. a language model's text)."""
-        cfg = self.cfg
+        cfg, s = self.cfg, self.strategy
         self.doing = "calibration"
-        if cfg.calibrate_steps and trained:
-            if not self.strategy.steps_are_compute_only:
+        if cfg.calibrate_steps and trained and not s.calibrates:
+            self.log(f"no compute-only steps: {s.describe()} cannot skip its communication; its "
+                     f"compute is {s.compute_measured}")
+        elif cfg.calibrate_steps and trained:
+            if not s.steps_are_compute_only:
                 calibration = self.calibrate(cfg.calibrate_steps)
                 if results is not None:
                     results.update(calibration=calibration)
@@ -443,15 +448,18 @@ class Trainer:
         self.doing = "final"
         # the validation loader's workers (kept between epochs) end now, not at the rank's exit
         self.train_loader = self.val_loader = None
+        # every rank: after finish_epoch each holds the final model (the PS server included),
+        # or its shard, which a sharded method gathers here
+        model_state, _ = s.full_state(self.model, None)
         if self.ctx.is_main and self.out:
-            # after finish_epoch every rank, the PS server included, holds the final model
-            atomic_torch_save(self.model.state_dict(), os.path.join(self.out, layout.FINAL_MODEL))
+            atomic_torch_save(model_state, os.path.join(self.out, layout.FINAL_MODEL))
         if self.ctx.is_main and results is not None:
             refs, ep = (results.result.workload or {}).get("references") or {}, results.result.epochs
             for name, v in refs.items():  # e.g. the loss of a model that ignores context
                 if ep and ep[-1].val_loss is not None:
                     self.log(f"final validation loss {ep[-1].val_loss:.4f} against the {name}: {v:.4f}")
-            shown = self.workload.finish(self.model)  # e.g. a language model's text
+            # e.g. a language model's text, from the whole model
+            shown = self.workload.finish(s.whole_model(self.model, model_state))
             if shown:
                 results.update(examples=shown)
                 for line in self.workload.finish_lines(shown):

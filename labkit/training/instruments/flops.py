@@ -15,6 +15,13 @@ from labkit.core.results import Epoch
 from labkit.training.dist import DistContext, all_reduce_sum
 
 
+
+def held_bytes(t: torch.Tensor) -> int:
+    """The bytes this rank holds of ``t``: a DTensor's local shard (``to_local``), where its
+    ``numel`` is the global tensor's."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
 class Efficiency:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, workload, data):
         """``workload``: the run's (labkit.workloads), which counts the FLOPs of one sample's
@@ -46,9 +53,10 @@ class Efficiency:
 
     def state_bytes(self, tensors: list[torch.Tensor]) -> list[int]:
         """Every rank's bytes of ``tensors`` (its optimizer state), in rank order (every rank
-        calls it)."""
+        calls it): what each holds, a sharded tensor's (a DTensor's) local shard, not its
+        global size."""
         v = torch.zeros(max(1, self.ctx.world_size), dtype=torch.float64, device=self.ctx.device)
-        v[self.ctx.rank] = sum(t.numel() * t.element_size() for t in tensors)
+        v[self.ctx.rank] = sum(held_bytes(t) for t in tensors)
         return [int(b) for b in all_reduce_sum(v).tolist()]
 
     def summary(self, epochs: list[Epoch]) -> results.Efficiency:

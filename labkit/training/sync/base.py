@@ -185,6 +185,21 @@ class Strategy(Collectives):
     #: how the alpha-beta cost model predicts its step (labkit.costmodel: "ring" all-reduce,
     #: "server" for a parameter server), or "" where it has no model
     cost_model: ClassVar[str] = ""
+    #: every rank holds the whole model, its gradients and its optimizer state after
+    #: ``finish_epoch`` (True: DDP, the all-reduce; the parameter server's workers hold the
+    #: model and its servers the rest); False for a method that shards them (FSDP, ZeRO-2/3),
+    #: which then overrides :meth:`full_state`, :meth:`load_full_state`, :meth:`replicas` and
+    #: :meth:`whole_model`, and counts what it holds from its local tensors
+    replicates: ClassVar[bool] = True
+    #: whether its compute can be timed by compute-only steps (``no_sync``: forward, backward
+    #: and optimizer with no communication): not for a method whose forward communicates (a
+    #: sharded model gathers its parameters), whose run then has no calibration and whose step
+    #: breakdown says so (:attr:`compute_measured`)
+    calibrates: ClassVar[bool] = True
+    #: how the step breakdown's compute of this method is measured, in words for the report
+    compute_measured: ClassVar[str] = ("compute-only steps after the last epoch: forward, "
+                                       "backward and optimizer with the synchronisation skipped")
+
     def __init__(self, cfg: TrainConfig, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
         #: the method's options (its class's Options dataclass), as ``cfg`` holds them
@@ -325,6 +340,39 @@ class Strategy(Collectives):
         """Method-specific figures for this epoch's results, read (and reset) by the loop at the
         end of each epoch's training on every rank; rank 0's go into the result file."""
         return {}
+
+    # --- the model as a whole: a replica on every rank, unless the method shards it ---
+    def full_state(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer]
+                   ) -> tuple[Optional[dict], Optional[dict]]:
+        """(the whole model's state dict, the optimizer's) as saved (a checkpoint, the final
+        model) on rank 0, after ``finish_epoch``. Every rank calls it: a sharded method gathers
+        its shards here. By default the rank's own, every rank holding the model."""
+        return model.state_dict(), (optimizer.state_dict() if optimizer is not None else None)
+
+    def load_full_state(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                        model_state: dict, optimizer_state: Optional[dict]) -> None:
+        """Load on every rank what :meth:`full_state` gave (a checkpoint to --resume from); a
+        sharded method keeps its shard of it. In place, so views into flat buffers stay views."""
+        model.load_state_dict(model_state)
+        if optimizer is not None and optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+
+    def replicas(self, model: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], Any]:
+        """What the ranks of a group must hold alike after ``finish_epoch``, for the replica
+        check: (named tensors, the process group, None for every rank). By default the whole
+        model's parameters and buffers on every rank. A sharded method returns its shard and
+        the group of ranks that hold the same one (HSDP's replicas), or no tensors where no two
+        ranks hold the same shard: the shards put together are checked by the exactness check."""
+        from labkit.training.guards import tensors
+
+        return tensors(model), None
+
+    def whole_model(self, model: nn.Module, state: Optional[dict]) -> nn.Module:
+        """A module holding the whole model, on rank 0, for what the workload shows at the end
+        (a language model's samples run forwards on rank 0 alone). ``state``: what
+        :meth:`full_state` gave. The model itself by default; a sharded method loads ``state``
+        into a model of its own."""
+        return model
 
     # report-quote: bn-finish-epoch  (quoted in the report: labkit/report/implementation.py)
     def finish_epoch(self, model: nn.Module) -> None:
