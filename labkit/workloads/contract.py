@@ -170,6 +170,12 @@ class Workload:
         c = self.cfg
         return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
 
+    def shard_units(self, model) -> list[str]:
+        """The names (as ``model.named_modules()`` gives them) of the modules a method that
+        shards the model treats one by one: each one's parameters gathered for its forward and
+        its backward and freed after (FSDP's units). None by default: the whole model is one."""
+        return []
+
     def lr_at(self, step: int, total: int) -> Optional[float]:
         """The learning rate of global step ``step`` (0-based) of ``total``, or None for a
         constant one (the default). The loop sets it before each step, so a resumed run

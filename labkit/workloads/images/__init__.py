@@ -102,6 +102,11 @@ class Images(Workload):
                 " and none is available (use --decode cpu)" if not cuda else
                 " (--device cuda, or the default nccl backend)"))
 
+    def shard_units(self, model) -> list[str]:
+        """Each of the ResNet's four stages."""
+        return [name for name in ("layer1", "layer2", "layer3", "layer4")
+                if name in dict(model.named_children())]
+
     def check(self) -> Optional[Datasets]:
         """An image folder's layout and images (the ranks count them), else the in-memory
         sets; a weights file against the model."""

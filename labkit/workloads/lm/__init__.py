@@ -87,6 +87,10 @@ class LanguageModel(Workload):
                Figure("val_perplexity", "validation perplexity", "", higher_is_better=False,
                       short="ppl"))
 
+    def shard_units(self, model) -> list[str]:
+        """Each transformer block (torchtitan's and nanoGPT's FSDP wrap them one by one)."""
+        return [f"blocks.{i}" for i in range(len(model.blocks))]
+
     @classmethod
     def resolve(cls, cfg: TrainConfig, cuda: bool, trainers: int) -> None:
         c = cfg
