@@ -4,18 +4,21 @@ labkit's public method interface (docs/methods.md):
     labkit check examples/methods/zero1.py:ShardedOptimizer
     labkit experiment --methods ddp,examples/methods/zero1.py:ShardedOptimizer
 
-Every rank holds the whole model, but the optimizer's state (SGD's momentum) only for its
-1/n slice of the flattened parameters. Per step:
+Every rank holds the whole model, but the optimizer's state only for its 1/n slice of the
+flattened parameters. Per step:
 
 1. the gradients, divided by n, are reduce-scattered: rank r receives the sum of slice r;
-2. rank r takes the SGD step (weight decay, momentum) for its slice only;
+2. rank r steps its slice with the workload's own optimizer (SGD for images, AdamW for lm),
+   built over the slice's pieces of the parameters;
 3. the updated slices are all-gathered, so every rank holds every parameter again.
 
 Reduce-scatter plus all-gather move the bytes of one ring all-reduce, so the wire carries what
-DDP's does, while the momentum per rank is 1/n of DDP's. The step is SGD's own arithmetic
-(torch.optim.SGD, no dampening or Nesterov), so the method is exact: `labkit check` compares it
-with the single-process reference. (The loop's own optimizer is never stepped here, so it holds
-no state; a checkpoint therefore carries no momentum, and a resumed run restarts it.)
+DDP's does, while the optimizer state per rank (SGD's momentum, AdamW's two moments) is 1/n of
+DDP's. The optimizer's arithmetic is elementwise, so stepping a slice is stepping those weights:
+the method is exact with any of them, which `labkit check` checks against the single-process
+reference. Each piece keeps its parameter's number of dimensions, as the lm's AdamW groups by
+them (weight decay on the matrices only). The loop's optimizer is never stepped here (only in
+compute-only steps), so a checkpoint carries no optimizer state, and a resumed run restarts it.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch
 from torch import nn
 
 from labkit.training.sync import Strategy, broadcast_parameters
+from labkit.workloads import make_workload
 
 
 class ShardedOptimizer(Strategy):
@@ -40,20 +44,27 @@ class ShardedOptimizer(Strategy):
         self.flat = torch.zeros(self.slice * n, device=device)  # every parameter, flattened
         self.grads = torch.zeros_like(self.flat)
         self.grad_slice = torch.zeros(self.slice, device=device)
-        self.mine = slice(r * self.slice, (r + 1) * self.slice)
-        self.momentum = None  # this rank's slice of SGD's momentum: 1/n of DDP's
-        self._flatten([p.data for p in self.params], self.flat)
+        lo = r * self.slice
+        pieces, offset = [], 0
+        for p in self.params:
+            self.flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + p.numel()].view_as(p)  # the all-gather updates it
+            # p's part in this rank's slice (maybe empty), as many dimensions as p has
+            a, b = (min(max(x - lo, 0), self.slice) for x in (offset, offset + p.numel()))
+            shape = (b - a,) + (1,) * (p.dim() - 1)
+            piece = nn.Parameter(self.flat[lo + a:lo + b].view(shape))  # a view: stepped in place
+            piece.grad = self.grad_slice[a:b].view(shape)               # the reduce-scatter's
+            pieces.append(piece)
+            offset += p.numel()
+        self.slice_optimizer = make_workload(self.cfg).optimizer(pieces)  # 1/n of the state
         return model
-
-    def _flatten(self, tensors: list, into: torch.Tensor) -> None:
-        torch.cat([t.reshape(-1) for t in tensors], out=into[:self.numel])
 
     def after_backward(self) -> None:
         if not self.sync:
             return
         n = self.ctx.world_size
         with self.timer("comm"):
-            self._flatten([p.grad for p in self.params], self.grads)
+            torch.cat([p.grad.reshape(-1) for p in self.params], out=self.grads[:self.numel])
             self.grads.div_(n)  # DDP's order: divide, then sum
             if n > 1:
                 self.reduce_scatter(self.grad_slice, self.grads)
@@ -63,25 +74,18 @@ class ShardedOptimizer(Strategy):
     def step(self, optimizer, scaler=None) -> None:
         if not self.sync:  # compute-only steps (labkit bench, calibration): the loop's optimizer
             return super().step(optimizer, scaler)
-        c = self.cfg
-        w = self.flat[self.mine]
-        d = self.grad_slice.add(w, alpha=c.weight_decay) if c.weight_decay else self.grad_slice
-        if c.momentum:
-            if self.momentum is None:
-                self.momentum = d.clone()
-            else:
-                self.momentum.mul_(c.momentum).add_(d)
-            d = self.momentum
-        w.add_(d, alpha=-c.lr)
+        # the loop sets the workload's learning rate schedule on its optimizer before each
+        # step; both were made by the workload from parameters alike, so their groups match
+        for mine, loops in zip(self.slice_optimizer.param_groups, optimizer.param_groups):
+            mine["lr"] = loops["lr"]
+        self.slice_optimizer.step()
+        r = self.ctx.rank
         with self.timer("comm"):
             if self.ctx.world_size > 1:
-                self.all_gather(self.flat, w.clone())
-        offset = 0
-        for p in self.params:
-            p.data.copy_(self.flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+                mine = self.flat[r * self.slice:(r + 1) * self.slice].clone()
+                self.all_gather(self.flat, mine)
 
     def optimizer_state(self, optimizer) -> list:
-        """The optimizer state this rank holds, which the lab counts for the report (DDP's SGD
-        holds every parameter's momentum; this rank only its slice's)."""
-        return [self.momentum] if self.momentum is not None else []
+        """The optimizer state this rank holds, which the lab counts for the report (DDP's
+        optimizer holds every parameter's state; this rank only its slice's)."""
+        return super().optimizer_state(self.slice_optimizer)

@@ -154,7 +154,48 @@ METHODS = {'ddp': {'spec': {'key': 'ddp',
             'bench_variants': (),
             'preload': ('labkit.training.sync.diloco',),
             'cost_model': '',
-            'options': ('local_steps', 'outer_lr', 'outer_momentum')}}
+            'options': ('local_steps', 'outer_lr', 'outer_momentum')},
+ 'fsdp': {'spec': {'key': 'fsdp',
+                   'guide_name': 'FSDP2 (PyTorch fully_shard)',
+                   'short': 'FSDP',
+                   'result_file': 'results_fsdp.json',
+                   'phases': [],
+                   'serves': False,
+                   'exact': True,
+                   'source': 'labkit.training.sync.fsdp:FSDP',
+                   'builtin': True,
+                   'bound': False},
+          'order': 7,
+          'guide': False,
+          'baseline': False,
+          'default': False,
+          'variants': {'fsdp': {}, 'fsdp-zero2': {'reshard_after_forward': False}},
+          'bench_variants': (),
+          'preload': ('labkit.training.sync.fsdp',
+                      'torch.distributed.fsdp',
+                      'torch.distributed.checkpoint.state_dict',
+                      'torch.distributed.device_mesh'),
+          'cost_model': '',
+          'options': ('reshard_after_forward', 'fsdp_units', 'fsdp_bf16')},
+ 'zero3': {'spec': {'key': 'zero3',
+                    'guide_name': 'Manual fully sharded (ZeRO-3)',
+                    'short': 'Manual ZeRO-3',
+                    'result_file': 'results_zero3.json',
+                    'phases': ['gather', 'reduce'],
+                    'serves': False,
+                    'exact': True,
+                    'source': 'labkit.training.sync.zero3:ManualFullySharded',
+                    'builtin': True,
+                    'bound': False},
+           'order': 8,
+           'guide': False,
+           'baseline': False,
+           'default': False,
+           'variants': {},
+           'bench_variants': (),
+           'preload': ('labkit.training.sync.zero3',),
+           'cost_model': '',
+           'options': ()}}
 
 #: every built-in workload: where its class lives, its preloads and options
 WORKLOADS = {'images': {'source': 'labkit.workloads.images:Images',
@@ -181,13 +222,15 @@ WORKLOADS = {'images': {'source': 'labkit.workloads.images:Images',
 VARIANTS = {'ddp': {'method': 'ddp'},
  'allreduce': {'method': 'allreduce'},
  'ps': {'method': 'ps', 'ps_mode': 'collective'},
+ 'fsdp': {'method': 'fsdp'},
  'ddp-fp16': {'method': 'ddp', 'compress': 'fp16'},
  'ddp-bf16': {'method': 'ddp', 'compress': 'bf16'},
  'allreduce-fp16': {'method': 'allreduce', 'compress': 'fp16'},
  'ps-p2p': {'method': 'ps', 'ps_mode': 'p2p'},
  'ps-sharded': {'method': 'ps', 'ps_mode': 'collective', 'ps_servers': 2},
  'ps-async': {'method': 'ps', 'ps_mode': 'collective', 'ps_staleness': 2},
- 'ps-fp16': {'method': 'ps', 'ps_mode': 'collective', 'compress': 'fp16'}}
+ 'ps-fp16': {'method': 'ps', 'ps_mode': 'collective', 'compress': 'fp16'},
+ 'fsdp-zero2': {'method': 'fsdp', 'reshard_after_forward': False}}
 #: the variants labkit bench times without --variants
 BENCH_VARIANTS = ('ddp', 'allreduce', 'ps', 'ps-p2p')
 
@@ -254,6 +297,26 @@ class BuiltinOptions:
         0.9, "diloco: the outer optimizer's Nesterov momentum (0.9 as in Douillard et al., "
         '2023)',
         'method', at_least=0, below=1)
+    # fsdp
+    reshard_after_forward: bool = option(
+        True, "fsdp: free each unit's gathered parameters after its forward and gather them "
+        "again in backward (ZeRO-3, FSDP2's default); --no-reshard-after-forward "
+        'keeps them until its backward: one all-gather a step, the whole parameters '
+        'held meanwhile (ZeRO-2)',
+        'method')
+    # fsdp
+    fsdp_units: Optional[str] = option(
+        None, "fsdp: the modules sharded one by one, comma-separated names as the model's "
+        "named_modules() gives them (default: the workload's units, e.g. "
+        'blocks.0,blocks.1 for lm, layer1,...,layer4 for images); an empty list '
+        'shards the whole model as one unit',
+        'method')
+    # fsdp
+    fsdp_bf16: bool = option(
+        False, 'fsdp: gather the parameters in bf16 for forward and backward and reduce the '
+        "gradients in fp32 (FSDP2's MixedPrecisionPolicy, as torchtitan); on a GPU "
+        'only',
+        'method')
     # images
     num_classes: int = option(
         1000, 'classes of the synthetic dataset',

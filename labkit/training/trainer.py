@@ -459,7 +459,8 @@ class Trainer:
                 if ep and ep[-1].val_loss is not None:
                     self.log(f"final validation loss {ep[-1].val_loss:.4f} against the {name}: {v:.4f}")
             # e.g. a language model's text, from the whole model
-            shown = self.workload.finish(s.whole_model(self.model, model_state))
+            shown = self.workload.finish(s.whole_model(self.model, model_state,
+                                                        self.workload.build_model))
             if shown:
                 results.update(examples=shown)
                 for line in self.workload.finish_lines(shown):

@@ -367,11 +367,12 @@ class Strategy(Collectives):
 
         return tensors(model), None
 
-    def whole_model(self, model: nn.Module, state: Optional[dict]) -> nn.Module:
+    def whole_model(self, model: nn.Module, state: Optional[dict],
+                    build: Callable[[], nn.Module]) -> nn.Module:
         """A module holding the whole model, on rank 0, for what the workload shows at the end
         (a language model's samples run forwards on rank 0 alone). ``state``: what
-        :meth:`full_state` gave. The model itself by default; a sharded method loads ``state``
-        into a model of its own."""
+        :meth:`full_state` gave; ``build()``: a fresh, unsharded model of the workload's (on the
+        CPU). The model itself by default; a sharded method loads ``state`` into one it builds."""
         return model
 
     # report-quote: bn-finish-epoch  (quoted in the report: labkit/report/implementation.py)
