@@ -174,7 +174,20 @@ def _check(plan: BenchPlan) -> None:
         raise ConfigError("--warmup and --profile-steps must be 0 or more")
     if any(n < 1 for n in plan.nprocs):
         raise ConfigError(f"--nproc values must be at least 1 (got {plan.nprocs})")
+    _refuse_uncalibrated(plan.variants)
 
+
+def _refuse_uncalibrated(variants: list[str]) -> None:
+    """A bench times each method's synchronised steps against compute-only ones: one line for
+    a method that cannot run those (its forward communicates: a sharded model gathers)."""
+    from labkit.training.sync import load_method
+
+    for v in variants:
+        cls = load_method(VARIANTS[v]["method"] if v in VARIANTS else absolute(v))
+        if not cls.calibrates:
+            raise ConfigError(f"{v} cannot run the bench's compute-only steps ({cls.compute_measured}); "
+                              f"time it with labkit run or labkit experiment, whose step breakdown "
+                              f"says so")
 
 def _jobs(cfg: TrainConfig, plan: BenchPlan) -> tuple[list, list]:
     """Every (variant, process count, checked config); those that cannot run are skipped with
