@@ -11,7 +11,7 @@ import signal
 import sys
 from typing import Optional
 
-from .core import params
+from .core import params, stop
 from .core.cliparser import OneLineParser
 from .core.config import DEFAULT_VARIANTS, VARIANTS, ConfigError, TrainConfig
 from .core.log import setup as setup_logging, transcript
@@ -481,11 +481,7 @@ def _run_warm(argv: list[str]) -> None:
     if sock is None:  # gone (LABKIT_WARM outlived `labkit warm`), or not this process's like
         log.debug("%s; running here", why)
         return
-    warm_client.run_through(sock, ["-m", "labkit", *argv])
-
-
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt  # a killed job cleans up like Ctrl-C: children stopped, run marked
+    warm_client.run_through(sock, ["-m", "labkit", *argv], before_fork=stop.on_sigterm)
 
 
 def _without_iri_grammars() -> None:
@@ -500,14 +496,30 @@ def _without_iri_grammars() -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    signal.signal(signal.SIGTERM, _sigterm)
-    _without_iri_grammars()
     as_program, argv = argv is None, sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    setup_logging(args.pop("verbose") - args.pop("quiet"))
-    command = args.pop("command")
-    if as_program and command != "warm":
-        _run_warm(argv)
+    command = stop.command_of(argv)  # the parser's own, once it has said
+    stop.Stop.raised, stop.Stop.running = False, True
+    signal.signal(signal.SIGTERM, stop.on_sigterm)  # SIGTERM as Ctrl-C (labkit.core.stop)
+    try:  # from here on: a SIGTERM or Ctrl-C while the parser or the imports run too
+        if as_program:
+            sys.unraisablehook = stop.unraisable(sys.unraisablehook)
+        _without_iri_grammars()
+        args = parse_args(argv)
+        setup_logging(args.pop("verbose") - args.pop("quiet"))
+        command = args.pop("command")
+        if as_program and command != "warm":
+            _run_warm(argv)
+        return _command(command, args)
+    except KeyboardInterrupt:
+        return stop.interrupted(command)
+    finally:
+        stop.Stop.running = False
+        stop.Stop.raised = as_program  # the program ends: a SIGTERM from here on is let pass
+
+
+def _command(command: str, args: dict) -> int:
+    """Run ``command``; its exit code, with a ConfigError, a workload's own exception or a full
+    disk said in one line."""
     if command == "model":  # its own parser and messages (labkit.costmodel.cli)
         from .costmodel.cli import main as model_main
         return model_main(args["argv"])
@@ -521,9 +533,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as e:
         log.error("labkit %s: error: %s", command, e)
         return 2
-    except KeyboardInterrupt:
-        log.error("labkit %s: interrupted; every child process was stopped", command)
-        return 130
     except Exception as e:  # noqa: BLE001 - only the two kinds below become a line
         import errno
 

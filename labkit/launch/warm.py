@@ -22,8 +22,8 @@ streams as file descriptors with an 8-byte length, then its directory, arguments
 server forks and answers ``pid N``, then ``exit S`` (the wait status) when the process ended.
 A client that goes away first (killed) takes its process with it (SIGKILL). The server keeps
 no threads (a fork is safe) and imports nothing that touches CUDA (labkit.launch.agent's
-preload lists); it ends when its owner's pipe closes, and each forked process gets SIGTERM when
-the server dies.
+preload lists); it ends when its owner's pipe closes or a SIGTERM comes (what runs is given its
+grace first), and each forked process gets SIGTERM when the server dies.
 
 An emulated cluster (labkit.launch.emulated) has one of its own, started by its switch inside
 the cluster's user and PID namespaces with ``--join-namespaces``: each fork first joins the
@@ -209,6 +209,10 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
+    # SIGTERM too, and ends the serving as the owner's going does: scancel and a job's time
+    # limit signal every process of the job at once, and the clients of a server that died
+    # first each said it had gone under them (the experiment's kernel below its one line)
+    signal.signal(signal.SIGTERM, lambda *_: None)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(wake_r, selectors.EVENT_READ, "child")
@@ -224,20 +228,29 @@ def serve(address: str, preload: list[str], owner: int = 0, grace_s: float = 10.
     ending = None
     while ending is None or (clients and time.monotonic() < ending):
         for key, _ in sel.select(timeout=None if ending is None else 0.1):
-            if key.data == "owner" and not os.read(owner, 4096):
+            if key.data == "owner" and not os.read(owner, 4096) and ending is None:
                 # the owner is gone: what runs gets its grace, then SIGTERM (die_with_parent)
-                ending = time.monotonic() + grace_s
-                _forget(listener, sel)
-                _remove(address)
-                sel.unregister(owner)
+                ending = _stop_serving(listener, owner, sel, address, grace_s)
             elif key.data == "accept":
                 if got := _receive(listener):
                     fork(got, [])
-            elif key.data == "child":
-                os.read(wake_r, 4096)
+            elif key.data == "child":  # a signal: SIGCHLD, or SIGTERM
+                if signal.SIGTERM in os.read(wake_r, 4096) and ending is None:
+                    ending = _stop_serving(listener, owner, sel, address, grace_s)
                 _reap(sel, clients)
             elif isinstance(key.data, int):  # a client's connection: data (none expected) or gone
                 _client_said(key.fileobj, key.data, sel, clients)
+
+
+def _stop_serving(listener: socket.socket, owner: int, sel: selectors.BaseSelector,
+                  address: str, grace_s: float) -> float:
+    """No more requests; when the grace of those running ends (time.monotonic())."""
+    import time
+
+    _forget(listener, sel)
+    _remove(address)
+    sel.unregister(owner)
+    return time.monotonic() + grace_s
 
 
 def _import_serving(preload: list[str], listener: socket.socket, fork) -> None:

@@ -20,6 +20,7 @@ import signal
 import socket
 import struct
 import sys
+from typing import Callable, Optional
 
 from labkit.core.procs import die_with_parent  # (the standard library's os only)
 
@@ -59,17 +60,25 @@ def main(argv: list[str]) -> None:
     run_through(sock, argv)
 
 
-def run_through(sock: socket.socket, argv: list[str]) -> None:
+def run_through(sock: socket.socket, argv: list[str],
+                before_fork: Optional[Callable[[int, object], None]] = None) -> None:
     """Have the warm process at the other end of ``sock`` fork ``argv`` (``-m MODULE ...``)
     with this process's streams, environment and directory; pass on the signals this process
     gets (but those it ignores, as under ``nohup`` or in a shell script's background job), and
-    end as the forked process ended. Never returns."""
+    end as the forked process ended. Never returns, unless ``before_fork`` (the ``labkit``
+    program's SIGTERM handler) raises: it takes a SIGINT or SIGTERM that comes before the warm
+    process forked (which waits for its imports, seconds after its start), so that the caller
+    ends as a command stopped then does, and the warm process kills the fork it then makes
+    for a client gone. Passed on, the signal would reach a process that has not yet set its
+    handlers: a silent death by SIGTERM, or a KeyboardInterrupt's traceback."""
     server = peer_pid(sock)
     pending: list[int] = []
     child = [0]
 
     def relay(sig: int, _frame: object) -> None:
         if not child[0]:
+            if before_fork is not None and sig in (signal.SIGINT, signal.SIGTERM):
+                before_fork(sig, _frame)
             pending.append(sig)
             return
         try:

@@ -95,6 +95,23 @@ def _forget(folder: ExperimentFolder, m: str, i: int) -> None:
         entry["repeats"] = [r for r in entry["repeats"] if r.get("repeat") != i]
 
 
+def _continue_method(folder: ExperimentFolder, m: str, i: int, seed: int, kernel: str,
+                     stream: IO[str]) -> None:
+    """Method ``m``'s repeat ``i``: kept where its result file is complete, else run again
+    (resumed from its last checkpoint where it wrote one), its earlier attempt set aside."""
+    run, p = folder.run, folder.p
+    mdir = layout.method_dir(run, m, i, p.exp.repeats)
+    if _complete(mdir, p.resolved[m].method):
+        stream.write(f"  {mdir.relative_to(run)}: complete, kept\n")
+        folder.record_kept(m, i, seed)  # experiment.json follows the result file
+        return
+    _forget(folder, m, i)
+    resume = _set_aside(mdir)
+    stream.write(f"  {mdir.relative_to(run)}: "
+                 + ("resuming from its last checkpoint\n" if resume else "running\n"))
+    folder.run_method(m, i, seed, kernel, stream, resume=resume)
+
+
 def continue_experiment(run_dir: str, allow_changed_env: bool = False,
                         stream: Optional[IO[str]] = None) -> tuple[Path, dict]:
     """Continue ``run_dir``; return (run folder, status) as run_experiment does. A complete run
@@ -117,20 +134,12 @@ def continue_experiment(run_dir: str, allow_changed_env: bool = False,
     status.update(status=Status.RUNNING, heartbeat=stamp())
     status.pop("error", None)  # as_seen's "stopped without finishing"
     folder = ExperimentFolder.reopen(run, p, status)
-    kernel = kernel_name()
-    stream.write(f"continuing: {run}\n")
-    for i, seed, order in folder.plan:
-        for m in order:
-            mdir = layout.method_dir(run, m, i, p.exp.repeats)
-            if _complete(mdir, p.resolved[m].method):
-                stream.write(f"  {mdir.relative_to(run)}: complete, kept\n")
-                folder.record_kept(m, i, seed)  # experiment.json follows the result file
-                continue
-            _forget(folder, m, i)
-            resume = _set_aside(mdir)
-            stream.write(f"  {mdir.relative_to(run)}: "
-                         + ("resuming from its last checkpoint\n" if resume else "running\n"))
-            folder.run_method(m, i, seed, kernel, stream, resume=resume)
-    folder.finish(kernel, stream, None)
+    with folder.marked_if_interrupted():  # stopped again: interrupted, to be continued again
+        kernel = kernel_name()
+        stream.write(f"continuing: {run}\n")
+        for i, seed, order in folder.plan:
+            for m in order:
+                _continue_method(folder, m, i, seed, kernel, stream)
+        folder.finish(kernel, stream, None)
     write_index(run.parent)
     return run, folder.status

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Optional
+from typing import IO, Any, Callable, Iterator, Optional
 
 from labkit.core import layout
 from labkit.core.config import VARIANTS, ConfigError, TrainConfig
@@ -173,16 +173,17 @@ def run_experiment(cfg: TrainConfig, exp: Experiment, stream: Optional[IO[str]] 
         else:
             run.mkdir(parents=True)
         folder = ExperimentFolder(run, p, began)
-        kernel = kernel_name()
-        stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
-        folder.ready()
         try:
-            for i, seed, order in folder.plan:
-                for m in order:
-                    if gone := warm.ended():  # between two methods: said once, not by each client
-                        stream.write(f"\nlabkit: {gone}; what follows starts its own processes\n")
-                    folder.run_method(m, i, seed, kernel, stream)
-            folder.finish(kernel, stream, before_report)
+            with folder.marked_if_interrupted():
+                kernel = kernel_name()
+                stream.write(f"experiment: {run}\n" + "".join(f"{line}\n" for line in p.plan))
+                folder.ready()
+                for i, seed, order in folder.plan:
+                    for m in order:
+                        if gone := warm.ended():  # between two methods: said once, not by each client
+                            stream.write(f"\nlabkit: {gone}; what follows starts its own processes\n")
+                        folder.run_method(m, i, seed, kernel, stream)
+                folder.finish(kernel, stream, before_report)
         finally:  # interrupted too: the lab notebook lists the run as it was left
             if not (run.parent / layout.SWEEP).exists():  # a sweep's point: the sweep writes it
                 write_index(run.parent)
@@ -276,13 +277,21 @@ class ExperimentFolder:
         so that no method's wall time holds what they all share; the seconds since the
         experiment began (inputs checked, folder made, those imports) are its ``start_s``."""
         self.write(layout.EXPERIMENT, self.status)  # what runs, said while it waits
+        warm.ready()
+        self.status["start_s"] = round(time.monotonic() - self.began, 2)
+
+    @contextlib.contextmanager
+    def marked_if_interrupted(self) -> Iterator[None]:
+        """experiment.json says interrupted when Ctrl-C or a SIGTERM stops what runs inside:
+        a method, the waits before and between them, the report (the experiment's status was
+        decided before it began), so that readers list the run as interrupted and `labkit
+        experiment --continue` finishes it. Also before experiment.json was first written."""
         try:
-            warm.ready()
+            yield
         except KeyboardInterrupt:
             self.status["status"] = Status.INTERRUPTED
             self.write(layout.EXPERIMENT, self.status)
             raise
-        self.status["start_s"] = round(time.monotonic() - self.began, 2)
 
     def run_method(self, m: str, i: int, seed: int, kernel: str, stream: IO[str],
                    resume: bool = False) -> None:
@@ -297,11 +306,9 @@ class ExperimentFolder:
         try:
             run_method_notebook(dataclasses.replace(self.p.resolved[m], seed=seed, resume=resume),
                                 mdir, self.p, kernel, stream, entry, label)
-        except KeyboardInterrupt:
-            self.status["status"] = Status.INTERRUPTED
+        except KeyboardInterrupt:  # experiment.json: marked_if_interrupted, around every method
             if repeats > 1:
                 self.status["methods"][m]["status"] = Status.INTERRUPTED
-            self.write(layout.EXPERIMENT, self.status)
             raise
         if repeats > 1:
             _sum_up_repeats(self.status["methods"][m], repeats)

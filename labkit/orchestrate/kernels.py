@@ -2,8 +2,11 @@
 and stops (labkit.orchestrate.experiment runs the experiment's notebooks with these settings)."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
+
+log = logging.getLogger(__name__)
 
 # the project's named kernel (make setup installs it into the venv)
 KERNEL_NAME = "labkit"
@@ -73,6 +76,44 @@ def kernel_options() -> dict:
             await super().shutdown_kernel(now=now, restart=restart)
 
     return {"kernel_manager_class": IPCKernelManager, "shutdown_kernel": "immediate"}
+
+
+def drop_abandoned_tasks() -> None:
+    """papermill runs a notebook's cells on one asyncio loop (jupyter_core's, this thread's),
+    each cell in a run_until_complete, and a KeyboardInterrupt (Ctrl-C, SIGTERM) leaves that
+    call with the cell's tasks pending. The kernel's shutdown that follows runs the loop again,
+    and ran them on: where scancel's SIGTERM had killed the kernel too, nbclient said "Kernel
+    died while waiting for execute reply." and the cell's task ended in DeadKernelError, which
+    nothing awaits any more, so that asyncio printed "Task exception was never retrieved" and a
+    traceback, below the command's one line. So on this loop a new run's own task first cancels
+    the tasks an earlier run left (each cell's tasks are awaited otherwise), and a task's error
+    that no one retrieved is a debug line when it is the interruption's echo (the kernel's
+    death, the KeyboardInterrupt itself); anything else the loop reports is as before."""
+    from jupyter_core.utils import ensure_event_loop
+
+    loop = ensure_event_loop()
+    if loop.get_task_factory() is None:
+        loop.set_task_factory(_new_task)
+    if loop.get_exception_handler() is None:
+        loop.set_exception_handler(_unretrieved)
+
+
+def _new_task(loop, coro, **kw):
+    import asyncio
+
+    if not loop.is_running():  # a run_until_complete's own: nothing of an earlier run waits
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+    return asyncio.Task(coro, loop=loop, **kw)
+
+
+def _unretrieved(loop, context: dict) -> None:
+    from nbclient.exceptions import DeadKernelError
+
+    if isinstance(context.get("exception"), (KeyboardInterrupt, DeadKernelError)):
+        log.debug("a notebook's task left by an interruption: %r", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
 
 
 #: what a labkit notebook's kernel imports (run_method.ipynb and report.ipynb: IPython's kernel,

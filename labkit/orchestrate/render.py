@@ -23,7 +23,7 @@ from typing import IO, Callable, Optional, TypeVar
 
 from labkit.core import layout
 
-from .kernels import kernel_name, kernel_options
+from .kernels import drop_abandoned_tasks, kernel_name, kernel_options
 
 log = logging.getLogger(__name__)
 NOTEBOOKS = Path(str(resources.files("labkit") / "notebooks"))
@@ -38,6 +38,7 @@ def execute(name: str, out: Path, parameters: dict, kernel: str, timeout: int,
     import papermill as pm
 
     streams = {"stdout_file": stream, "stderr_file": stream} if stream is not None else {}
+    drop_abandoned_tasks()  # what an interrupted cell left, not said after the one line
     pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=parameters,
                         kernel_name=kernel, cwd=str(out.parent), execution_timeout=timeout,
                         progress_bar=False, **streams, **kernel_options())
