@@ -258,8 +258,10 @@ def test_report_renders_table_1_and_five_figures(lab, page, tmp_path):
     open_and_run(lab, page, "report.ipynb")
     text = outputs_text(page)
     assert "Traceback" not in text and "Error" not in text
-    t1 = page.locator(".jp-Cell", has_text="Table 1. Performance comparison")
-    table = t1.locator("xpath=following-sibling::div[contains(@class,'jp-CodeCell')][1]").locator("table")
+    # the report's blocks are one cell's outputs: Table 1's caption, then the table itself
+    t1 = page.locator(".jp-OutputArea-child", has_text="Table 1. Performance comparison").first
+    table = t1.locator("xpath=following-sibling::div[contains(@class,'jp-OutputArea-child')][1]"
+                       ).locator("table")
     assert all(m in table.text_content() for m in ("Baseline DDP", "All-Reduce", "Parameter Server"))
     figures = page.locator(".jp-OutputArea-output figure")
     # the five figures in order, each with its caption from the one captions table: the step
