@@ -225,6 +225,7 @@ def test_the_tasks_an_interrupted_cell_left_are_cancelled_not_run_on(monkeypatch
     DeadKernelError that asyncio printed as "Task exception was never retrieved"."""
     import asyncio
     import gc
+    import threading
 
     from nbclient.exceptions import DeadKernelError
 
@@ -248,14 +249,26 @@ def test_the_tasks_an_interrupted_cell_left_are_cancelled_not_run_on(monkeypatch
 
     loop = asyncio.new_event_loop()
     monkeypatch.setattr("jupyter_core.utils.ensure_event_loop", lambda: loop)
-    try:
-        drop_abandoned_tasks()
-        loop.call_later(0.01, interrupt)
-        with pytest.raises(KeyboardInterrupt):
-            loop.run_until_complete(cell())
-        loop.run_until_complete(asyncio.sleep(0.2))  # the kernel's shutdown
-        gc.collect()  # the cell's task, which nothing awaits any more
-    finally:
-        loop.close()
+
+    def papermill() -> None:
+        try:
+            drop_abandoned_tasks()
+            loop.call_later(0.01, interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(cell())
+            loop.run_until_complete(asyncio.sleep(0.2))  # the kernel's shutdown
+            gc.collect()  # the cell's task, which nothing awaits any more
+        except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
+            failed.append(e)
+        finally:
+            loop.close()
+
+    # in a thread of its own: this worker's main thread may run a loop already (playwright's)
+    failed: list[BaseException] = []
+    runner = threading.Thread(target=papermill)
+    runner.start()
+    runner.join()
+    if failed:
+        raise failed[0]
     assert said == []
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
