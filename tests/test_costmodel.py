@@ -108,6 +108,137 @@ def test_exposed_comm_schedule_by_hand():
     assert costmodel.exposed_comm([1, 1], [0.1, 0.1], backward=1.0, overlap=False) == pytest.approx(0.2)
 
 
+# --- the sharded step (FSDP: ZeRO-3, ZeRO-2, HSDP) ------------------------------------------
+
+def test_all_gather_and_reduce_scatter_by_hand():
+    # p = 4, n = 100 MB: 3*1e-5 + 1e8*3/4/1e10 each, half the ring all-reduce
+    assert costmodel.ring_allgather_time(1e8, 4, LINK) == pytest.approx(3e-5 + 0.0075)
+    assert costmodel.ring_reduce_scatter_time(1e8, 4, LINK) == pytest.approx(3e-5 + 0.0075)
+    assert costmodel.ring_allgather_time(1e8, 1, LINK) == 0.0
+    intra, inter = Link("nvl", 1e-6, 1 / 400e9), Link("net", 1e-5, 1 / 50e9)
+    n = 8e8
+    # 32 GPUs = 4 nodes of 8: across on each GPU's n/8, then inside on n
+    expected = 3 * 1e-5 + (n / 8) * 3 / 4 / 50e9 + 7e-6 + n * 7 / 8 / 400e9
+    assert costmodel.hierarchical_allgather_time(n, 32, intra, inter) == pytest.approx(expected)
+    assert costmodel.hierarchical_reduce_scatter_time(n, 32, intra, inter) == pytest.approx(expected)
+    # a reduce-scatter and an all-gather make the hierarchical all-reduce
+    assert 2 * expected == pytest.approx(costmodel.hierarchical_allreduce_time(n, 32, intra, inter))
+    assert costmodel.allgather_time(n, 8, inter, intra) == pytest.approx(
+        costmodel.ring_allgather_time(n, 8, intra))  # one node: a ring on the intra link
+
+
+@pytest.mark.parametrize("p", [2, 4, 16, 1024])
+def test_zero3_sends_one_and_a_half_all_reduces_and_zero2_one(p):
+    """The model's bytes a worker sends per step: ZeRO-3's two gathers and a reduce-scatter,
+    (n-1)/n each, are 1.5 times the ring all-reduce's 2(n-1)/n; ZeRO-2's one gather, once. On a
+    link of bandwidth only the times are in the same ratio."""
+    n, link = 1e8, Link("bandwidth only", 0.0, BETA)
+    ddp = costmodel.predict_step("ddp", 0.0, n, p, link, overlap=False)
+    zero3 = costmodel.predict_step("fsdp", 0.0, n, p, link, overlap=False)
+    zero2 = costmodel.predict_step("fsdp", 0.0, n, p, link, overlap=False, gathers=1)
+    assert ddp["sent"] == pytest.approx(2 * (p - 1) / p * n)
+    assert zero3["sent"] == pytest.approx(1.5 * ddp["sent"])
+    assert zero2["sent"] == pytest.approx(ddp["sent"])
+    assert zero3["comm"] == pytest.approx(1.5 * ddp["comm"])
+    assert zero2["comm"] == pytest.approx(ddp["comm"])
+    assert costmodel.sharded_bytes(n, p, 2) == pytest.approx(zero3["sent"])
+
+
+def test_hsdp_sends_across_nodes_what_the_hierarchical_all_reduce_does():
+    """HSDP on 64 GPUs in nodes of 8: the gathers and the reduce-scatter inside the node, the
+    all-reduce of each GPU's n/8 across the 8 nodes: 2(N-1)/N n/8, the hierarchical
+    all-reduce's network share, where FSDP over all 64 sends 1.5 times that across (ZeRO-3)."""
+    n, g, nodes = 1e8, 8, 8
+    got = costmodel.sharded_bytes(n, 64, 2, hsdp=True)
+    assert got == pytest.approx(3 * (g - 1) / g * n + 2 * (nodes - 1) / nodes * n / g)
+    net, nvl = Link("net", 0.0, 1 / 1e9), Link("nvl", 0.0, 0.0)  # NVLink free: the network alone
+    hsdp = costmodel.predict_step("fsdp", 0.0, n, 64, net, intra=nvl, hsdp=True, overlap=False)
+    fsdp = costmodel.predict_step("fsdp", 0.0, n, 64, net, intra=nvl, overlap=False)
+    ddp = costmodel.predict_step("ddp", 0.0, n, 64, net, intra=nvl, overlap=False)
+    assert hsdp["comm"] == pytest.approx(2 * (nodes - 1) / nodes * (n / g) / 1e9)
+    assert hsdp["comm"] == pytest.approx(ddp["comm"])
+    assert fsdp["comm"] == pytest.approx(1.5 * hsdp["comm"])
+
+
+def test_the_sharded_schedule_by_hand():
+    """2 units; forward 1 s and backward 2 s of compute per unit. Gathers of 1 s each: the
+    first of forward and of backward show, the next hide behind the unit before; the last
+    reduce-scatter shows: 3 s (ZeRO-3), 2 s (ZeRO-2, no backward gathers). Of 3 s each, the
+    link is the step: forward gathers 0-3, 3-6; backward's 7-10, 10-13, reduce-scatters 13-16
+    and 16-19, for 6 s of compute: 13 s exposed."""
+    assert costmodel.sharded_exposed(1, 1, 2, forward=2, backward=4) == pytest.approx(3)
+    assert costmodel.sharded_exposed(1, 1, 2, forward=2, backward=4, again=0) == pytest.approx(2)
+    assert costmodel.sharded_exposed(3, 3, 2, forward=2, backward=4) == pytest.approx(13)
+    assert costmodel.sharded_exposed(3, 3, 2, 2, 4, overlap=False) == pytest.approx(18)
+    # one unit hides nothing: every collective's time
+    assert costmodel.sharded_exposed(1, 1, 1, forward=5, backward=5) == pytest.approx(3)
+    pred = costmodel.predict_step("fsdp", 0.3, 1e8, 16, LINK, units=4)
+    gather, reduce = costmodel.sharded_unit_times(1e8, 16, LINK, units=4)
+    assert pred["comm"] == pytest.approx(4 * (2 * gather + reduce))
+    assert pred["exposed"] == pytest.approx(costmodel.sharded_exposed(gather, reduce, 4, 0.1, 0.2))
+
+
+def _sharded_result(replicas: int = 1) -> "Result":
+    """An fsdp run's result file as its 4 trainers wrote it: 40 MB of parameters; ZeRO-3's
+    units gathered twice, its root once (1.8 gathers a step), in 3 units; HSDP's 2 replicas
+    shard over 2 ranks and all-reduce their half across."""
+    from labkit.core.results import Result
+
+    n, s = 4, 4 // replicas
+    params = 40e6
+    phases = {"all_gather": 1.8 * (s - 1) / s * params, "reduce_scatter": (s - 1) / s * params}
+    if replicas > 1:
+        phases["all_reduce"] = 2 * (replicas - 1) / replicas * params / s
+    by_phase = {k: {"sent": [v] * n, "received": [v] * n} for k, v in phases.items()}
+    epoch = {"epoch": 1, "train_loss": 1.0, "train_accuracy": None, "train_time": 1.0,
+             "train_throughput": 10.0, "avg_batch_time": 0.5, "shard_units": 3,
+             "wire": {"sent_per_step": [sum(phases.values())] * n, "trainer": [True] * n,
+                      "sending_steps": [1.0] * n, "by_phase": by_phase}}
+    return Result.from_dict({"method": "FSDP2 (PyTorch fully_shard)", "method_key": "fsdp",
+                             "config": {"fsdp_replicas": replicas}, "epochs": [epoch]})
+
+
+def test_a_measured_fsdp_run_is_projected_as_the_sharded_step():
+    """The report's projection (Table 11: labkit.costmodel.measured) of an fsdp run: with no
+    compute-only steps it has no breakdown, and is projected at DDP's compute, from what it
+    was measured to gather and reduce-scatter: its row exists, and is the sharded model's."""
+    from labkit.costmodel.measured import measured_inputs, project_methods
+
+    x = measured_inputs(_sharded_result())
+    assert x["compute"] is None and x["trainers"] == 4 and x["pattern"] == "sharded"
+    assert (x["params"], x["gathers"], x["units"], x["replicas"]) == (
+        pytest.approx(40e6), pytest.approx(1.8), 3, 1)
+    ddp = {"compute": 0.05, "round": 40e6, "period": 1.0, "sent": 60e6, "trainers": 4}
+    inputs = {"ddp": ddp, "fsdp": {**x, "compute": 0.05}}
+    rows = project_methods(inputs, {"ddp": False, "fsdp": False}, links=("10gbe",), gpus=(1024,))
+    row = next(r for r in rows if r["method"] == "fsdp")
+    link, nvl = costmodel.INTERCONNECTS["10gbe"], costmodel.INTERCONNECTS["nvlink"]
+    gather = costmodel.hierarchical_allgather_time(40e6 / 3, 1024, nvl, link)
+    assert row["comm"] == pytest.approx(3 * (1.8 * gather + gather))  # reduce-scatter: a gather's
+    assert row["step"] > next(r for r in rows if r["method"] == "ddp")["step"]  # 1.4x the bytes
+    hsdp = measured_inputs(_sharded_result(replicas=2))
+    assert hsdp["replicas"] == 2 and hsdp["params"] == pytest.approx(40e6)
+    rows = project_methods({"hsdp": {**hsdp, "compute": 0.05}}, {"hsdp": False},
+                           links=("10gbe",), gpus=(1024,))
+    assert rows[0]["comm"] < row["comm"]  # its gathers on NVLink, only its all-reduce across
+
+
+def test_hsdp_on_an_emulated_link_sends_the_gradients_once_through_each_port():
+    """Table 12 (an emulated cluster's flat link, no intra-node link): HSDP's shard group is a
+    node's 2 ranks on loopback (free), and their all-reduces of half the gradients share the
+    node's port: per unit 2 alpha + (n/u) beta, the whole n through the port a step. fsdp's
+    rings over the 4 ranks: (gathers + 1) x 3/4 n through it."""
+    from labkit.costmodel.measured import measured_inputs, project_one
+
+    link = Link("100mbit", ALPHA, 8 / 100e6)
+    hsdp = {**measured_inputs(_sharded_result(replicas=2)), "compute": 0.0}
+    got = project_one(hsdp, 4, link, serves=False, intra=None)
+    assert got["comm"] == pytest.approx(3 * 2 * ALPHA + 40e6 * link.beta)
+    fsdp = {**measured_inputs(_sharded_result()), "compute": 0.0}
+    flat = project_one(fsdp, 4, link, serves=False, intra=None)
+    assert flat["comm"] == pytest.approx(3 * 2.8 * 3 * ALPHA + 2.8 * 0.75 * 40e6 * link.beta)
+
+
 def test_unknown_method():
     with pytest.raises(ValueError, match="unknown method"):
         costmodel.predict_step("horovod", 0.1, 1e8, 4, LINK)

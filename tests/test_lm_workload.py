@@ -80,8 +80,10 @@ def test_unknown_names_are_one_line():
     with pytest.raises(ConfigError, match="^unknown dataset 'x' for the lm workload; choose one of: "
                                           "embedded, text, tokens$"):
         workload(dataset="x")
-    with pytest.raises(ConfigError, match="^unknown model 'huge' for the lm workload; choose one "
-                                          "of: tiny, small, gpt2$"):
+    with pytest.raises(ConfigError, match=r"^unknown model 'huge' for the lm workload; choose a "
+                                          r"size \(tiny, small, gpt2, shakespeare, cs336-small, "
+                                          r"cs336-medium, cs336-large, cs336-xl, cs336-2\.7b\) "
+                                          r"or a shape LxDxH"):
         workload(model="huge")
     with pytest.raises(ConfigError, match="--dataset embedded reads no --data-dir"):
         workload(dataset="embedded", data_dir="/tmp")

@@ -67,13 +67,13 @@ def notebook_of(res, run) -> list:
 
 def test_a_new_table_is_one_function_and_one_outline_entry(tmp_path, new_table):
     res = guide_run(tmp_path)
-    assert captions.ref("epochs_run") == "Table 13"  # after the twelve tables before it
+    assert captions.ref("epochs_run") == "Table 14"  # after the thirteen tables before it
     text = report.text_report(res)
     # the text report: its heading in the outline's place, its numbered table, the reference
     at = [text.index(f"\n{t}\n{'-' * len(t)}\n") for t in ("Results", "Epochs run", "Discussion")]
     assert at == sorted(at)
     part = text[at[1]:at[2]]
-    assert "\nTable 13. Epochs per method\n" in part and "Every method ran both epochs (Table 13)." in part
+    assert "\nTable 14. Epochs per method\n" in part and "Every method ran both epochs (Table 14)." in part
     assert re.search(r"\nParameter Server +2 *\n", part), part
     assert "Contents: Summary; Results; Epochs run; Discussion;" in text
     # the notebook: the same part, in the same place, from the same blocks
@@ -84,9 +84,9 @@ def test_a_new_table_is_one_function_and_one_outline_entry(tmp_path, new_table):
              for k in ("results", "epochs", "discussion")]
     assert heads == sorted(heads)
     mine = said[heads[1]:heads[2]]
-    assert mine[1].startswith("**Table 13. Epochs per method** per method: the epochs its result")
+    assert mine[1].startswith("**Table 14. Epochs per method** per method: the epochs its result")
     assert "<th>Epochs</th>" in mine[2] and "<td>Parameter Server</td><td>2</td>" in mine[2]
-    assert mine[3] == "Every method ran both epochs (Table 13)."
+    assert mine[3] == "Every method ran both epochs (Table 14)."
     assert "[Epochs run](#epochs)" in said[0]  # the contents link to it
 
 

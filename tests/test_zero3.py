@@ -156,6 +156,17 @@ def test_zero3_holds_half_of_the_parameters_and_of_ddps_optimizer_state(runs, dd
     assert len(units) == 2 and e["gathered_bytes_peak"] == root + max(units.values())
     held = ManualFullySharded.memory_per_rank(cfg, g // 4, 2, N)
     assert held[0].parameters == g / N + e["gathered_bytes_peak"] and held[0].optimizer == g
+    # measured by the lab (labkit.training.instruments.memory), against the model the run
+    # recorded, which declares the most a step holds: the shard between steps, the shard and
+    # what zero3 itself counts as gathered at most in a step, and in all within 10% of the model
+    mem, declared = e["memory"], doc["memory_model"]
+    assert declared["parameters"] == [held[0].parameters] * N and declared["values"] == g // 4
+    for r in range(N):
+        assert mem["parameters"][r] == pytest.approx(g / N, abs=4 * 8)
+        assert mem["step_parameters"][r] == pytest.approx(g / N + e["gathered_bytes_peak"], abs=4 * 8)
+        measured = sum(mem[k][r] for k in ("step_parameters", "step_gradients", "optimizer"))
+        modelled = sum(declared[k][r] for k in ("parameters", "gradients", "optimizer"))
+        assert measured == pytest.approx(modelled, rel=0.10), (mem, declared)
 
 
 @pytest.mark.unit

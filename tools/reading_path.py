@@ -8,7 +8,8 @@ Static (ast only, nothing is imported), deterministic, and simple on purpose. Wh
 1. The entry is ``labkit/train.py``. From its top-level code the calls are followed (see 4) to
    find the *step*: the first function reached, breadth first in source order, that calls
    ``.backward()``, or the caller of that function, and so on up, the first that its own
-   caller calls inside a loop (the loop over the batches). A function that calls ``.backward()``
+   caller calls inside a loop (the loop over the batches, not a step's own loop over its
+   micro-batches, whose body enters the method's ``accumulating()``). A function that calls ``.backward()``
    with no loop around it up to the entry (a check of a workload's first batch, run once) is
    not the step: the search goes on. While searching, a function of the package passed to a
    call is followed as called (a rank's work handed to ``lifecycle.run_rank``); in the step
@@ -27,7 +28,8 @@ Static (ast only, nothing is imported), deterministic, and simple on purpose. Wh
    them: they are never reached from the step. The instruments (``INSTRUMENTS``: the modules
    that measure a step) are named components around it: a call into one is read where it is
    written, its module is not followed (issue 58: "profiling, checkpointing and metrics as
-   named components around it").
+   named components around it"); so are the step's options that are off by default
+   (``labkit.training.step_options``: --grad-accum's micro-batches, --grad-clip).
 3. A function counts with all its lines, from its ``def`` (decorators included) to its last
    line: docstring, comments and nested functions included, every branch included (static:
    the script cannot know a config, and a student reads every branch of what the step calls).
@@ -65,7 +67,8 @@ REGISTRY = "labkit.core.builtins"
 #: bytes on the wire). The step calls them as named components, read at the call site
 #: (``meter.step_ends(...)``, ``mark("sync")``), like torchtitan's metrics and profiler.
 INSTRUMENTS = ("labkit.training.instruments.meter", "labkit.training.instruments.timers",
-               "labkit.training.sync.collectives")
+               "labkit.training.instruments.memory", "labkit.training.sync.collectives",
+               "labkit.training.step_options")
 
 
 class Module:
@@ -429,10 +432,14 @@ def _key(t: tuple) -> tuple:
 
 
 def loop_around(caller: tuple, step_fn) -> Optional[ast.AST]:
-    """The innermost loop of ``caller`` whose body calls ``step_fn``."""
+    """The innermost loop of ``caller`` whose body calls ``step_fn``; a loop over a step's
+    micro-batches (its body enters the method's ``accumulating()``: --grad-accum) is the step's
+    own, not the loop over the batches."""
     best = None
     for node in ast.walk(caller[2]):
-        if isinstance(node, (ast.For, ast.While)) and any(
+        if isinstance(node, (ast.For, ast.While)) and not any(
+                isinstance(n, ast.Attribute) and n.attr == "accumulating"
+                for n in ast.walk(node)) and any(
                 isinstance(n, ast.Attribute) and n.attr == step_fn.name
                 or isinstance(n, ast.Name) and n.id == step_fn.name for n in ast.walk(node)):
             if best is None or node.lineno > best.lineno:

@@ -71,6 +71,13 @@ class ShardedOptimizer(Strategy):
             else:
                 self.grad_slice.copy_(self.grads)
 
+    #: --grad-clip's norm: over every rank's slice (the loop's optimizer's gradients are not
+    #: the averaged ones here; each rank's slice of them is)
+    shards_gradients = True
+
+    def gradients(self, optimizer) -> list:
+        return [self.grad_slice]
+
     def step(self, optimizer, scaler=None) -> None:
         if not self.sync:  # compute-only steps (labkit bench, calibration): the loop's optimizer
             return super().step(optimizer, scaler)

@@ -169,14 +169,16 @@ METHODS = {'ddp': {'spec': {'key': 'ddp',
           'guide': False,
           'baseline': False,
           'default': False,
-          'variants': {'fsdp': {}, 'fsdp-zero2': {'reshard_after_forward': False}},
+          'variants': {'fsdp': {},
+                       'fsdp-zero2': {'reshard_after_forward': False},
+                       'hsdp': {'fsdp_replicas': 2}},
           'bench_variants': (),
           'preload': ('labkit.training.sync.fsdp',
                       'torch.distributed.fsdp',
                       'torch.distributed.checkpoint.state_dict',
                       'torch.distributed.device_mesh'),
-          'cost_model': '',
-          'options': ('reshard_after_forward', 'fsdp_units', 'fsdp_bf16')},
+          'cost_model': 'sharded',
+          'options': ('reshard_after_forward', 'fsdp_units', 'fsdp_bf16', 'fsdp_replicas')},
  'zero3': {'spec': {'key': 'zero3',
                     'guide_name': 'Manual fully sharded (ZeRO-3)',
                     'short': 'Manual ZeRO-3',
@@ -194,7 +196,7 @@ METHODS = {'ddp': {'spec': {'key': 'ddp',
            'variants': {},
            'bench_variants': (),
            'preload': ('labkit.training.sync.zero3',),
-           'cost_model': '',
+           'cost_model': 'sharded',
            'options': ()}}
 
 #: every built-in workload: where its class lives, its preloads and options
@@ -230,7 +232,8 @@ VARIANTS = {'ddp': {'method': 'ddp'},
  'ps-sharded': {'method': 'ps', 'ps_mode': 'collective', 'ps_servers': 2},
  'ps-async': {'method': 'ps', 'ps_mode': 'collective', 'ps_staleness': 2},
  'ps-fp16': {'method': 'ps', 'ps_mode': 'collective', 'compress': 'fp16'},
- 'fsdp-zero2': {'method': 'fsdp', 'reshard_after_forward': False}}
+ 'fsdp-zero2': {'method': 'fsdp', 'reshard_after_forward': False},
+ 'hsdp': {'method': 'fsdp', 'fsdp_replicas': 2}}
 #: the variants labkit bench times without --variants
 BENCH_VARIANTS = ('ddp', 'allreduce', 'ps', 'ps-p2p')
 
@@ -317,6 +320,14 @@ class BuiltinOptions:
         "gradients in fp32 (FSDP2's MixedPrecisionPolicy, as torchtitan); on a GPU "
         'only',
         'method')
+    # fsdp
+    fsdp_replicas: int = option(
+        1, "fsdp: HSDP's replicas R (torchtitan's data_parallel_replicate_degree): each "
+        "parameter sharded over a group of world/R consecutive ranks, one node's "
+        "where that is a node's ranks, and replicated across the R groups; the "
+        'gradients reduce-scattered in a group and all-reduced across the replicas; '
+        '1: sharded over every rank (FSDP)',
+        'method', at_least=1)
     # images
     num_classes: int = option(
         1000, 'classes of the synthetic dataset',
@@ -345,6 +356,6 @@ class BuiltinOptions:
         'data')
     # lm
     seq_len: Optional[int] = option(
-        None, "lm: tokens in a sample's context window (default: 64 for tiny, 256 for "
-        'small, 1024 for gpt2)',
+        None, "lm: tokens in a sample's context window (default: by the model's width: 64 "
+        'up to d 64 (tiny), 256 up to d 384 (small, shakespeare), else 1024 (gpt2))',
         'data', at_least=1)

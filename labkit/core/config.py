@@ -94,17 +94,32 @@ class General:
     model: Optional[str] = _f("model", None, "images: resnet50 | resnet18 | resnet10, plain or with a "
                               "_small suffix (3x3 stem, no max-pool, for small images); default: "
                               "resnet10_small on digits, else resnet50. lm: the transformer's "
-                              "size, tiny | small | gpt2 (GPT-2 small, 124M); default tiny "
-                              "(docs/workloads.md)")
-    weights: Optional[str] = _f("model", None, "local state_dict to start from (e.g. resnet50-0676ba61.pth); "
-                                "loaded with weights_only; a classifier head of another size is "
-                                "re-initialised")
+                              "size, tiny | small | gpt2 (GPT-2 small, 124M) | shakespeare "
+                              "(nanoGPT's 6x384x6) | cs336-small | cs336-medium | cs336-large "
+                              "| cs336-xl | cs336-2.7b, or a shape LxDxH (layers x width x "
+                              "heads, e.g. 6x384x6); default tiny (docs/workloads.md)")
+    weights: Optional[str] = _f("model", None, "local state_dict to start from, loaded with "
+                                "weights_only. images: e.g. resnet50-0676ba61.pth; a classifier "
+                                "head of another size is re-initialised. lm: a warm start from "
+                                "a labkit lm run's final_model.pt (or its method's folder), "
+                                "of the same --model and --seq-len")
     lr: Optional[float] = _f("optimisation", None, "learning rate (default: the workload's; images: 0.1 x "
                              "global batch / 256, the linear scaling rule of Goyal et al.)")
     momentum: float = _f("optimisation", 0.9, "SGD momentum")
     weight_decay: Optional[float] = _f("optimisation", None, "weight decay (default: the workload's: "
                                        "1e-4 with SGD for images, 0.1 with AdamW for lm)")
     seed: int = _f("optimisation", 0, "seed for model init, data order and augmentation")
+    grad_accum: int = _f("optimisation", 1, "gradient accumulation: each step's batch of --batch-size "
+                         "computed as K micro-batches of batch/K (K must divide it), the loss of "
+                         "each scaled by 1/K, the method communicating once per step where its "
+                         "semantics put it (ddp: no_sync on all but the last); the activations' "
+                         "memory is that of one micro-batch")
+    grad_clip: Optional[float] = _f("optimisation", None, "clip the global gradient norm at this value "
+                                    "before each optimizer step: the norm of the synchronised "
+                                    "(averaged) gradient, over every shard for a sharded method, "
+                                    "at the server for a parameter server, each inner step's for "
+                                    "local SGD and DiLoCo; 0: off (default: the workload's: 1.0 for "
+                                    "lm as nanoGPT's, off for images)")
     out: Optional[str] = _f("run", None, "folder for the result file, logs and final model "
                             "(default: runs/<date>_<time>_<method>; never overwritten)")
     max_steps_per_epoch: Optional[int] = _f("run", None, "cap on training steps per epoch, for quick runs")
@@ -272,6 +287,11 @@ def _check_ranges(c: TrainConfig) -> None:
         v = getattr(c, name)
         if v is not None and v < 0:
             raise ConfigError(f"{params.flag(name)} must be 0 or more (got {v})")
+    if c.grad_accum < 1 or c.batch_size % c.grad_accum:
+        raise ConfigError(f"--grad-accum must be at least 1 and divide --batch-size "
+                          f"{c.batch_size} into equal micro-batches (got {c.grad_accum})")
+    if c.grad_clip is not None and not c.grad_clip >= 0:
+        raise ConfigError(f"--grad-clip must be 0 (off) or a positive norm (got {c.grad_clip})")
     for name in ("timeout", "loader_timeout"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{params.flag(name)} must be positive (got {getattr(c, name)})")

@@ -26,6 +26,9 @@ PER_METHOD_FILES = 8 * MiB
 #: a rank's interpreter with torch, gloo and its buffers before any model (measured RSS of an
 #: idle TINY rank on the CPU box is 350-450 MiB; the figure errs high)
 RANK_BASE = 500 * MiB
+#: a replica's weights, gradients, optimizer state, communication buffers and the step's
+#: temporaries, in models: DDP's 16 bytes a weight with AdamW and its gradient buckets
+REPLICA_TIMES = 5
 #: a DataLoader worker's own memory besides the batches it holds in shared memory
 WORKER_BASE = 150 * MiB
 #: batches each worker keeps in flight (DataLoader's default prefetch_factor)
@@ -119,6 +122,18 @@ def cgroup_memory_left() -> Optional[int]:
     return None if limit == "max" else max(0, int(limit) - used)
 
 
+def memory_capacity() -> Optional[int]:
+    """This machine's memory as a process here is allowed it: MemTotal, or a cgroup (v2) limit
+    where that is smaller (what a run could fill if nothing else ran)."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+    except OSError:
+        limit = "max"
+    known = [v for v in (meminfo("MemTotal"), None if limit == "max" else int(limit)) if v is not None]
+    return min(known) if known else None
+
+
 def free_memory() -> Optional[int]:
     """Host memory a new process can have: the smaller of MemAvailable and the cgroup's room."""
     known = [v for v in (meminfo(), cgroup_memory_left()) if v is not None]
@@ -191,16 +206,21 @@ def shm_need(workers: int, loaders: int, ranks: int, batch_bytes: int, shared_by
 
 
 def memory_need(ranks: int, workers: int, model_bytes: int, data_bytes: int,
-                nodes: int = 1) -> Need:
+                nodes: int = 1, share: float = 1.0, method: str = "") -> Need:
     """Host memory for the ranks on this machine (of this node, or of the ``nodes`` nodes of
     an emulated cluster, all on it): each holds torch itself, the model several times over
     (weights, gradients, optimizer state, communication buffers) and its copy of an in-memory
-    dataset; each worker its own interpreter."""
-    per_rank = RANK_BASE + 5 * model_bytes + data_bytes + workers * 2 * WORKER_BASE
+    dataset; each worker its own interpreter. A method that shards the model holds ``share``
+    of what a replica holds on its fullest rank (its memory_per_rank against a replica's, as
+    labkit.training.budget finds it), and its ranks need that share of a replica's figure."""
+    per_rank = (RANK_BASE + round(REPLICA_TIMES * model_bytes * share) + data_bytes
+                + workers * 2 * WORKER_BASE)
     who = f"{ranks} rank(s)" if nodes == 1 else f"{ranks} ranks ({nodes} emulated nodes x {ranks // nodes})"
-    detail = (f"{who} x ({size(RANK_BASE)} for torch + 5 x the {size(model_bytes)} "
-              f"model + {size(data_bytes)} of data" + (f" + {2 * workers} workers" if workers else "")
-              + ")")
+    held = f"{REPLICA_TIMES} x the {size(model_bytes)} model"
+    if share != 1.0:  # the words of a replica's estimate stay as they were
+        held += f" x {share:.3g} ({method} holds {100 * share:.3g}% of a replica's state per rank)"
+    detail = (f"{who} x ({size(RANK_BASE)} for torch + {held} + {size(data_bytes)} of data"
+              + (f" + {2 * workers} workers" if workers else "") + ")")
     remedy = "lower --nproc" + (" or --emulate-nodes" if nodes > 1 else "")
     return Need("host memory", "this node" if nodes == 1 else "this machine", ranks * per_rank,
                 free_memory(), detail, remedy + (" or --workers" if workers else "") + ", or free memory")

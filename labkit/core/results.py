@@ -122,12 +122,12 @@ _EPOCH_KINDS = {
     **dict.fromkeys(("steps", "throughput_warmup_steps", "val_samples"), COUNT),
     **dict.fromkeys(("step_times", "comm_busy_times", "server_update_times"), NUMBERS),
     **dict.fromkeys(("peak_memory_bytes", "optimizer_state_bytes"), COUNTS),
-    **dict.fromkeys(("machine_load", "wire", "replicas"), RECORD),
+    **dict.fromkeys(("machine_load", "wire", "replicas", "memory"), RECORD),
 }
 _SUMMARY_KINDS = dict.fromkeys(
     ("avg_train_throughput", "avg_train_time_per_epoch", "best_val_accuracy",
      "final_train_accuracy", "final_val_accuracy", "best_val_loss", "final_val_loss"), NUMBER)
-_RESULT_KINDS = {"method": TEXT, "all_losses": NUMBERS,
+_RESULT_KINDS = {"method": TEXT, "all_losses": NUMBERS, "memory_model": RECORD,
                  **dict.fromkeys(("world_size", "batch_size", "trainers", "num_workers"), COUNT)}
 # each communication phase's keys (avg_comm_time_pull, comm_times_push, ...)
 _PHASE_KINDS = {"avg_comm_time": NUMBER, "comm_times": NUMBERS}
@@ -243,6 +243,8 @@ class Epoch:
     val_samples: Optional[int] = None
     val_time: Optional[float] = None
     replicas: Optional[dict] = None
+    # bytes each rank held of the model and at its step's peak (labkit.training.instruments.memory)
+    memory: Optional[dict] = None
     # a method's own figures (its epoch_metrics) and any key this version does not know
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -448,6 +450,10 @@ class Result:
     # where rank 0's time went: its process's start, its end and the seconds of each phase
     # (labkit.training.trainer.Trainer.timeline; labkit.report.accounting reads it)
     timeline: Optional[dict] = None
+    # what the method declares each rank holds of this model (its memory_per_rank), the
+    # preflight's estimate, this machine's memory per rank and the most weights that fit it
+    # (labkit.training.instruments.memory.MemoryMeter.declared)
+    memory_model: Optional[dict] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _OBJECTS = {"epochs", "summary", "efficiency", "status", "all_losses", "extra"}

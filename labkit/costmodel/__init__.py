@@ -14,7 +14,11 @@ Methods (the names ``predict_step`` takes):
                  size, overlapped with backward unless ``overlap=False``;
 - ``ps``         a central parameter server: each step every worker pulls the parameters from
                  the server and pushes its gradients to it; the server's link carries it all;
-- ``ps_sharded`` ``k`` servers, each owning 1/k of the parameters.
+- ``ps_sharded`` ``k`` servers, each owning 1/k of the parameters;
+- ``fsdp``       FSDP (PyTorch's fully_shard): each unit's parameters all-gathered before its
+                 forward and again before its backward (ZeRO-3; ``gathers=1``: ZeRO-2) and its
+                 gradients reduce-scattered after, prefetched one unit ahead of the compute;
+                 ``hsdp=True``: sharded inside a node, the gradients all-reduced across nodes.
 
 The formulas, with the assumptions behind them, are in the docstrings below and, for the
 report, in ``formulas_markdown()``.  ``calibrate`` fits alpha and beta to the all-reduce sweep
@@ -34,10 +38,13 @@ from labkit.bench.bench_view import BenchError, check
 from labkit.bench.bench_view import load as load_bench
 
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS,
-                        ERROR_TARGET_PCT, GB, GPUS_PER_NODE, INTERCONNECTS, MODELLED_METHODS, Link,
-                        MiB, allreduce_time, bucket_sizes, exposed_comm, formulas_markdown,
-                        get_link, hierarchical_allreduce_time, predict_step, ring_allreduce_time,
-                        ring_reduce_scatter_time, server_broadcast_time, server_reduce_time)
+                        ERROR_TARGET_PCT, GB, GPUS_PER_NODE, INTERCONNECTS, MODELLED_METHODS,
+                        SHARD_UNITS, Link, MiB, allgather_time, allreduce_time, bucket_sizes,
+                        exposed_comm, formulas_markdown, get_link, hierarchical_allgather_time,
+                        hierarchical_allreduce_time, hierarchical_reduce_scatter_time,
+                        predict_step, reduce_scatter_time, ring_allgather_time,
+                        ring_allreduce_time, ring_reduce_scatter_time, server_broadcast_time,
+                        server_reduce_time, sharded_bytes, sharded_exposed, sharded_unit_times)
 from .calibrate import calibrate, compare_with_bench, fit_alpha_beta, predict_row
 from .cli import main
 from .project import plot_projection, project, projection_table, validation_table

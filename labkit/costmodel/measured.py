@@ -14,7 +14,12 @@ Per method, from its result file (repeat 1):
   sent per step; a method that sent in only a share ``s`` of its steps (local SGD every H
   steps: s = 1/H) all-reduces ``B / s`` once every ``1 / s`` steps;
 - a parameter server (a method whose ranks serve) is the model's ``ps``: its workers pull and
-  push what they were measured to send.
+  push what they were measured to send;
+- a sharded method (its class's cost model "sharded": fsdp, and HSDP as its replicas) is the
+  model's sharded step: from the bytes it was measured to gather and to reduce-scatter per
+  step, the parameters ``n`` and how many times a step it gathers them (ZeRO-3's 2, 1.42 where
+  the root is gathered once, ZeRO-2's 1), in the run's own units (its ``shard_units``). It
+  runs no compute-only steps: its compute is DDP's (the report's, for every method).
 
 Projected step = compute + exposed communication, with the all-reduce rounds on the model's
 topology (hierarchical: NVLink inside nodes of 8, the named link across; alphabeta). A method
@@ -35,12 +40,19 @@ from labkit.core.methods import BASELINE
 from labkit.core.results import Result
 
 from .alphabeta import (BACKWARD_FRACTION, DDP_BUCKET_BYTES, DEFAULT_GPUS, DEFAULT_NETWORKS,
-                        INTERCONNECTS, PATTERNS, allreduce_time, bucket_sizes, exposed_comm,
-                        get_link, predict_step)
+                        INTERCONNECTS, PATTERNS, SHARD_UNITS, Link, allreduce_time, bucket_sizes,
+                        exposed_comm, get_link, predict_step)
 
 #: the one-server parameter server's model, which every method whose ranks serve is projected
 #: by (the model's "server" pattern, as the built-in parameter server declares it)
 SERVER = next(k for k, p in PATTERNS.items() if p == "server")
+#: the model of a sharded step (fsdp's; the measured bytes say how many gathers it made)
+SHARDED_STEP = next(k for k, p in PATTERNS.items() if p == "sharded")
+#: a sharded method's phases by what they carry: fsdp's names, then the manual zero3's
+GATHERS, SCATTERS, ACROSS = ("all_gather", "gather"), ("reduce_scatter", "reduce"), ("all_reduce",)
+#: the link between a node's ranks on an emulated cluster: loopback, as good as free against
+#: the shaped port
+LOOPBACK = Link("loopback", 0.0, 0.0)
 
 
 def trainers_wire(doc: Result) -> Optional[tuple[float, float, int]]:
@@ -67,16 +79,47 @@ def round_bytes(sent: float, share: float, n: int) -> float:
 
 
 def measured_inputs(doc: Result) -> Optional[dict]:
-    """{"compute", "round", "period", "serves_bytes"} for one result file, or None where it
-    lacks a breakdown or wire figures."""
+    """{"compute", "trainers", "round", "period", "sent"} for one result file (and a sharded
+    method's: sharded_inputs), or None where it lacks a breakdown or wire figures. A sharded
+    method has no breakdown (no compute-only steps): its "compute" is None, DDP's to be given."""
     b = breakdown.of_result(doc)
     w = trainers_wire(doc)
-    if b is None or w is None:
+    sharded = PATTERNS.get(doc.method_key or "") == "sharded"
+    if w is None or (b is None and not sharded):
         return None
     sent, share, n = w
-    return {"compute": b.parts["compute"] + b.parts["optimizer"], "trainers": n,
-            "round": round_bytes(sent, share, n), "period": 1.0 / share if share > 0 else 1.0,
-            "sent": sent}
+    out = {"compute": b.parts["compute"] + b.parts["optimizer"] if b is not None else None,
+           "trainers": n, "round": round_bytes(sent, share, n),
+           "period": 1.0 / share if share > 0 else 1.0, "sent": sent}
+    if sharded:
+        more = sharded_inputs(doc, n)
+        if more is None:
+            return None
+        out.update(more)
+    return out
+
+
+def sharded_inputs(doc: Result, n: int) -> Optional[dict]:
+    """{"pattern", "params", "gathers", "units", "replicas"} of a sharded method's run, from its
+    trainers' bytes per step by phase (a ring's share: (s-1)/s of each buffer over its shard
+    group of s = n / replicas ranks): the parameter bytes from the reduce-scatter, the gathers
+    a step from the all-gathers against them; None without them."""
+    w = doc.epochs[-1].wire if doc.epochs else None
+    phases = (w or {}).get("by_phase") or {}
+    ranks = [i for i, t in enumerate(w.get("trainer") or []) if t] if w else []
+
+    def sent(names):
+        return sum(float(np.mean([phases[k]["sent"][i] for i in ranks])) for k in names if k in phases)
+
+    replicas = int(doc.config.get("fsdp_replicas") or 1)
+    s = n // replicas
+    scattered, gathered = sent(SCATTERS), sent(GATHERS)
+    if not ranks or s < 2 or scattered <= 0:
+        return None
+    params = scattered * s / (s - 1)
+    units = doc.epochs[-1].extra.get("shard_units") or SHARD_UNITS
+    return {"pattern": "sharded", "params": params, "gathers": gathered / scattered,
+            "units": int(units), "replicas": replicas}
 
 
 def project_one(inputs: dict, p: int, link, *, serves: bool,
@@ -86,6 +129,8 @@ def project_one(inputs: dict, p: int, link, *, serves: bool,
     if serves:  # a PS worker pulls and pushes what it sent: the model's one-server PS
         pred = predict_step(SERVER, c, inputs["sent"], p, link)
         return {k: pred[k] for k in ("compute", "comm", "exposed", "step")}
+    if inputs.get("pattern") == "sharded":
+        return project_sharded(inputs, p, link, intra)
     sizes = bucket_sizes(inputs["round"], DDP_BUCKET_BYTES)
     times = [allreduce_time(s, p, link, intra) for s in sizes]
     period = max(1.0, inputs["period"])
@@ -95,6 +140,25 @@ def project_one(inputs: dict, p: int, link, *, serves: bool,
     else:
         exposed = comm
     return {"compute": c, "comm": comm, "exposed": exposed, "step": c + exposed}
+
+
+def project_sharded(inputs: dict, p: int, link, intra) -> dict:
+    """A sharded method's projected step: FSDP over all ``p`` (hierarchical on ``intra``), or
+    HSDP (a run with replicas) sharded inside each node and replicated across. Without
+    ``intra`` (an emulated cluster's flat link, labkit.report.projection.on_link) HSDP's shard
+    group is a node's ranks on loopback, and their all-reduces share the node's one port:
+    each rank's part of it at 1/s of the link's rate."""
+    x, kw = inputs, {}
+    hsdp = x["replicas"] > 1
+    if hsdp and intra is None:
+        s = max(1, x["trainers"] // x["replicas"])
+        link = Link(link.name, link.alpha, link.beta * s)
+        kw = {"intra": LOOPBACK, "gpus_per_node": s}
+    elif intra is not None:
+        kw = {"intra": intra}
+    pred = predict_step(SHARDED_STEP, x["compute"], x["params"], p, link, gathers=x["gathers"],
+                        units=x["units"], hsdp=hsdp, **kw)
+    return {k: pred[k] for k in ("compute", "comm", "exposed", "step")}
 
 
 def project_methods(inputs: dict[str, dict], serves: dict[str, bool],

@@ -23,7 +23,9 @@ def project(compute_time: float, grad_bytes: float,
     Topology (the stated choice): nodes of ``gpus_per_node`` GPUs joined by ``intra`` (NVLink)
     inside and by the named link across, one network link per GPU.  All-reduce is hierarchical
     (``hierarchical_allreduce_time``), so beyond one node the network carries ``n / 8`` per GPU.
-    ``intra=None`` uses the named link for everything (a flat ring).  A parameter server gets no
+    ``intra=None`` uses the named link for everything (a flat ring).  A sharded method (FSDP,
+    ZeRO-3 by the model's default) gathers and reduce-scatters hierarchically the same way, in
+    ``SHARD_UNITS`` units.  A parameter server gets no
     help from NVLink: servers are separate machines, each with one named link; ``ps`` has one,
     ``ps_sharded`` has ``ps_servers`` (default: as many as GPUs, BytePS's balanced case).
 
@@ -42,7 +44,8 @@ def project(compute_time: float, grad_bytes: float,
                 pred = predict_step(method, compute_time, grad_bytes, p, link,
                                     bucket_bytes=bucket_bytes, servers=servers,
                                     backward_fraction=backward_fraction,
-                                    intra=intra_link if PATTERNS.get(method) == "ring" else None,
+                                    intra=(intra_link if PATTERNS.get(method) in ("ring", "sharded")
+                                           else None),
                                     gpus_per_node=gpus_per_node)
                 rows.append({
                     "link": key if isinstance(key, str) else link.name,
@@ -108,7 +111,8 @@ def plot_projection(rows: list[dict], path: str) -> str:
     rings = [m for m in methods if PATTERNS.get(m) == "ring"]
     styles = {**dict(zip(rings, [("o-", 4), ("s--", 1.5)])),
               **{m: ("^-", 1.5) for m in methods if PATTERNS.get(m) == "server"},
-              **{m: ("v:", 2) for m in methods if m.endswith(SHARDED) and m not in PATTERNS}}
+              **{m: ("v:", 2) for m in methods if m.endswith(SHARDED) and m not in PATTERNS},
+              **{m: ("D-.", 1.5) for m in methods if PATTERNS.get(m) == "sharded"}}
     gpus = sorted({r["gpus"] for r in rows})
     for ax, key in zip(axes.flat, links):
         mine = [r for r in rows if r["link"] == key]

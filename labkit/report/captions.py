@@ -136,6 +136,12 @@ CAPTIONS: dict[str, Caption] = {
         FIGURE, "Validation accuracy against the MB a trainer sent (cumulative, log scale), "
         "every seed (faint) and their mean (bold): a method that sends less reaches "
         "the same accuracy further left", "", ""),
+    "memory": Caption(
+        TABLE, "Memory per rank", "the fullest rank; measured, and each method's own model",
+        "per method, the fullest rank: the bytes of parameters, gradients and optimizer state "
+        "it held between steps and at most in a step, what its memory_per_rank declares, its "
+        "peak in a step ({peak}) and the preflight's estimate, beside its time and bytes per "
+        "step."),
 }
 
 

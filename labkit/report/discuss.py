@@ -178,6 +178,27 @@ def paragraph(res: RunResults, m: str, verdicts: dict[str, stats.Verdict]) -> st
     return f"{label(m)}: " + " ".join(said)
 
 
+def step_option_lines(res: RunResults) -> list[str]:
+    """The step's options every method ran with, in words: --grad-accum's micro-batches and
+    --grad-clip's norm (nothing where neither is on; each method's own where they differ)."""
+    said = []
+    for m, d in res.ok.items():
+        c = d.config
+        k, clip = c.get("grad_accum") or 1, c.get("grad_clip") or 0
+        parts = ([f"each step's batch of {c.get('batch_size')} per trainer computed as {k} "
+                  f"micro-batches, communicated once a step where the method allows"] if k > 1
+                 else [])
+        parts += [f"the global gradient norm clipped at {clip:g} (of the synchronised "
+                  f"gradient, before the optimizer's step)"] if clip else []
+        said.append((m, "; ".join(parts)))
+    texts = {t for _, t in said}
+    if texts == {""}:
+        return []
+    if len(texts) == 1:
+        return [f"Every method ran with {said[0][1]}."]
+    return [f"{label(m)} ran with {t}." for m, t in said if t]
+
+
 def common_lines(res: RunResults) -> list[str]:
     """What holds for every method: the exact methods' accuracy range, a shared device, the
     emulated link, a CPU run; the problems of files and of methods without a result."""
@@ -188,6 +209,7 @@ def common_lines(res: RunResults) -> list[str]:
              for m, d in docs.items()})
     lines = [] if chance_only(res) else exact_range_lines(best, None if view.guide else view)
     lines += reference_lines(res)
+    lines += step_option_lines(res)
     shared = shared_device_line(res)
     lines += [shared] if shared else []
     lines += link_lines(res)

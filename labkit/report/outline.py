@@ -23,6 +23,7 @@ from .discuss import discussion_blocks
 from .examples import examples_blocks, samples_of
 from .implementation import code_blocks
 from .load import RunResults, load_reproduction, load_variants
+from .memory_table import has_memory, memory_blocks
 from .repeats import has_repeats, repeats_blocks
 from .sections import bench_blocks, environment_blocks, results_blocks, variants_blocks
 from .seeds import has_seeds, seeds_blocks
@@ -62,6 +63,7 @@ def reading_blocks(page: Page) -> list[Block]:
 SECTIONS: tuple[Section, ...] = (
     Section("summary", "Summary", lambda res, run: bool(res.ok), summary_blocks),
     Section("results", "Results", _training, results_blocks),
+    Section("memory", "Memory per rank", lambda res, run: has_memory(res), memory_blocks),
     Section("repeats", "Repeats", lambda res, run: has_repeats(res),
             lambda p: repeats_blocks(p.res)),
     Section("seeds", "Time to accuracy over seeds", lambda res, run: has_seeds(res),
@@ -111,7 +113,7 @@ def captions_shown(res: RunResults, run: Optional[Path]) -> set[str]:
     has = present(res, run)
     keys = {"comparison", "communication"} if has["results"] else set()
     keys |= {"efficiency"} if has["results"] and ran_on_gpu(res) else set()
-    keys |= {k for k in ("repeats", "seeds", "variants", "bench") if has[k]}
+    keys |= {k for k in ("repeats", "seeds", "variants", "bench", "memory") if has[k]}
     keys |= {"projection_methods"} if has["projection"] else set()
     keys |= {"reproduction"} if run and load_reproduction(run) else set()
     return keys

@@ -210,8 +210,7 @@ def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
         models["goodput"] = _model_link("goodput", goodput_bit(link), delay)
     out = []
     for m, x in inputs.items():
-        b = breakdown.of_result([d for d in runs_of(res, m) if d.epochs][0])
-        measured = b.measured or b.total
+        measured = _measured_step([d for d in runs_of(res, m) if d.epochs][0])
         row = {"method": m, "measured": measured}
         for k, lk in models.items():
             step = project_one(x, x["trainers"], lk, serves=_serves(m), intra=None)["step"]
@@ -219,6 +218,15 @@ def on_link(res: RunResults) -> Optional[tuple[dict, list[dict]]]:
             row[f"{k}_error"] = 100.0 * (step - measured) / measured
         out.append(row)
     return link, out
+
+
+def _measured_step(doc) -> float:
+    """The step a method measured: its breakdown's, else (a sharded method: no compute-only
+    steps, no breakdown) its epochs' mean step time."""
+    b = breakdown.of_result(doc)
+    if b is not None:
+        return b.measured or b.total
+    return float(sum(e.avg_batch_time for e in doc.epochs) / len(doc.epochs))
 
 
 def on_link_rows(got) -> list[dict]:

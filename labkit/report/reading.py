@@ -98,6 +98,20 @@ DEFINITIONS: tuple[Definition, ...] = (
         "loader.",
         ("efficiency",)),
     Definition(
+        "Memory per rank",
+        "MiB (2^20 bytes) of the rank that held the most. *Held*: the storages of the model's "
+        "parameters (a shard's, on a method that shards them), of their gradients and of the "
+        "optimizer state, each storage counted once, after the epoch's last step; *most in a "
+        "step*: the most bytes of parameters and the most of gradients live during one "
+        "untimed step (a sharded method's gathered units included), with the optimizer state. *Modelled*: the method's own "
+        "memory_per_rank for this model; FSDP's counts what stays between steps, zero3's the "
+        "most in a step. *Peak*: every tensor live at the step's fullest moment: on a GPU the "
+        "allocator's, on a CPU the tensors followed through that step "
+        "(labkit/training/instruments/memory.py). *Preflight's estimate*: what the host-memory "
+        "preflight allows a rank's tensors, a replica's 5 x the model scaled by the method's "
+        "share. *Time per step*: the steady-state step, from the throughput and its CI.",
+        ("memory",)),
+    Definition(
         "Benchmark",
         "*Step*: the median over the trials of the slowest rank's time per step. *Compute-only*: "
         "the same steps with no synchronisation. *All-reduce* and *reduce+bcast*: the raw "

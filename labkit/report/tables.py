@@ -378,7 +378,7 @@ def reproduction_rows(doc: dict) -> list[dict]:
 
 def config_rows(res: RunResults) -> list[dict]:
     keys = ("world_size", "batch_size", "epochs", "dataset", "model", "backend", "lr", "momentum",
-            "weight_decay", "amp", "channels_last", "bucket_mb", "no_overlap", "ps_mode",
+            "weight_decay", "grad_accum", "grad_clip", "amp", "channels_last", "bucket_mb", "no_overlap", "ps_mode",
             "max_steps_per_epoch", "workers", "pin_cpus")
     rows = []
     for k in keys:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from labkit.core.config import ConfigError, TrainConfig
 from labkit.core.methods import server_ranks, spec
-from labkit.core.resources import Need, disk_need, memory_need, shm_need
+from labkit.core.resources import REPLICA_TIMES, Need, disk_need, memory_need, shm_need
 from labkit.workloads import Workload, make_workload
 
 FLOAT = 4  # bytes of a float32 value: weights, gradients and optimizer state are kept in fp32
@@ -41,8 +41,31 @@ def needs(cfg: TrainConfig, workload: Workload, ranks: int, workers: int, where:
     out = [disk_need(where, ckpt, model, methods, cfg.checkpoint, flags)]
     if workers:
         out.append(shm_need(workers, 2, ranks, batch, workload.shared_bytes()))
-    out.append(memory_need(ranks, workers, model, workload.data_bytes(), nodes))
+    share = replica_share(cfg, values, workload.optimizer_state_per_value, ranks)
+    out.append(memory_need(ranks, workers, model, workload.data_bytes(), nodes, share, cfg.method))
     return out
+
+
+def held_per_rank(cfg: TrainConfig, values: int, state_per_value: int, world: int) -> list:
+    """What each of ``world`` ranks holds of a model of ``values`` fp32 weights by the method's
+    own declaration (its class's memory_per_rank: a list of Held, in bytes)."""
+    from .sync import load_method  # torch: only once a run is being checked
+
+    return load_method(cfg.method).memory_per_rank(cfg, values, state_per_value, world)
+
+
+def replica_share(cfg: TrainConfig, values: int, state_per_value: int, world: int) -> float:
+    """What the fullest of ``world`` ranks holds of what a replica holds (DDP's weights,
+    gradients and optimizer state): 1 for a method that keeps a replica on every rank, about
+    1/world for one that shards all three (FSDP's ZeRO-3), more where a step gathers. The
+    preflight scales a replica's estimate by it. ``world``: the ranks the preflight checks
+    (this machine's; a real multi-node run's world is larger, so its share is smaller than
+    this: the estimate errs high)."""
+    from .sync.base import Strategy
+
+    replica = Strategy.memory_per_rank(cfg, values, state_per_value, 1)[0].total
+    held = max(h.total for h in held_per_rank(cfg, values, state_per_value, world))
+    return held / replica if replica else 1.0
 
 
 def check(found: list[Need], only: Optional[tuple[str, ...]] = None) -> list[str]:
@@ -89,3 +112,23 @@ def step_link_bytes(cfg: TrainConfig, nodes: int, ranks_per_node: int) -> Option
     if server_ranks(cfg.method, cfg.ps_servers) > (nodes - 1) * ranks_per_node:
         return None
     return max(push, pull)
+
+
+def tensors_per_rank(cfg: TrainConfig, workload: Workload, world: int) -> int:
+    """The bytes of tensors the host-memory preflight expects the fullest of ``world`` ranks
+    to hold (a replica's 5 x the model, scaled by the method's share of a replica's state):
+    the figure beside the measured peak in the report's memory table."""
+    values = workload.state_values()
+    share = replica_share(cfg, values, workload.optimizer_state_per_value, world)
+    return round(REPLICA_TIMES * FLOAT * values * share)
+
+
+def largest_fit(cfg: TrainConfig, workload: Workload, world: int, capacity: float,
+                overhead: float) -> int:
+    """The most fp32 weights a model of this workload could have and fit ``capacity`` bytes on
+    each of ``world`` ranks, projected by the preflight's arithmetic (a replica's 5 x the model,
+    scaled by the method's share of a replica's state) for the model scaled as a whole, so that
+    the method's share stays what it is for this one. ``overhead``: what a rank holds besides
+    the model's tensors (torch itself and its copy of the data on a CPU; nothing on a GPU)."""
+    per_value = tensors_per_rank(cfg, workload, world) / max(1, workload.state_values())
+    return max(0, int((capacity - overhead) / per_value)) if per_value else 0

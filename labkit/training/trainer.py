@@ -22,13 +22,14 @@ from labkit.core.errors import RunFailed
 from labkit.core.results import Epoch
 from labkit.workloads import Datasets, Workload, make_workload
 
-from . import extensions, guards
+from . import extensions, guards, step_options
 from . import checkpoint
 from .checkpoint import atomic_torch_save
 from .data import ShardSampler, default_workers, train_sampler
 from .dist import DistContext, all_reduce_sum
 from .gpu_data import make_loaders
 from .instruments.flops import Efficiency
+from .instruments.memory import MemoryMeter
 from .instruments.meter import Bar, EpochMeter
 from .instruments.timers import PARTS, StepParts, label
 from .result_file import ResultFile
@@ -71,6 +72,8 @@ class Trainer:
         # parts, the method stamps its collectives
         self.parts = s.parts = StepParts(ctx.device)
         s.steps_per_epoch = steps
+        # memory per rank: the weights counted before setup may shard them
+        self.memory = MemoryMeter(cfg, ctx, s, self.model, w)
         self.forward_model = s.setup(self.model)
         if cfg.compile:
             # compiles the forward (and, through AOTAutograd, its backward); the strategy's
@@ -106,6 +109,7 @@ class Trainer:
         self._start_cpu = _cpu_seconds()  # this process's CPU so far: the rank's start
         self.epoch, self.step, self.doing = 0, 0, "start"
         self._local_opt: Optional[torch.optim.Optimizer] = None
+        self.clip = step_options.ClipRecord()  # --grad-clip: each step's norm before clipping
         # called as fn(trainer, global_step) before each training step (labkit.training.extensions)
         self.step_callbacks: list[Callable[["Trainer", int], None]] = []
         if w.lr_at(0, 1) is not None:  # the workload's schedule, set before every step
@@ -191,21 +195,24 @@ class Trainer:
         """
         if not sync:
             return self.compute_step(x, y)
-        s, mark = self.strategy, self.parts.mark
+        s, mark, k = self.strategy, self.parts.mark, self.cfg.grad_accum
         s.zero_grad(self.optimizer)
         s.before_forward()        # a parameter server's pull
         mark("pull")
-        out = self.forward_backward(x, y)
+        out = self.forward_backward(x, y) if k == 1 else step_options.micro_batches(self, x, y)
         mark("compute")
         with label("labkit.sync"):
             s.after_backward()    # the method's synchronisation of the gradients
         mark("sync")
         with label("labkit.step"):
+            if self.cfg.grad_clip:
+                step_options.clip(self)
             s.step(self.optimizer, self.scaler)
         mark("optimizer")
         return out
 
-    def forward_backward(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor]):
+    def forward_backward(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor],
+                         scale: float = 1.0):
         """A trainer's forward and backward: (loss, logits), detached; None without a batch."""
         if x is None:
             return None
@@ -213,7 +220,8 @@ class Trainer:
             logits = self.forward_model(x)
             loss = self.workload.loss(logits, y)
         with label("labkit.backward"):
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            scaled = loss * scale if scale != 1.0 else loss
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         return loss.detach(), logits.detach()
 
     def compute_step(self, x: Optional[torch.Tensor], y: Optional[torch.Tensor]):
@@ -224,7 +232,8 @@ class Trainer:
         with s.no_sync():
             s.zero_grad(opt)
             mark("pull")
-            out = self.forward_backward(x, y)
+            out = (self.forward_backward(x, y) if self.cfg.grad_accum == 1
+                   else step_options.micro_batches(self, x, y))
             mark("compute")
             mark("sync")
             with label("labkit.step"):
@@ -255,6 +264,7 @@ class Trainer:
         bar = Bar(cfg, self.ctx, s, self.steps, epoch, w.units_per_sample)
         s.timer.pop()
         s.wire.take()  # bytes on the wire: this epoch's steps only
+        self.memory.start_epoch(warmup)
         meter.start()
         self.epoch, self.doing = epoch, "train"
         for step in range(self.steps):
@@ -266,15 +276,19 @@ class Trainer:
             self.parts.mark("other")
             x, y = meter.next_batch(batches, self.to_device) if batches else (None, None)
             self.parts.mark("data")
-            meter.step_ends(step, self.train_step(x, y), y)
+            with self.memory.watch(step, self.model, self.optimizer):  # one untimed step
+                out = self.train_step(x, y)
+            meter.step_ends(step, out, y)
             bar.update(meter, step)
         meter.stop()
         bar.close()
         e = meter.metrics(epoch, cfg.batch_size * s.trainers * w.units_per_sample)
         self.efficiency.epoch(e)
+        e.extra.update(self.clip.epoch(cfg.grad_clip))
         e.extra.update(s.epoch_metrics())  # a method's own figures, e.g. async PS: max_staleness_observed
         e.optimizer_state_bytes = self.efficiency.state_bytes(s.optimizer_state(self.optimizer))
         e.wire = s.wire_metrics(self.steps)  # bytes per rank per step (every rank gathers)
+        e.memory = self.memory.epoch(self.model, self.optimizer)  # every rank's, gathered
         return e
 
     def _batches(self, epoch: int) -> Optional[Iterator]:
@@ -424,7 +438,8 @@ class Trainer:
             state = s.full_state(self.model, self.optimizer) if cfg.checkpoint else None
             if results is not None:
                 results.add_epoch(e)
-                results.update(efficiency=self.efficiency.summary(results.result.epochs))
+                results.update(efficiency=self.efficiency.summary(results.result.epochs),
+                               memory_model=self.memory.model)
                 if state is not None:
                     checkpoint.save(self.out, epoch, *state, self.scaler, results.result)
 

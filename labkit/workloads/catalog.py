@@ -103,6 +103,8 @@ def resolve(cfg: TrainConfig, cuda_available: bool, world_size: int = 1) -> Trai
     c = resolve_machine(dataclasses.replace(cfg, workload=absolute(cfg.workload)), cuda_available)
     cls = load_workload(c.workload)
     cls.resolve(c, cuda_available, c.trainers(world_size))
+    if c.grad_clip is None:
+        c.grad_clip = cls.grad_clip
     params.check_ranges(params.options_of(cls.Options, c))  # as its Options declares them
     check_optimizer(c)
     return c

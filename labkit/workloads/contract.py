@@ -68,6 +68,8 @@ class Workload:
     check_config: ClassVar[dict] = {}
     #: the optimizer's name for people, as the report states it
     optimizer_name: ClassVar[str] = "SGD (momentum, weight decay)"
+    #: the global gradient norm its runs clip at unless --grad-clip says (0.0: none)
+    grad_clip: ClassVar[float] = 0.0
     #: a built-in's --workload name (a class in labkit/workloads/ that declares one here is a
     #: built-in workload; a user's is named by its file or module and class)
     name: ClassVar[str] = ""

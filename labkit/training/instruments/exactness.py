@@ -47,7 +47,8 @@ def reference_state(cfg: TrainConfig, trainers: int, steps: int,
                 for group in opt.param_groups:
                     group["lr"] = lr
             exact_step(model, opt, [(x.to(dtype) if x.is_floating_point() else x, y)
-                                    for x, y in (next(b) for b in batches)], w.loss)
+                                    for x, y in (next(b) for b in batches)], w.loss,
+                       cfg.grad_clip)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     finally:
         torch.set_num_threads(threads)
@@ -65,9 +66,10 @@ def trainer_batches(train, cfg: TrainConfig, trainers: int) -> list:
 
 
 def exact_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list,
-               loss=F.cross_entropy) -> None:
+               loss=F.cross_entropy, max_norm: float = 0.0) -> None:
     """One exact data-parallel step on one process: each trainer's batch from the same start
-    (buffers reset between them), the gradients averaged, one optimizer step, the first
+    (buffers reset between them), the gradients averaged (their global norm clipped at
+    ``max_norm`` by torch's clip_grad_norm_, where --grad-clip asks), one optimizer step, the first
     trainer's buffers kept (DDP broadcasts rank 0's): the update every exact method must
     reproduce up to summation order; the tests' reference runs it too."""
     params = list(model.parameters())
@@ -85,6 +87,8 @@ def exact_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list
             first = {n: b.clone() for n, b in model.named_buffers()}
     for p, m in zip(params, mean):
         p.grad = m
+    if max_norm:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
     opt.step()
     for n, b in model.named_buffers():
         b.copy_(first[n])

@@ -200,6 +200,10 @@ class Strategy(Collectives):
     compute_measured: ClassVar[str] = ("compute-only steps after the last epoch: forward, "
                                        "backward and optimizer with the synchronisation skipped")
 
+    #: the gradients its optimizers step are split over the ranks (a sharded method): the
+    #: norm --grad-clip clips sums their squares over every rank (:meth:`gradient_norm`)
+    shards_gradients: ClassVar[bool] = False
+
     def __init__(self, cfg: TrainConfig, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
         #: the method's options (its class's Options dataclass), as ``cfg`` holds them
@@ -303,6 +307,19 @@ class Strategy(Collectives):
         finally:
             self.sync = True
 
+    @contextmanager
+    def accumulating(self) -> Iterator[None]:
+        """A micro-batch that is not its step's last (--grad-accum): its backward adds into the
+        gradients and nothing is communicated; the loop calls before_forward once before the
+        first micro-batch, after_backward and step once after the last. A method that
+        communicates from a gradient hook checks ``self.sync`` (DDP overrides this with its
+        own ``no_sync``)."""
+        was, self.sync = self.sync, False
+        try:
+            yield
+        finally:
+            self.sync = was
+
     # --- hooks ---
     def setup(self, model: nn.Module) -> nn.Module:
         """Prepare ``model`` (on its device); return the module trainers call forward on."""
@@ -326,6 +343,48 @@ class Strategy(Collectives):
             scaler.update()
         else:
             optimizer.step()
+
+    def gradients(self, optimizer: Optional[torch.optim.Optimizer]) -> list[torch.Tensor]:
+        """The gradients this rank's optimizer steps, synchronised (after after_backward): what
+        --grad-clip measures and scales in place. A rank without an optimizer has none."""
+        if optimizer is None:
+            return []
+        return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+    def gradient_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The global norm of the gradient the method steps: the local squares summed, and over
+        every rank for a method that shards them (called on every rank)."""
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor: shard
+        sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        for g in local:
+            sq += g.detach().float().pow(2).sum()
+        if self.shards_gradients and self.ctx.distributed:
+            dist.all_reduce(sq)  # 4 bytes a step: not counted on the wire
+            sq /= self.gradient_copies
+        return sq.sqrt()
+
+    #: how many ranks hold each shard of a sharded gradient (HSDP: its replicas)
+    gradient_copies: int = 1
+
+    def clip_gradients(self, optimizer: Optional[torch.optim.Optimizer], max_norm: float,
+                       scaler=None, grads: Optional[list[torch.Tensor]] = None
+                       ) -> Optional[float]:
+        """--grad-clip, on every rank between after_backward and step: the gradients
+        (:meth:`gradients`, or ``grads``) scaled by max_norm / norm where the norm exceeds it
+        (torch's clip_grad_norm_ arithmetic, 1e-6 added to the norm). Returns the norm before
+        clipping; None on a rank that clips nothing (a parameter server's worker)."""
+        if scaler is not None and optimizer is not None:
+            scaler.unscale_(optimizer)  # the norm of the true gradient, not the scaled one
+        grads = self.gradients(optimizer) if grads is None else grads
+        if not grads and not self.shards_gradients:
+            return None
+        norm = self.gradient_norm(grads)
+        norm = float(norm)
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)  # a DTensor's local shard too
+        return norm
 
     def optimizer_state(self, optimizer: Optional[torch.optim.Optimizer]) -> list[torch.Tensor]:
         """The optimizer state this rank holds (the lab counts its bytes, every method alike):

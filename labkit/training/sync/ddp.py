@@ -144,6 +144,17 @@ class DDPStrategy(Strategy):
         super().step(optimizer, scaler)
 
     @contextmanager
+    def accumulating(self) -> Iterator[None]:
+        """--grad-accum: DDP's own ``no_sync`` (nanoGPT's ``require_backward_grad_sync``): the
+        backward fills the gradients, the reducer all-reduces at the step's last micro-batch."""
+        with super().accumulating():
+            if not self.ctx.distributed:
+                yield
+                return
+            with self.ddp.no_sync():
+                yield
+
+    @contextmanager
     def no_sync(self) -> Iterator[None]:
         with super().no_sync():
             if not self.ctx.distributed:

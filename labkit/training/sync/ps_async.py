@@ -157,6 +157,10 @@ class AsyncParameterServer(ServerRoles, Strategy):
             self.send(g, dst=SERVER, group=self.my_pair, phase="push")
         self.steps_done += 1
 
+    def gradients(self, optimizer) -> list[torch.Tensor]:
+        """None at the step: --grad-clip clips each worker's gradient as it arrives (_apply)."""
+        return []
+
     # ------------------------------------------------------------------ the server
     def step(self, optimizer: Optional[torch.optim.Optimizer], scaler=None) -> None:
         if not self.is_server:
@@ -242,6 +246,8 @@ class AsyncParameterServer(ServerRoles, Strategy):
         self.posted[w] = None
         self.count_bytes("push", 0, nbytes(self.grad_in[w]))
         self.flat_grads.copy_(self.grad_in[w])  # (from fp16 when compressed)
+        if self.cfg.grad_clip:  # each worker's gradient, as it arrives
+            self.clip_gradients(None, self.cfg.grad_clip, grads=[self.flat_grads])
         lrs = [g["lr"] for g in optimizer.param_groups]
         try:
             for g in optimizer.param_groups:

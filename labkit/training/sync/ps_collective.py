@@ -260,6 +260,17 @@ class CollectiveParameterServer(ServerRoles, Strategy):
             else:
                 self.flat_grads[lo:hi].copy_(self.half[lo:hi])
 
+    @property
+    def shards_gradients(self) -> bool:
+        return self.servers > 1  # --grad-clip's norm: over every server's slice
+
+    def gradients(self, optimizer) -> list[torch.Tensor]:
+        """A server's averaged slice of the gradients (what it steps); a worker's: none."""
+        if not self.is_server:
+            return []
+        _, lo, hi, _ = self.mine[0]
+        return [self.flat_grads[lo:hi]]
+
     @contextmanager
     def no_sync(self):
         """Compute-only steps: first let any pull in flight land (it writes the parameters)."""

@@ -68,8 +68,8 @@ def unit_params(model: nn.Module, names: list[str]) -> list[tuple[nn.Module, lis
 
 class ManualFullySharded(Strategy):
     key, title, short = "zero3", "Manual fully sharded (ZeRO-3)", "Manual ZeRO-3"
-    phases, order = ("gather", "reduce"), 8
-    replicates, calibrates = False, False
+    phases, order, cost_model = ("gather", "reduce"), 8, "sharded"
+    replicates, calibrates, shards_gradients = False, False, True
     compute_measured = ("the step less its measured communication: its forward and backward "
                         "gather the parameters, so no step runs without communicating")
 
@@ -86,9 +86,9 @@ class ManualFullySharded(Strategy):
 
     @classmethod
     def bytes_per_step(cls, cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
-        """Two all-gathers of the parameters and a reduce-scatter of the gradients, (n-1)/n of
-        them each: what a ring all-reduce of 1.5 times the gradients moves."""
-        return 3 * grad_bytes // 2, 0
+        """Two all-gathers of the parameters (per micro-batch: --grad-accum) and a reduce-scatter
+        of the gradients, (n-1)/n of them each: (2K + 1)/2 ring all-reduces, 1.5 at K = 1."""
+        return (2 * cfg.grad_accum + 1) * grad_bytes // 2, 0
 
     @classmethod
     def memory_per_rank(cls, cfg: TrainConfig, values: int, state_per_value: int,
@@ -186,6 +186,8 @@ class ManualFullySharded(Strategy):
                 t.register_hook(partial(self._gather, u))
 
     def _grad_ready(self, p: nn.Parameter) -> None:
+        if not self.sync:  # --grad-accum: the whole gradients add up until the last micro-batch
+            return
         for i in self.order.ready(self.unit_of[p]):
             self._reduce(self.units[i])
 

@@ -4,9 +4,15 @@ lower being better; AdamW with a linear warm-up and a cosine decay.
 
 The data (labkit.workloads.lm.sources, .corpus): by default the Python source of the installed
 torch, embedded (nothing to download; :func:`corpus_sha256` names the bytes), else a user's text
-(bytes are tokens, a vocabulary of 256) or nanoGPT's uint16 token files. Importing this module
-does not import torch: the sizes and counts the launcher needs are arithmetic or file sizes
+(bytes are tokens, a vocabulary of 256) or nanoGPT's uint16 token files, with their meta.pkl's
+vocabulary and characters where the folder holds one. Importing this module does not import
+torch: the sizes and counts the launcher needs are arithmetic or file sizes
 (labkit.workloads.lm.sizes, .sources).
+
+``--model`` is a named size or a shape LxDxH (labkit.workloads.lm.sizes.parse); the context
+window and learning rate default by the model's width (:func:`defaults`). ``--weights`` starts
+from a state_dict a labkit lm run saved (its folder's final_model.pt): a warm start, every rank
+loading the same file (labkit.workloads.lm.model.warm_start).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from labkit.core.params import option
 from labkit.workloads import Datasets, Figure, Workload
 
 from . import sizes
-from .sizes import BYTE_VOCAB, SIZES
+from .sizes import BYTE_VOCAB
 from .sources import corpus_sha256, token_count
 
 __all__ = ["LanguageModel", "corpus_sha256", "unigram_entropy"]
@@ -35,6 +41,19 @@ SEQ_LEN = {"tiny": 64, "small": 256, "gpt2": 1024}
 #: of both. 1e-3 is nanoGPT's for its small character-level model, 6e-4 GPT-2 small's (as
 #: GPT-3's paper and nanoGPT train it).
 LR = {"tiny": 3e-3, "small": 1e-3, "gpt2": 6e-4}
+#: the defaults of every size and shape, by its width d: (widest d, seq_len, lr), the first row
+#: whose width is at least the model's. The first three rows are the named sizes' own (tiny,
+#: small, gpt2: unchanged); up to d 384 holds nanoGPT's Shakespeare-char model (6x384x6, block
+#: 256, lr 1e-3, as small's); wider than GPT-2 small, GPT-3's peak lr of its model of that width
+#: (Brown et al., 2020, table 2.1: medium d 1024 3e-4, large d 1536 2.5e-4, XL d 2048 2e-4,
+#: 2.7B d 2560 1.6e-4, held for anything wider) and GPT-2's context of 1024
+BY_WIDTH = ((64, SEQ_LEN["tiny"], LR["tiny"]),
+            (384, SEQ_LEN["small"], LR["small"]),
+            (768, SEQ_LEN["gpt2"], LR["gpt2"]),
+            (1024, 1024, 3e-4),
+            (1536, 1024, 2.5e-4),
+            (2048, 1024, 2e-4),
+            (None, 1024, 1.6e-4))
 WEIGHT_DECAY = 0.1  # AdamW's, on the matrices only (GPT-2, GPT-3, nanoGPT)
 BETAS = (0.9, 0.95)
 WARMUP_SHARE = 0.05  # of all steps
@@ -44,6 +63,17 @@ INT64 = 8
 SAMPLES, PROMPT_TOKENS, NEW_TOKENS, TEMPERATURE = 3, 32, 160, 0.8
 NEWLINE = 10
 REFERENCE = "unigram entropy of the validation text (nats/token)"
+
+
+def defaults(size: sizes.Size) -> tuple[int, float]:
+    """(seq_len, lr) of a model of ``size`` unless --seq-len and --lr say otherwise: the row of
+    :data:`BY_WIDTH` its width falls in. tiny, small and gpt2 get their own (64, 3e-3),
+    (256, 1e-3) and (1024, 6e-4); shakespeare (d 384) nanoGPT's (256, 1e-3); a shape the row
+    of its width (6x64x2 tiny's, 6x512x8 gpt2's)."""
+    for widest, seq_len, lr in BY_WIDTH:
+        if widest is None or size.d_model <= widest:
+            return seq_len, lr
+    raise AssertionError("BY_WIDTH ends with an open row")
 
 
 def unigram_entropy(tokens) -> float:
@@ -68,8 +98,9 @@ def dataset_of(data_dir: str) -> str:
 
 @dataclass
 class LanguageModelOptions:
-    seq_len: Optional[int] = option(None, "lm: tokens in a sample's context window (default: 64 for "
-                                    "tiny, 256 for small, 1024 for gpt2)", "data", at_least=1)
+    seq_len: Optional[int] = option(None, "lm: tokens in a sample's context window (default: by the "
+                                    "model's width: 64 up to d 64 (tiny), 256 up to d 384 "
+                                    "(small, shakespeare), else 1024 (gpt2))", "data", at_least=1)
 
 
 class LanguageModel(Workload):
@@ -80,6 +111,7 @@ class LanguageModel(Workload):
     unit = "tokens"
     rate = "tokens/s"
     optimizer_name = "AdamW (linear warm-up, cosine decay)"
+    grad_clip = 1.0  # the global norm nanoGPT and torchtitan clip at by default
     val_sum_keys = ("loss", "count")
     check_config = {"model": "tiny", "seq_len": 32}
     figures = (Figure("val_loss", "validation loss", "nats/token", higher_is_better=False,
@@ -108,16 +140,14 @@ class LanguageModel(Workload):
                               f"train.bin and val.bin (tokens)")
         if c.model is None:
             c.model = "tiny"
-        if c.model not in SIZES:
-            raise ConfigError(f"unknown model {c.model!r} for the lm workload; choose one of: "
-                              f"{', '.join(SIZES)}")
+        c.model = sizes.canonical(c.model)  # a name as it is, a shape as 6x384x6
+        seq_len, lr = defaults(sizes.parse(c.model))
         if c.weights:
-            raise ConfigError("--weights is not read by the lm workload: its models start from "
-                              "GPT-2's initialisation")
+            c.weights = weights_file(c.weights)
         if c.seq_len is None:
-            c.seq_len = SEQ_LEN[c.model]
+            c.seq_len = seq_len
         if c.lr is None:
-            c.lr = LR[c.model]
+            c.lr = lr
         if c.weight_decay is None:
             c.weight_decay = WEIGHT_DECAY
 
@@ -141,11 +171,13 @@ class LanguageModel(Workload):
         return self._data
 
     def vocab(self) -> int:
-        """The vocabulary: 256 bytes for text, read from the token files for tokens."""
+        """The vocabulary: 256 bytes for text; for tokens, the folder's meta.pkl's vocab_size,
+        else read from the token files (labkit.workloads.lm.corpus.load)."""
         return self.streams().vocab if self.cfg.dataset == "tokens" else BYTE_VOCAB
 
     def size(self) -> sizes.Size:
-        return SIZES[self.cfg.model]
+        """The model's layers, width and heads: --model's size or shape, resolved."""
+        return sizes.parse(self.cfg.model)
 
     def references(self) -> dict[str, float]:
         """Losses to read the figures against: a context-free model's, the validation text's
@@ -154,9 +186,18 @@ class LanguageModel(Workload):
 
     # ------------------------------------------------------------------ model and loss
     def build_model(self):
-        from .model import Transformer
+        """The transformer, GPT-2's initialisation; with --weights, then loaded from that file
+        (every rank reads the same one, so every method starts from the same model). On the
+        meta device (sizes only) nothing is read."""
+        from .model import Transformer, warm_start
 
-        return Transformer(self.size(), self.vocab(), self.cfg.seq_len)
+        c = self.cfg
+        model = Transformer(self.size(), self.vocab(), c.seq_len)
+        if c.weights and not model.tok.weight.is_meta:
+            warm_start(model, c.weights, f"--model {c.model} (vocabulary {self.vocab()}, "
+                                         f"--seq-len {c.seq_len})")
+            self.note = f"warm start: weights loaded from {c.weights}"
+        return model
 
     def loss(self, output, target):
         import torch.nn.functional as F
@@ -243,30 +284,71 @@ class LanguageModel(Workload):
         fp["sha256"] = h.hexdigest()
         return fp
 
+    def shape(self) -> dict:
+        """The model as a run records it (``describe``): --model as given, its layers, width
+        and heads, the vocabulary, the parameters (the tied embedding once), the FLOPs of a
+        training step per token (6N + 12·L·T·d), and the --weights it started from."""
+        c, size, vocab = self.cfg, self.size(), self.vocab()
+        return {"model": c.model, "layers": size.layers, "d_model": size.d_model,
+                "heads": size.heads, "vocab": vocab,
+                "parameters": sizes.parameters(size, vocab, c.seq_len),
+                "flops_per_token": sizes.train_flops_per_token(size, vocab, c.seq_len),
+                "weights": c.weights}
+
+    def describe(self) -> dict:
+        """The contract's description, and the model's shape (:meth:`shape`)."""
+        return {**super().describe(), **self.shape()}
+
     def summary_line(self, data: Datasets) -> str:
-        c, s, size = self.cfg, self.streams(), self.size()
-        n = sizes.parameters(size, s.vocab, c.seq_len)
+        c, s, m = self.cfg, self.streams(), self.shape()
         what = {"embedded": "embedded text", "text": "text", "tokens": "tokens"}[c.dataset]
-        return (f"transformer {c.model} ({size.layers} layers, d {size.d_model}, {n / 1e6:.2f}M "
-                f"params, tied) on {what} ({s.source}, {s.vocab} tokens) ({len(data.train):,} "
-                f"train / {len(data.val):,} val windows of {c.seq_len})")
+        warm = f", warm start from {c.weights}" if c.weights else ""
+        return (f"transformer {c.model} ({m['layers']} layers, d {m['d_model']}, {m['heads']} "
+                f"heads, {m['parameters'] / 1e6:.2f}M params, tied, "
+                f"{m['flops_per_token'] / 1e6:.2f} MFLOP/token a training step{warm}) on {what} "
+                f"({s.source}, {s.vocab} tokens) ({len(data.train):,} train / {len(data.val):,} "
+                f"val windows of {c.seq_len})")
 
     def finish(self, model) -> dict:
         """Three samples the final model writes, each continuing a prompt of the validation
-        text: {"samples": [{"prompt", "text"}, ...]} decoded from bytes, or for a tokens dataset
-        the ids, {"prompt_tokens", "tokens"}. Seeded by --seed: the same model writes the same."""
+        text: {"samples": [{"prompt", "text"}, ...]} decoded from bytes, or with a meta.pkl's
+        characters (``itos``) for a tokens dataset that has one; else the ids,
+        {"prompt_tokens", "tokens"}. Seeded by --seed: the same model writes the same."""
         from .model import generate
 
         s, n = self.streams(), min(PROMPT_TOKENS, self.cfg.seq_len)
-        starts = prompt_starts(s.val, SAMPLES, n, s.text)
+        text = decode if s.text else (characters(s.itos) if s.itos is not None else None)
+        newline = NEWLINE if s.text else newline_of(s.itos)
+        starts = prompt_starts(s.val, SAMPLES, n, newline if text else None)
         prompts = [s.val[i:i + n] for i in starts]
         net = getattr(model, "module", model)  # DistributedDataParallel's, or the model itself
         out = generate(net, prompts, NEW_TOKENS, TEMPERATURE, self.cfg.seed)
-        if not s.text:
+        if text is None:
             return {"samples": [{"prompt_tokens": p.tolist(), "tokens": o}
                                 for p, o in zip(prompts, out)]}
-        return {"samples": [{"prompt": decode(p.tolist()), "text": decode(o)}
+        return {"samples": [{"prompt": text(p.tolist()), "text": text(o)}
                             for p, o in zip(prompts, out)]}
+
+
+def weights_file(path: str) -> str:
+    """--weights as the file it names, absolute: the file itself, or a run's method folder's
+    final model (labkit.core.layout.FINAL_MODEL). A missing one is one line."""
+    from labkit.core.layout import FINAL_MODEL
+
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        inside = os.path.join(path, FINAL_MODEL)
+        if os.path.isfile(inside):
+            return inside
+        held = sorted(os.path.join(path, d, FINAL_MODEL) for d in os.listdir(path)
+                      if os.path.isfile(os.path.join(path, d, FINAL_MODEL)))
+        raise ConfigError(f"--weights {path!r} is a folder without {FINAL_MODEL}" + (
+            f"; name one method's: {', '.join(held)}" if held else
+            " (give a state_dict file, or the folder of a finished lm run's method)"))
+    if not os.path.isfile(path):
+        raise ConfigError(f"--weights {path!r} not found (the lm workload warm-starts from a "
+                          f"state_dict file, e.g. a finished run's {FINAL_MODEL}, or its folder)")
+    return path
 
 
 def decode(ids: list[int]) -> str:
@@ -275,15 +357,36 @@ def decode(ids: list[int]) -> str:
     return bytes(ids).decode("utf-8", errors="replace")
 
 
-def prompt_starts(val, count: int, length: int, at_lines: bool) -> list[int]:
+def characters(itos):
+    """A decoder of token ids through a meta.pkl's ``itos`` (id -> str, a dict or a list): each
+    id's string, U+FFFD for an id it has none for."""
+    def text(ids: list[int]) -> str:
+        out = []
+        for i in ids:
+            try:
+                out.append(str(itos[i]))
+            except (KeyError, IndexError):
+                out.append("\ufffd")
+        return "".join(out)
+    return text
+
+
+def newline_of(itos) -> Optional[int]:
+    """The id ``itos`` spells "\\n" with (None where it has none)."""
+    pairs = itos.items() if isinstance(itos, dict) else enumerate(itos or ())
+    return next((i for i, ch in pairs if ch == "\n"), None)
+
+
+def prompt_starts(val, count: int, length: int, newline: Optional[int]) -> list[int]:
     """Where ``count`` prompts of ``length`` tokens start, spread evenly over the validation
-    stream ``val``; for text, moved to the start of the next line, so a prompt reads as one."""
+    stream ``val``; for text (``newline``: the newline's token), moved to the start of the next
+    line, so a prompt reads as one."""
     last = len(val) - length
     starts = [last * i // count for i in range(count)]
-    if not at_lines:
+    if newline is None:
         return starts
     moved = []
     for s in starts:
-        newlines = (val[s:last] == NEWLINE).nonzero()
+        newlines = (val[s:last] == newline).nonzero()
         moved.append(s + int(newlines[0]) + 1 if len(newlines) else s)
     return moved

@@ -5,7 +5,10 @@ into windows.
   the same torch version gives the same bytes on every machine (labkit.workloads.lm.sources).
 - ``text``: a text file, or a folder of them read recursively in sorted order, as bytes.
 - ``tokens``: uint16 token ids as nanoGPT's prepare scripts write them (``np.uint16`` arrays,
-  ``tofile``): one ``.bin`` file, or a folder holding ``train.bin`` and ``val.bin``.
+  ``tofile``): one ``.bin`` file, or a folder holding ``train.bin`` and ``val.bin``. Where that
+  folder also holds nanoGPT's ``meta.pkl`` (its character-level sets write one: ``vocab_size``,
+  ``itos``, ``stoi``), its vocab_size is the vocabulary and its ``itos`` decodes the samples;
+  without one the vocabulary is the largest token + 1, rounded up to a multiple of 64.
 
 Bytes are tokens (a vocabulary of 256): no tokenizer to install, and any text reads. A sample is
 (x, y) = (window[:-1], window[1:]) of a window of seq_len + 1 tokens; window i starts at token
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -27,7 +31,8 @@ from torch.utils.data import TensorDataset
 from labkit.core.config import ConfigError
 
 from .sizes import BYTE_VOCAB
-from .sources import TOKEN_BYTES, embedded_corpus, read_text, token_files, torch_version
+from .sources import (TOKEN_BYTES, embedded_corpus, meta_file, read_meta, read_text, token_files,
+                      torch_version)
 
 #: the share of a single stream (the embedded corpus, a text, one .bin file) kept for validation:
 #: its end, whatever the seed, so every run validates on the same text
@@ -42,6 +47,7 @@ class Streams:
     vocab: int
     text: bool  # the tokens are bytes: text can be decoded from them
     source: str  # for people: "torch 2.14.1 source, 1.0 MB", a path
+    itos: Optional[Union[dict, list]] = None  # a tokens dataset's meta.pkl's id -> str
 
 
 # ------------------------------------------------------------------ a user's tokens
@@ -85,12 +91,29 @@ def load(dataset: str, data_dir: str) -> Streams:
         data = read_text(data_dir)
         train, val = split(_bytes_tensor(data))
         return Streams(train, val, BYTE_VOCAB, True, f"{data_dir}, {len(data) / 1e6:.1f} MB")
-    arrays = [read_token_file(f) for f in token_files(data_dir)]
-    largest = max(int(a.max()) for a in arrays)
+    return load_tokens(data_dir)
+
+
+def load_tokens(data_dir: str) -> Streams:
+    """A tokens dataset's streams; the vocabulary its meta.pkl's vocab_size (every token must
+    be below it: one line naming the file that holds one that is not), else :func:`token_vocab`
+    of its largest token."""
+    files = token_files(data_dir)
+    arrays = [read_token_file(f) for f in files]
+    largest = [int(a.max()) for a in arrays]
+    meta_path = meta_file(data_dir)
+    meta = read_meta(meta_path) if meta_path else None
+    vocab = meta["vocab_size"] if meta else token_vocab(max(largest))
+    for f, top in zip(files, largest):
+        if top >= vocab:
+            raise ConfigError(f"token file {f!r} holds token {top}, not below the vocab_size "
+                              f"{vocab} of {meta_path!r}")
     streams = [torch.from_numpy(a.astype(np.int64)) for a in arrays]
     train, val = split(streams[0]) if len(streams) == 1 else streams
-    return Streams(train, val, token_vocab(largest), False,
-                   f"{data_dir}, {sum(len(s) for s in streams):,} tokens")
+    source = f"{data_dir}, {sum(len(s) for s in streams):,} tokens"
+    if meta:
+        source += f", meta.pkl: vocab_size {vocab}"
+    return Streams(train, val, vocab, False, source, itos=meta.get("itos") if meta else None)
 
 
 def windows(stream: torch.Tensor, seq_len: int, what: str, split_name: str) -> TensorDataset:

@@ -6,15 +6,20 @@ as in GPT-2). No dropout: every data-parallel method then computes the same func
 same batch, so their losses are comparable step for step. Attention goes through
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``, which picks the fused
 kernel of the device (flash or memory-efficient attention on a GPU). The sizes and their
-counts: labkit.workloads.lm.sizes.
+counts: labkit.workloads.lm.sizes. With --weights a model starts from a state_dict a labkit lm
+run saved (:func:`warm_start`), a file of another shape refused in one line.
 """
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from labkit.core.config import ConfigError
 
 from .sizes import Size
 
@@ -90,6 +95,47 @@ class Transformer(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h))
+
+
+def read_state(path: str) -> dict[str, torch.Tensor]:
+    """The state_dict in ``path`` (torch.load with weights_only: tensors only, no code run), as
+    a labkit run saves its final model; one under "state_dict" or with DistributedDataParallel's
+    ``module.`` or torch.compile's ``_orig_mod.`` prefixes reads the same. One line for a file
+    that does not load or holds no state_dict of tensors."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--weights {path!r} not found")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line message
+        raise ConfigError(f"--weights {path!r} is not a loadable state_dict ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0][:200]})") from None
+    if isinstance(sd, Mapping) and isinstance(sd.get("state_dict"), Mapping):
+        sd = sd["state_dict"]
+    if not isinstance(sd, Mapping) or not sd or not all(isinstance(v, torch.Tensor)
+                                                         for v in sd.values()):
+        raise ConfigError(f"--weights {path!r} does not hold a state_dict of tensors")
+    return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in sd.items()}
+
+
+def warm_start(model: Transformer, path: str, what: str) -> None:
+    """Load the state_dict in ``path`` into ``model`` (in place, its dtypes and device kept).
+    One line (ConfigError) where the file does not fit the model ``what`` describes: the first
+    tensor, in the model's order, the file lacks or holds in another shape (both shapes), or
+    the first it holds that the model has not."""
+    sd, own = read_state(path), model.state_dict()
+    for name, t in own.items():
+        if name not in sd:
+            raise ConfigError(f"--weights {path!r} does not fit {what}: it has no {name} "
+                              f"(saved from another --model?)")
+        if tuple(sd[name].shape) != tuple(t.shape):
+            raise ConfigError(f"--weights {path!r} does not fit {what}: {name} is "
+                              f"{list(sd[name].shape)} in the file, {list(t.shape)} in the model")
+    extra = [k for k in sd if k not in own]
+    if extra:
+        raise ConfigError(f"--weights {path!r} does not fit {what}: the file holds {len(extra)} "
+                          f"tensor(s) the model has not, the first {extra[0]} (saved from another "
+                          f"--model?)")
+    model.load_state_dict(sd)
 
 
 def generate(model: Transformer, prompts: list[torch.Tensor], new_tokens: int, temperature: float,

@@ -14,7 +14,10 @@ import glob
 import hashlib
 import importlib.metadata
 import importlib.util
+import numbers
 import os
+import pickle
+from typing import Optional
 
 from labkit.core.config import ConfigError
 
@@ -26,6 +29,8 @@ CORPUS_GLOBS = ("nn/modules/*.py", "optim/*.py")
 #: default 3 epochs of `labkit run ddp --workload lm --nproc 2`
 CORPUS_BYTES = 1_000_000
 TOKEN_BYTES = 2  # uint16
+#: nanoGPT's vocabulary file beside train.bin and val.bin (labkit.workloads.lm.corpus)
+META = "meta.pkl"
 
 
 # ------------------------------------------------------------------ the embedded corpus
@@ -128,6 +133,39 @@ def token_files(path: str) -> list[str]:
         raise ConfigError(f"--data-dir {path!r} holds no train.bin and val.bin: the tokens dataset "
                           f"reads one .bin file of uint16 tokens, or a folder holding both")
     return files
+
+
+def meta_file(path: str) -> Optional[str]:
+    """nanoGPT's meta.pkl beside a folder's train.bin and val.bin, where it holds one (a single
+    .bin file has none)."""
+    meta = os.path.join(path, META)
+    return meta if os.path.isdir(path) and os.path.isfile(meta) else None
+
+
+def read_meta(path: str) -> dict:
+    """A meta.pkl as nanoGPT's prepare scripts write it: a pickled dict of ``vocab_size`` (an
+    int), ``itos`` (id -> str) and ``stoi`` (str -> id). Unpickled as nanoGPT does: pickle runs
+    what the file says, and this is the user's own file, in the --data-dir they name. One line
+    for a file that does not unpickle, is no dict, or has no positive int vocab_size, or an
+    ``itos`` that is neither a dict nor a list."""
+    try:
+        with open(path, "rb") as fh:
+            meta = pickle.load(fh)
+    except Exception as e:  # noqa: BLE001 - whatever the file holds, the same one line
+        raise ConfigError(f"{path!r} is unreadable: not a pickled dict of vocab_size, itos and "
+                          f"stoi as nanoGPT writes ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0][:200]})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path!r} holds a {type(meta).__name__}, not nanoGPT's dict of "
+                          f"vocab_size, itos and stoi")
+    n = meta.get("vocab_size")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # numpy's ints too
+        raise ConfigError(f"{path!r} has no vocab_size (a positive int; it holds "
+                          f"{', '.join(map(repr, list(meta)[:6])) or 'no keys'})")
+    if meta.get("itos") is not None and not isinstance(meta["itos"], (dict, list)):
+        raise ConfigError(f"{path!r}: its itos is a {type(meta['itos']).__name__}, not a dict "
+                          f"(id -> str) or a list")
+    return {**meta, "vocab_size": int(n)}
 
 
 def token_count(dataset: str, data_dir: str) -> int:
