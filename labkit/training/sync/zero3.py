@@ -86,9 +86,11 @@ class ManualFullySharded(Strategy):
 
     @classmethod
     def bytes_per_step(cls, cfg: TrainConfig, grad_bytes: int) -> tuple[int, int]:
-        """Two all-gathers of the parameters (per micro-batch: --grad-accum) and a reduce-scatter
-        of the gradients, (n-1)/n of them each: (2K + 1)/2 ring all-reduces, 1.5 at K = 1."""
-        return (2 * cfg.grad_accum + 1) * grad_bytes // 2, 0
+        """All-gathers of the parameters and a reduce-scatter of the gradients, (n-1)/n of them
+        each: two gathers and a reduce-scatter, 1.5 ring all-reduces. With --grad-accum K a unit
+        gathered for a micro-batch's backward stays whole (its gradients wait for the last) and
+        serves the next forward: K + 1 gathers, (K + 2)/2 all-reduces."""
+        return (cfg.grad_accum + 2) * grad_bytes // 2, 0
 
     @classmethod
     def memory_per_rank(cls, cfg: TrainConfig, values: int, state_per_value: int,
