@@ -302,10 +302,28 @@ def _split(values: dict):
     return TrainConfig(**with_machine_defaults(train, launch_params.nproc)), launch_params
 
 
+def _refuse_others_options(values: dict, method: str) -> None:
+    """`labkit run M`: an option that only other built-in methods read (``--no-reshard-after-
+    forward`` for ddp) would be ignored: one line. A method of one's own may read any (a
+    subclass of a built-in's reads its options), and an experiment's flags go to all its
+    methods, so only a built-in's run is checked."""
+    from .core import builtins, params
+
+    own = builtins.METHODS.get(method)
+    if own is None:
+        return
+    for k in values:
+        owners = [m for m, d in builtins.METHODS.items() if k in d.get("options", ())]
+        if owners and k not in own["options"]:
+            raise ConfigError(f"{params.flag(k)} is an option of {', '.join(owners)}, which "
+                              f"{method} does not read: drop it, or run {owners[0]}")
+
+
 def cmd_run(values: dict) -> int:
     from .launch.launch_params import method_out, nproc_or_default
 
     cfg, lp = _split(values)
+    _refuse_others_options(values, cfg.method)
     out = method_out(cfg, lp.runs_dir)
     res = checked_launch(cfg, nproc_or_default(lp.nproc), out, lp.nodes())  # exact? then run
     if not res.ok:

@@ -154,8 +154,12 @@ def test_a_clipped_run_of_a_diverging_learning_rate_stays_finite(tmp_path):
 
 
 def test_bad_values_are_one_line(tmp_path):
+    """Each one line, exit 2, no folder: micro-batches that do not divide the batch, a negative
+    norm, and (issue 85, item 8) an option of another method, which ddp would ignore."""
     for flags, needle in ((["--grad-accum", "3", "--batch-size", "8"], "--grad-accum"),
-                          (["--grad-clip", "-1"], "--grad-clip")):
+                          (["--grad-clip", "-1"], "--grad-clip"),
+                          (["--no-reshard-after-forward"], "--reshard-after-forward is an option "
+                                                           "of fsdp, which ddp does not read")):
         p = labkit(["run", "ddp", "--nproc", "2", *flags, "--out", str(tmp_path / "x")], tmp_path)
         assert p.returncode == 2, p.stdout + p.stderr
         lines = [l for l in p.stderr.splitlines() if l.strip()]
