@@ -623,3 +623,13 @@ def needs_namespaces_mark():
 
     why = cluster_cannot()
     return pytest.mark.skipif(bool(why), reason=f"no emulated cluster here: {why}")
+
+
+def lm_workload(**fields):
+    """The lm workload of a resolved config (batch 8, 1 epoch, 2 trainers, ``fields`` over
+    them), built in this process."""
+    from labkit.core.config import TrainConfig
+    from labkit.workloads import make_workload, resolve
+
+    cfg = resolve(TrainConfig(workload="lm", batch_size=8, epochs=1, **fields), False, 2)
+    return make_workload(cfg)

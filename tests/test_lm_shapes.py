@@ -14,7 +14,13 @@ from labkit.training.checkpoint import atomic_torch_save
 from labkit.workloads.lm import BY_WIDTH, LR, SEQ_LEN, defaults, sizes
 from labkit.workloads.lm.sizes import SIZES, Size
 
-from test_lm_workload import one_thread, workload  # noqa: F401 (the fixture: autouse)
+from helpers import lm_workload as workload
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """As each torchrun rank runs (OMP_NUM_THREADS=1); conftest restores the count after."""
+    torch.set_num_threads(1)
 
 pytestmark = pytest.mark.unit
 

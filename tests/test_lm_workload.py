@@ -13,11 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from labkit.core.config import ConfigError, TrainConfig
-from labkit.workloads import make_workload, resolve
+from labkit.core.config import ConfigError
 from labkit.workloads.lm import LR, REFERENCE, SEQ_LEN, LanguageModel, sizes, unigram_entropy
 from labkit.workloads.lm.corpus import VAL_SHARE
 from labkit.workloads.lm.sources import CORPUS_BYTES, corpus_sha256, embedded_corpus
+
+from helpers import lm_workload
 
 pytestmark = pytest.mark.unit
 
@@ -28,9 +29,7 @@ def one_thread():
     torch.set_num_threads(1)
 
 
-def workload(**fields) -> LanguageModel:
-    cfg = resolve(TrainConfig(workload="lm", batch_size=8, epochs=1, **fields), False, 2)
-    return make_workload(cfg)
+workload = lm_workload
 
 
 @pytest.fixture

@@ -57,6 +57,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit.training.step_options import ClipRecord
+
 from .base import Strategy
 from .collectives import nbytes
 from .ps_collective import SERVER, ServerRoles, flatten
@@ -127,6 +129,7 @@ class AsyncParameterServer(ServerRoles, Strategy):
             self.done = {w: 0 for w in self.workers}
             self.asked: list[int] = []  # deferred requests, in arrival order
             self.gaps: Counter = Counter()  # this epoch's grants per gap
+            self.clip = ClipRecord()  # --grad-clip: each arrival's norm before clipping
         else:
             self.my_pair = self.pair[rank]
             self.req_out = torch.empty(1, dtype=torch.int64, device=dev)
@@ -247,7 +250,7 @@ class AsyncParameterServer(ServerRoles, Strategy):
         self.count_bytes("push", 0, nbytes(self.grad_in[w]))
         self.flat_grads.copy_(self.grad_in[w])  # (from fp16 when compressed)
         if self.cfg.grad_clip:  # each worker's gradient, as it arrives
-            self.clip_gradients(None, self.cfg.grad_clip, grads=[self.flat_grads])
+            self.clip.add(self.clip_gradients(None, self.cfg.grad_clip, grads=[self.flat_grads]))
         lrs = [g["lr"] for g in optimizer.param_groups]
         try:
             for g in optimizer.param_groups:
@@ -267,7 +270,8 @@ class AsyncParameterServer(ServerRoles, Strategy):
         if not self.is_server:
             return {}
         m = {"max_staleness_observed": max(self.gaps, default=0),
-             "staleness_histogram": [self.gaps[g] for g in range(self.bound + 1)]}
+             "staleness_histogram": [self.gaps[g] for g in range(self.bound + 1)],
+             **self.clip.epoch(self.cfg.grad_clip)}  # (clipped_steps: gradients, here)
         self.gaps.clear()
         return m
 
