@@ -14,7 +14,7 @@ from labkit.core import stats
 from labkit.core.methods import METHOD_ORDER, label
 from labkit.core.results import Result
 
-from .blocks import Block, Page, Table, TableCaption
+from .blocks import Block, Markdown, Page, Table, TableCaption
 from .captions import ref
 from .load import RunResults
 from .tables import WIRE, intervals, listed, wire_mb, wire_text
@@ -103,7 +103,12 @@ def memory_blocks(page: Page) -> list[Block]:
     peak = ("the CUDA allocator's over the epoch's steps" if any(
         (recorded(d) or {}).get("allocator_peak") for d in res.ok.values())
         else "the tensors followed through one untimed step")
-    return [TableCaption("memory", page.view, {"peak": peak}), Table(memory_rows(res))]
+    from .summary import memory_line  # (the summary reads this module's figures)
+
+    notes = [n for n in (memory_line(res, "Each sharded method against DDP: "),
+                         fits_note(res)) if n]
+    return [TableCaption("memory", page.view, {"peak": peak}), Table(memory_rows(res)),
+            *(Markdown(n, plain=(n, "")) for n in notes)]
 
 
 def sharded(doc: Result) -> bool:
@@ -123,11 +128,8 @@ def weights(n: float) -> str:
     return f"{n:.0f}"
 
 
-def fits_line(res: RunResults) -> Optional[str]:
-    """The most weights a model of this workload could have and each method fit it in this
-    machine's memory per rank, projected by its memory model as the preflight reckons it
-    (labkit.training.budget.largest_fit: the model scaled as a whole), in one sentence; None
-    where no file records it."""
+def _fits(res: RunResults) -> Optional[tuple[str, str, str]]:
+    """(this machine's memory per rank, each method's largest model, this model's weights)."""
     got = {m: (res.ok[m].memory_model or {}) for m in METHOD_ORDER
            if m in res.ok and recorded(res.ok[m])}
     got = {m: d for m, d in got.items() if d.get("largest_values") and d.get("capacity_per_rank")}
@@ -136,8 +138,30 @@ def fits_line(res: RunResults) -> Optional[str]:
     model = next(iter(got.values()))
     room = (f"{model['capacity_per_rank'] / 2**30:.2f} GiB of {model['capacity']} a rank, "
             f"{model['world']} ranks")
+    each = ", ".join(f"{label(m)} {weights(d['largest_values'])} weights" for m, d in got.items())
+    return room, each, weights(model.get("state_values") or model["values"])
+
+
+def fits_line(res: RunResults) -> Optional[str]:
+    """The most weights a model of this workload could have and each method fit it in this
+    machine's memory per rank, projected by its memory model as the preflight reckons it
+    (labkit.training.budget.largest_fit: the model scaled as a whole), in one sentence; None
+    where no file records it."""
+    fits = _fits(res)
+    if fits is None:
+        return None
+    room, each, this = fits
     return (f"Largest model that fits this machine's memory per rank ({room}), projected by each "
             f"method's memory model with the preflight's allowance for buffers, the model scaled "
-            f"as a whole (activations not modelled; {ref('memory')}): "
-            + ", ".join(f"{label(m)} {weights(d['largest_values'])} weights" for m, d in got.items())
-            + f"; this model has {weights(model.get('state_values') or model['values'])}.")
+            f"as a whole (activations not modelled; {ref('memory')}): {each}; this model has "
+            f"{this}.")
+
+
+def fits_note(res: RunResults) -> Optional[str]:
+    """The same projection under the memory table, where the summary's figures come from."""
+    fits = _fits(res)
+    if fits is None:
+        return None
+    room, each, this = fits
+    return (f"The largest model each method's memory model fits in {room} (the preflight's "
+            f"allowance for buffers; activations not modelled): {each}; this run's has {this}.")

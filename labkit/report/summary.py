@@ -112,11 +112,12 @@ def _sent(row: dict) -> str:
     return f", {two_decimals(mb)} MB sent per trainer" if isinstance(mb, float) else ""
 
 
-def memory_line(res: RunResults) -> Optional[str]:
+def memory_line(res: RunResults, lead: str = "") -> Optional[str]:
     """What each method that shards the model holds of DDP's memory per rank (the memory
     table's fullest rank: its state at most in a step, and its peak) and what it costs in time
     per step against DDP: the inverse of the comparison's speedup, with its interval and the
-    verdict of the same rule (a difference only where the interval excludes 1.00)."""
+    verdict of the same rule (a difference only where the interval excludes 1.00). ``lead``:
+    the sentence's start (the memory part's note under its table says it too)."""
     if BASELINE not in res.ok or not memory_table.recorded(res.ok[BASELINE]):
         return None
     base = memory_table.held(res.ok[BASELINE])
@@ -138,7 +139,7 @@ def memory_line(res: RunResults) -> Optional[str]:
         said.append(f"{label(m)} " + " ".join(p for p in parts if p))
     if not said:
         return None
-    return f"Memory per rank against DDP ({ref('memory')}): " + "; ".join(said) + "."
+    return (lead or f"Memory per rank against DDP ({ref('memory')}): ") + "; ".join(said) + "."
 
 
 def _share(mine: Optional[list], base: Optional[list], what: str) -> str:
