@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Optional
 
 from labkit.core import stats
-from labkit.core.methods import METHOD_ORDER, label
+from labkit.core.methods import BASELINE, METHOD_ORDER, label
 from labkit.core.results import Result
 
 from .blocks import Block, Markdown, Page, Table, TableCaption
 from .captions import ref
 from .load import RunResults
 from .tables import WIRE, intervals, listed, wire_mb, wire_text
+from .text import WORDS, speed_verdicts
 
 MiB = 2 ** 20
 PARTS = ("parameters", "gradients", "optimizer")
@@ -103,12 +104,50 @@ def memory_blocks(page: Page) -> list[Block]:
     peak = ("the CUDA allocator's over the epoch's steps" if any(
         (recorded(d) or {}).get("allocator_peak") for d in res.ok.values())
         else "the tensors followed through one untimed step")
-    from .summary import memory_line  # (the summary reads this module's figures)
-
     notes = [n for n in (memory_line(res, "Each sharded method against DDP: "),
                          fits_note(res)) if n]
     return [TableCaption("memory", page.view, {"peak": peak}), Table(memory_rows(res)),
             *(Markdown(n, plain=(n, "")) for n in notes)]
+
+
+def memory_line(res: RunResults, lead: str = "") -> Optional[str]:
+    """What each method that shards the model holds of DDP's memory per rank (the memory
+    table's fullest rank: its state at most in a step, and its peak) and what it costs in time
+    per step against DDP: the inverse of the comparison's speedup, with its interval and the
+    verdict of the same rule (a difference only where the interval excludes 1.00). ``lead``:
+    the sentence's start (the memory part's note under its table says it too)."""
+    if BASELINE not in res.ok or not recorded(res.ok[BASELINE]):
+        return None
+    base = held(res.ok[BASELINE])
+    others = [m for m in METHOD_ORDER if m in res.ok and m != BASELINE]  # speed_verdicts' order
+    verdict, ivs = dict(zip(others, speed_verdicts(res))), intervals(res)
+    said = []
+    for m in others:
+        doc = res.ok[m]
+        if not (recorded(doc) and sharded(doc)):
+            continue
+        h = held(doc)
+        parts = [_share(h["most"], base["most"], "DDP's state per rank at most in a step"),
+                 _share(h["peak"], base["peak"], "DDP's peak")]
+        sp = ivs[m]["speedup"]
+        if sp is not None and sp.value:
+            ci = (f"95% CI {stats.interval_text(1 / sp.high, 1 / sp.low, ref=1.0)}: "
+                  f"{WORDS[verdict[m].label]}" if sp.available else WORDS["not available"])
+            parts.append(f"and takes {1 / sp.value:.2f}x DDP's time per step ({ci})")
+        said.append(f"{label(m)} " + " ".join(p for p in parts if p))
+    if not said:
+        return None
+    return (lead or f"Memory per rank against DDP ({ref('memory')}): ") + "; ".join(said) + "."
+
+
+def _share(mine: Optional[list], base: Optional[list], what: str) -> str:
+    """"saves 32% of DDP's state per rank at most in a step (1.23 of 1.81 MiB)," or "holds
+    5% more than ..."; "" where either is not known."""
+    if not mine or not base or not base[-1]:
+        return ""
+    a, b = mine[-1] / MiB, base[-1] / MiB
+    said = f"saves {100 * (1 - a / b):.0f}% of" if a <= b else f"holds {100 * (a / b - 1):.0f}% more than"
+    return f"{said} {what} ({a:.2f} of {b:.2f} MiB),"
 
 
 def sharded(doc: Result) -> bool:

@@ -17,13 +17,7 @@ from .load import RunResults
 from .seeds import has_seeds
 from .tables import (SENT, SPEED_CI, STA, THR_CI, TTA, chance_only, communication_rows,
                      comparison_rows, intervals, target, target_text, throughput_column)
-from .text import bound_claim, link_lines, reference_lines, speed_verdicts, target_rule
-
-#: the verdict words of the comparison table's rule, as the summary says them after an interval
-WORDS = {"faster": "faster than DDP", "slower": "slower than DDP",
-         "within noise": "within the measurement noise", "busy machine": "not judged: busy machine",
-         "not available": "no interval"}
-
+from .text import WORDS, bound_claim, link_lines, reference_lines, speed_verdicts, target_rule
 
 def _bound(m: str) -> bool:
     return m in SPECS and SPECS[m].bound
@@ -112,46 +106,6 @@ def _sent(row: dict) -> str:
     return f", {two_decimals(mb)} MB sent per trainer" if isinstance(mb, float) else ""
 
 
-def memory_line(res: RunResults, lead: str = "") -> Optional[str]:
-    """What each method that shards the model holds of DDP's memory per rank (the memory
-    table's fullest rank: its state at most in a step, and its peak) and what it costs in time
-    per step against DDP: the inverse of the comparison's speedup, with its interval and the
-    verdict of the same rule (a difference only where the interval excludes 1.00). ``lead``:
-    the sentence's start (the memory part's note under its table says it too)."""
-    if BASELINE not in res.ok or not memory_table.recorded(res.ok[BASELINE]):
-        return None
-    base = memory_table.held(res.ok[BASELINE])
-    others = [m for m in METHOD_ORDER if m in res.ok and m != BASELINE]  # speed_verdicts' order
-    verdict, ivs = dict(zip(others, speed_verdicts(res))), intervals(res)
-    said = []
-    for m in others:
-        doc = res.ok[m]
-        if not (memory_table.recorded(doc) and memory_table.sharded(doc)):
-            continue
-        h = memory_table.held(doc)
-        parts = [_share(h["most"], base["most"], "DDP's state per rank at most in a step"),
-                 _share(h["peak"], base["peak"], "DDP's peak")]
-        sp = ivs[m]["speedup"]
-        if sp is not None and sp.value:
-            ci = (f"95% CI {stats.interval_text(1 / sp.high, 1 / sp.low, ref=1.0)}: "
-                  f"{WORDS[verdict[m].label]}" if sp.available else WORDS["not available"])
-            parts.append(f"and takes {1 / sp.value:.2f}x DDP's time per step ({ci})")
-        said.append(f"{label(m)} " + " ".join(p for p in parts if p))
-    if not said:
-        return None
-    return (lead or f"Memory per rank against DDP ({ref('memory')}): ") + "; ".join(said) + "."
-
-
-def _share(mine: Optional[list], base: Optional[list], what: str) -> str:
-    """"saves 32% of DDP's state per rank at most in a step (1.23 of 1.81 MiB)," or "holds
-    5% more than ..."; "" where either is not known."""
-    if not mine or not base or not base[-1]:
-        return ""
-    a, b = mine[-1] / memory_table.MiB, base[-1] / memory_table.MiB
-    said = f"saves {100 * (1 - a / b):.0f}% of" if a <= b else f"holds {100 * (a / b - 1):.0f}% more than"
-    return f"{said} {what} ({a:.2f} of {b:.2f} MiB),"
-
-
 def machine_line(res: RunResults, env: Optional[dict]) -> Optional[str]:
     """The machine and the run's shape, in one sentence."""
     d = next(iter(res.ok.values()), None)
@@ -177,7 +131,7 @@ def summary_lines(res: RunResults, env: Optional[dict] = None) -> list[str]:
     got = projection.projected(res) if res.ok else None
     return [x for x in (fastest_line(res), time_line(res), bound_claim(res), accuracy_line(res),
                         *reference_lines(res), projection.sentence(got) if got else None,
-                        memory_line(res), memory_table.fits_line(res), machine_line(res, env))
+                        memory_table.memory_line(res), memory_table.fits_line(res), machine_line(res, env))
             if x] + link_lines(res)
 
 

@@ -34,6 +34,11 @@ ONE_LAUNCH = ("Each method ran once: a faster or slower verdict rests on the noi
               "shared machine adds; --repeats N (rotated order, an interval over the repeats) "
               "measures that spread too.")
 
+#: the verdict words of the comparison table's rule, as the summary says them after an interval
+WORDS = {"faster": "faster than DDP", "slower": "slower than DDP",
+         "within noise": "within the measurement noise", "busy machine": "not judged: busy machine",
+         "not available": "no interval"}
+
 
 def _against_ddp(res: RunResults, judge, bounds: bool = True) -> list[stats.Verdict]:
     docs = res.ok
