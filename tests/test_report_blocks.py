@@ -1,7 +1,8 @@
 """One report renderer (issue 84, item 3): each part of the report is a function returning blocks,
 the notebook shows them and the text report prints the same blocks, and tables and figures are
-numbered by their place in the one captions table and referred to by key. So a new table is one
-function, one outline entry and its caption; here one is added without touching labkit."""
+numbered by their place (the built-in parts' captions, then those a part declares in its outline
+entry, in the outline's order) and referred to by key. So a new table is one function and one
+outline entry, which holds its caption; here one is added without touching labkit."""
 from __future__ import annotations
 
 import ast
@@ -47,17 +48,23 @@ def epochs_blocks(page: Page) -> list:
     return [TableCaption("epochs_run"), Table(rows), Markdown(said, plain=(said, ""))]
 
 
+EPOCHS_RUN = captions.Caption(captions.TABLE, "Epochs per method", "",
+                              "per method: the epochs its result file holds.")
+
+
+def add_part(monkeypatch, section, after: str) -> None:
+    """``section`` in the outline after the part ``after``, as a user's one entry there."""
+    sections = list(outline.SECTIONS)
+    sections.insert([s.key for s in sections].index(after) + 1, section)
+    monkeypatch.setattr(outline, "SECTIONS", tuple(sections))
+
+
 @pytest.fixture
 def new_table(monkeypatch):
-    """The new table as a user adds it: its caption (CAPTIONS' last entry: the next number) and
-    its part, one outline entry after Results."""
-    monkeypatch.setitem(captions.CAPTIONS, "epochs_run", captions.Caption(
-        captions.TABLE, "Epochs per method", "", "per method: the epochs its result file holds."))
-    sections = list(outline.SECTIONS)
-    at = [s.key for s in sections].index("results") + 1
-    sections.insert(at, outline.Section("epochs", "Epochs run", lambda res, run: bool(res.ok),
-                                        epochs_blocks))
-    monkeypatch.setattr(outline, "SECTIONS", tuple(sections))
+    """The new table as a user adds it: its part, one outline entry after Results that declares
+    its caption (numbered after the built-in parts' captions: the next number)."""
+    add_part(monkeypatch, outline.Section("epochs", "Epochs run", lambda res, run: bool(res.ok),
+                                          epochs_blocks, {"epochs_run": EPOCHS_RUN}), "results")
 
 
 def notebook_of(res, run) -> list:
@@ -67,7 +74,9 @@ def notebook_of(res, run) -> list:
 
 def test_a_new_table_is_one_function_and_one_outline_entry(tmp_path, new_table):
     res = guide_run(tmp_path)
+    assert "epochs_run" not in captions.CAPTIONS  # captions.py untouched
     assert captions.ref("epochs_run") == "Table 14"  # after the thirteen tables before it
+    assert "epochs_run" in outline.captions_shown(res, tmp_path)  # the appendix knows it is shown
     text = report.text_report(res)
     # the text report: its heading in the outline's place, its numbered table, the reference
     at = [text.index(f"\n{t}\n{'-' * len(t)}\n") for t in ("Results", "Epochs run", "Discussion")]
@@ -97,9 +106,9 @@ def test_numbers_are_the_captions_order_and_references_follow(tmp_path, new_tabl
     text = report.text_report(res)
     assert "Highest measured throughput (Table 1; no verdict" in text
     assert "\nTable 2. Communication time per training step" in text and "(Table 9: a run on GPUs)" in text
-    first = {"epochs_run": captions.CAPTIONS["epochs_run"],
-             **{k: c for k, c in captions.CAPTIONS.items() if k != "epochs_run"}}
+    first = {"epochs_run": EPOCHS_RUN, **captions.CAPTIONS}  # moved ahead of every built-in's
     monkeypatch.setattr(captions, "CAPTIONS", first)
+    monkeypatch.setattr(captions, "declared", dict)
     text = report.text_report(res)
     assert "\nTable 1. Epochs per method\n" in text and "(Table 1)." in text
     assert "Highest measured throughput (Table 2; no verdict" in text
@@ -108,6 +117,19 @@ def test_numbers_are_the_captions_order_and_references_follow(tmp_path, new_tabl
     shown_ = [b.text for b in notebook_of(res, tmp_path)]
     assert any(s.startswith("**Table 2. Performance comparison.** ") for s in shown_)
     assert captions.ref("loss_curves", "accuracy_curves") == "Figures 3-4"  # figures kept theirs
+
+
+def test_the_parts_own_captions_are_numbered_in_the_outlines_order(tmp_path, new_table, monkeypatch):
+    """A second part's table placed before the first in the outline takes the lower number; a
+    caption key another part already has is refused, naming the part."""
+    held = captions.Caption(captions.TABLE, "Steps per method", "", "per method: its steps.")
+    add_part(monkeypatch, outline.Section("steps", "Steps run", lambda res, run: bool(res.ok),
+                                          lambda page: [], {"steps_run": held}), "summary")
+    assert (captions.ref("steps_run"), captions.ref("epochs_run")) == ("Table 14", "Table 15")
+    add_part(monkeypatch, outline.Section("again", "Again", lambda res, run: True,
+                                          lambda page: [], {"memory": held}), "summary")
+    with pytest.raises(ValueError, match="part 'again' declares the caption 'memory'"):
+        captions.ref("epochs_run")
 
 
 def test_each_block_says_what_each_renderer_shows(tmp_path):

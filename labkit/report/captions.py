@@ -1,16 +1,18 @@
-"""Every table and figure caption of the report, in one table whose order numbers them: the
-n-th table entry of CAPTIONS is "Table n", the n-th figure entry "Figure n". No number is typed
-anywhere else: the report names a table or figure by its key, and ``ref(key)`` (or
+"""Every table and figure caption of the report, in one order that numbers them: the n-th
+table of ``all_captions()`` is "Table n", the n-th figure "Figure n". That order is CAPTIONS' (the
+built-in parts' captions, whose numbers the guide's users cite), then the captions a part
+declares in its outline entry (labkit.report.outline.Section.captions), in the outline's order.
+No number is typed anywhere: the report names a table or figure by its key, and ``ref(key)`` (or
 ``{ref[key]}`` in a caption's or a definition's text) reads as its number when the report is
-rendered. So a new table goes last and takes the next number, and moving an entry renumbers
-every caption and every reference with it. Texts may hold ``{fields}`` filled in by the caller.
+rendered. So a new part's table takes the next number, and moving an entry renumbers every
+caption and every reference with it. Texts may hold ``{fields}`` filled in by the caller.
 A caption says what its table shows in at most three lines (MAX_CHARS); what its terms mean is
 said once, in the appendix (labkit.report.reading) the caption links to
 (labkit.report.blocks.caption)."""
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .workload_view import WorkloadView
 
@@ -145,6 +147,20 @@ CAPTIONS: dict[str, Caption] = {
 }
 
 
+def _none() -> dict[str, Caption]:
+    return {}
+
+
+#: the captions the outline's parts declare, in its order (labkit.report.outline sets it to read
+#: its SECTIONS when called, so this module needs no import of the outline)
+declared: Callable[[], dict[str, Caption]] = _none
+
+
+def all_captions() -> dict[str, Caption]:
+    """Every caption in its numbering order: CAPTIONS', then those the parts declare."""
+    return {**CAPTIONS, **declared()}
+
+
 def _figure_words(v: WorkloadView) -> dict[str, tuple[str, str]]:
     """The captions a workload judged on another figure than accuracy words its own way: key
     -> (title, text); the others read as CAPTIONS has them."""
@@ -184,9 +200,10 @@ def _figure_words(v: WorkloadView) -> dict[str, tuple[str, str]]:
 
 def number(key: str) -> str:
     """The number of the table or figure ``key``: its kind and its place among the captions of
-    that kind in CAPTIONS ("Table n" for the n-th table)."""
-    kind = CAPTIONS[key].kind
-    return f"{kind} {[k for k, c in CAPTIONS.items() if c.kind == kind].index(key) + 1}"
+    that kind (``all_captions()``: "Table n" for the n-th table)."""
+    every = all_captions()
+    kind = every[key].kind
+    return f"{kind} {[k for k, c in every.items() if c.kind == kind].index(key) + 1}"
 
 
 def ref(*keys: str) -> str:
@@ -194,7 +211,8 @@ def ref(*keys: str) -> str:
     "Figures m-n" (a run of numbers) or "Figures k, m and n"."""
     if len(keys) == 1:
         return number(keys[0])
-    kinds = {CAPTIONS[k].kind for k in keys}
+    every = all_captions()
+    kinds = {every[k].kind for k in keys}
     if len(kinds) != 1:
         raise ValueError(f"ref{keys}: one kind at a time (tables or figures)")
     ns = sorted(int(number(k).rsplit(" ", 1)[1]) for k in keys)
@@ -215,7 +233,7 @@ def resolve(text: str) -> str:
 def of(key: str, view: Optional[WorkloadView] = None) -> Caption:
     """The caption of ``key`` in the words of ``view``'s workload (None, or one judged on
     accuracy: CAPTIONS' own), its references numbered."""
-    c = CAPTIONS[key]
+    c = all_captions()[key]
     words = {} if view is None or view.guide else _figure_words(view)
     title, text = words.get(key, (c.title, c.text))
     return c._replace(title=resolve(title), text=resolve(text))

@@ -4,21 +4,24 @@ renderers: report.ipynb shows ``page_blocks`` (labkit.report.blocks.shown) and
 performance_report.txt prints them (labkit.report.textreport). The answer first, then the
 results, the optional parts a run has data for, the projection and the discussion, then the
 appendix (how to read the report, the code, the environment). A new part is one function that
-returns blocks and one entry here; a new table in it, its caption too (labkit.report.captions,
-which numbers it).
+returns blocks and one entry here, which declares the captions of its tables and figures too
+(``Section.captions``: labkit.report.captions numbers them after the built-in parts', in this
+order).
 
 A part appears only when the run has its data; what the run did not include is one line at
 the end of the body (not_in_run), with how to add each."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple, Optional
 
 from labkit.core.methods import METHOD_ORDER, SPECS
 
 from . import projection, reading
 from .blocks import Block, Markdown, Page
-from .captions import ref
+from . import captions
+from .captions import Caption, ref
 from .discuss import discussion_blocks
 from .examples import examples_blocks, samples_of
 from .implementation import code_blocks
@@ -37,6 +40,9 @@ class Section(NamedTuple):
     title: str                                        # its heading
     has: Callable[[RunResults, Optional[Path]], bool]  # whether a run (its folder) has its data
     blocks: Callable[[Page], list[Block]]             # what it shows, in both renderers
+    #: the captions of the tables and figures it adds, by key (the built-in parts' are in
+    #: captions.CAPTIONS, whose numbers they keep)
+    captions: Mapping[str, Caption] = MappingProxyType({})
 
 
 def _training(res: RunResults, run: Optional[Path]) -> bool:
@@ -85,6 +91,22 @@ SECTIONS: tuple[Section, ...] = (
 APPENDIX = reading.ANCHOR  # the first part of the appendix
 
 
+def declared() -> dict[str, Caption]:
+    """The captions the parts declare, in the outline's order (read when a number is needed, so
+    a part added to SECTIONS is numbered at once)."""
+    out: dict[str, Caption] = {}
+    for s in SECTIONS:
+        for k, c in s.captions.items():
+            if k in captions.CAPTIONS or k in out:
+                raise ValueError(f"the report part {s.key!r} declares the caption {k!r}, which "
+                                 f"another part already has: give it a key of its own")
+            out[k] = c
+    return out
+
+
+captions.declared = declared
+
+
 def titles() -> dict[str, str]:
     """Each part's heading, by anchor."""
     return {s.key: s.title for s in SECTIONS}
@@ -116,7 +138,7 @@ def captions_shown(res: RunResults, run: Optional[Path]) -> set[str]:
     keys |= {k for k in ("repeats", "seeds", "variants", "bench", "memory") if has[k]}
     keys |= {"projection_methods"} if has["projection"] else set()
     keys |= {"reproduction"} if run and load_reproduction(run) else set()
-    return keys
+    return keys | {k for s in SECTIONS if has[s.key] for k in s.captions}
 
 
 def toc_markdown(parts: list[tuple[str, str]]) -> str:
