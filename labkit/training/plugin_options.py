@@ -25,10 +25,13 @@ def classes(names: Iterable[str], workload: Optional[str]) -> list[type]:
     """The Options dataclasses of the methods and the workload of one's own among ``names``
     and ``workload`` (a built-in's are TrainConfig's already), each once; none that has no
     fields."""
-    from .sync.registry import load_method  # a user's method imports torch: only when named
+    own = [n for n in names if n and methods.is_name(n) and not _builtin_method(n)]
+    found = []
+    if own:  # a method of one's own imports torch (seconds): only when one is named
+        from .sync.registry import load_method
 
-    # by its absolute reference: the spec registered names the file from any folder
-    found = [load_method(methods.absolute(n)).Options for n in names if n and not _builtin_method(n)]
+        # by its absolute reference: the spec registered names the file from any folder
+        found = [load_method(methods.absolute(n)).Options for n in own]
     if workload and not is_builtin(workload):
         found.append(load_workload(workload).Options)
     return [c for c in dict.fromkeys(found) if dataclasses.fields(c)]
